@@ -1,0 +1,139 @@
+//! Instruction-set detection and dispatch: the one place where the ISA is chosen.
+//!
+//! [`selected`] returns the ISA every kernel uses by default: the best one this CPU supports,
+//! lowered by the `ATTN_ISA` environment variable (`avx512`, `avx2` or `portable`, read once) or
+//! by [`set_isa_override`]. It is computed once and cached in an atomic, so the fast path is one
+//! relaxed load. Kernels also accept an explicit [`Isa`] so that tests can run every kernel this
+//! CPU supports side by side without touching global state.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use attn_reference::{Error, Result};
+
+/// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Portable SIMD on the `wide` crate; runs everywhere.
+    Portable = 1,
+    /// x86-64 AVX2 + FMA (256-bit vectors, 16 registers).
+    Avx2 = 2,
+    /// x86-64 AVX-512F (512-bit vectors, 32 registers, masked tails).
+    Avx512 = 3,
+}
+
+impl Isa {
+    /// All ISAs, lowest first.
+    pub const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+
+    /// Short lower-case name, as accepted by `ATTN_ISA` and [`Isa::parse`].
+    pub const fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses a name produced by [`Isa::name`] (case-insensitive).
+    pub fn parse(s: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// True when this CPU can run kernels of this ISA.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => is_x86_feature_detected!("avx512f"),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// The best ISA this CPU supports.
+    pub fn best() -> Isa {
+        Isa::ALL.into_iter().rev().find(|i| i.is_supported()).unwrap_or(Isa::Portable)
+    }
+
+    /// The ISAs this CPU supports, lowest first.
+    pub fn supported() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_supported()).collect()
+    }
+
+    /// `Ok(self)` when supported, else an error naming the ISA (for explicit-ISA entry points).
+    pub fn require(self) -> Result<Isa> {
+        if self.is_supported() {
+            Ok(self)
+        } else {
+            Err(Error::InvalidParameter {
+                arg: "isa",
+                requirement: match self {
+                    Isa::Avx512 => "AVX-512F is not supported by this CPU",
+                    Isa::Avx2 => "AVX2 and FMA are not supported by this CPU",
+                    Isa::Portable => "unreachable: portable is always supported",
+                },
+            })
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| *i as u8 == v)
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// 0 = not yet computed; otherwise `Isa as u8`.
+static SELECTED: AtomicU8 = AtomicU8::new(0);
+
+/// The ISA kernels use when not told otherwise (see the module docs). Cached after first use.
+#[inline]
+pub fn selected() -> Isa {
+    match Isa::from_u8(SELECTED.load(Ordering::Relaxed)) {
+        Some(isa) => isa,
+        None => {
+            let isa = from_env().map_or(Isa::best(), |cap| cap.min(Isa::best()));
+            SELECTED.store(isa as u8, Ordering::Relaxed);
+            isa
+        }
+    }
+}
+
+/// Caps the default ISA at `max` (`None` restores detection plus `ATTN_ISA`). Asking for an ISA
+/// the CPU lacks gives the best supported one below it. Affects calls that start afterwards.
+pub fn set_isa_override(max: Option<Isa>) -> Isa {
+    let best = from_env().map_or(Isa::best(), |cap| cap.min(Isa::best()));
+    let isa = max.map_or(best, |m| m.min(Isa::best()));
+    SELECTED.store(isa as u8, Ordering::Relaxed);
+    isa
+}
+
+fn from_env() -> Option<Isa> {
+    std::env::var("ATTN_ISA").ok().and_then(|v| Isa::parse(&v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for isa in Isa::ALL {
+            assert_eq!(Isa::parse(isa.name()), Some(isa));
+        }
+        assert_eq!(Isa::parse("AVX2"), Some(Isa::Avx2));
+        assert_eq!(Isa::parse("sse"), None);
+    }
+
+    #[test]
+    fn selected_is_supported() {
+        assert!(selected().is_supported());
+        assert!(Isa::Portable.require().is_ok());
+    }
+}

@@ -1,0 +1,1 @@
+//! Flash-style streaming attention (online softmax) and the decode path.

@@ -1,0 +1,1 @@
+//! Cache-blocked SGEMM: loop nest, packing, per-ISA micro-kernels.

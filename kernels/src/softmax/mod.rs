@@ -1,0 +1,1 @@
+//! Fused scale-mask-softmax with a vectorised exp.

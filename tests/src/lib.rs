@@ -1,0 +1,2 @@
+//! Shared helpers for the workspace tests: input generators, tolerance bounds from error
+//! analysis, and guard-banded buffers.
