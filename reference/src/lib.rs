@@ -10,11 +10,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod attention;
 pub mod error;
 pub mod mask;
 pub mod matmul;
 pub mod shape;
+pub mod softmax;
 
 pub use error::{Error, Result};
 pub use mask::Mask;
-pub use shape::{MatLayout, Tensor4Layout};
+pub use shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};

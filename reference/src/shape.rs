@@ -242,6 +242,125 @@ impl Tensor4Layout {
     }
 }
 
+/// A read-only matrix operand: a slice and the view of it. Calls check the view against the
+/// slice before touching it.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    /// The elements.
+    pub data: &'a [f32],
+    /// Where element `(i, j)` lives in `data`.
+    pub layout: MatLayout,
+}
+
+/// A writable matrix operand: a slice and the view of it.
+#[derive(Debug)]
+pub struct MatMut<'a> {
+    /// The elements.
+    pub data: &'a mut [f32],
+    /// Where element `(i, j)` lives in `data`.
+    pub layout: MatLayout,
+}
+
+/// A read-only `[batch, heads, seq, dim]` operand.
+#[derive(Clone, Copy, Debug)]
+pub struct TensorRef<'a> {
+    /// The elements.
+    pub data: &'a [f32],
+    /// Where element `(b, h, s, d)` lives in `data`.
+    pub layout: Tensor4Layout,
+}
+
+/// A writable `[batch, heads, seq, dim]` operand.
+#[derive(Debug)]
+pub struct TensorMut<'a> {
+    /// The elements.
+    pub data: &'a mut [f32],
+    /// Where element `(b, h, s, d)` lives in `data`.
+    pub layout: Tensor4Layout,
+}
+
+impl<'a> MatRef<'a> {
+    /// Pairs a slice with a view (checked later, by the call that uses it).
+    pub const fn new(data: &'a [f32], layout: MatLayout) -> Self {
+        Self { data, layout }
+    }
+    /// A contiguous row-major matrix.
+    pub const fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self { data, layout: MatLayout::row_major(rows, cols) }
+    }
+    /// Checks the view against the slice.
+    pub fn check(&self, arg: &'static str) -> Result<()> {
+        self.layout.check(arg, self.data.len())
+    }
+    /// Element `(i, j)`; call only after [`check`](Self::check), with `i < rows`, `j < cols`.
+    #[inline(always)]
+    pub fn at(&self, i: usize, j: usize) -> f32 {
+        self.data[self.layout.index(i, j)]
+    }
+}
+
+impl<'a> MatMut<'a> {
+    /// Pairs a slice with a view (checked later, by the call that uses it).
+    pub fn new(data: &'a mut [f32], layout: MatLayout) -> Self {
+        Self { data, layout }
+    }
+    /// A contiguous row-major matrix.
+    pub fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
+        Self { data, layout: MatLayout::row_major(rows, cols) }
+    }
+    /// Checks the view against the slice, and that no two positions share an element.
+    pub fn check(&self, arg: &'static str) -> Result<()> {
+        self.layout.check_output(arg, self.data.len())
+    }
+    /// A read-only view of the same elements.
+    pub fn as_ref(&self) -> MatRef<'_> {
+        MatRef { data: self.data, layout: self.layout }
+    }
+    /// Reborrows, so the operand can be passed on and used again.
+    pub fn rb(&mut self) -> MatMut<'_> {
+        MatMut { data: self.data, layout: self.layout }
+    }
+}
+
+impl<'a> TensorRef<'a> {
+    /// Pairs a slice with a view (checked later, by the call that uses it).
+    pub const fn new(data: &'a [f32], layout: Tensor4Layout) -> Self {
+        Self { data, layout }
+    }
+    /// Checks the view against the slice.
+    pub fn check(&self, arg: &'static str) -> Result<()> {
+        self.layout.check(arg, self.data.len())
+    }
+    /// The `[seq, dim]` matrix of batch `b`, head `h`.
+    pub fn matrix(&self, b: usize, h: usize) -> MatRef<'a> {
+        MatRef { data: self.data, layout: self.layout.matrix(b, h) }
+    }
+    /// Element `(b, h, s, d)`; call only after [`check`](Self::check).
+    #[inline(always)]
+    pub fn at(&self, b: usize, h: usize, s: usize, d: usize) -> f32 {
+        self.data[self.layout.index(b, h, s, d)]
+    }
+}
+
+impl<'a> TensorMut<'a> {
+    /// Pairs a slice with a view (checked later, by the call that uses it).
+    pub fn new(data: &'a mut [f32], layout: Tensor4Layout) -> Self {
+        Self { data, layout }
+    }
+    /// Checks the view against the slice, and that no two positions share an element.
+    pub fn check(&self, arg: &'static str) -> Result<()> {
+        self.layout.check_output(arg, self.data.len())
+    }
+    /// A read-only view of the same elements.
+    pub fn as_ref(&self) -> TensorRef<'_> {
+        TensorRef { data: self.data, layout: self.layout }
+    }
+    /// Reborrows, so the operand can be passed on and used again.
+    pub fn rb(&mut self) -> TensorMut<'_> {
+        TensorMut { data: self.data, layout: self.layout }
+    }
+}
+
 fn required_len(offset: usize, dims: &[(usize, usize)]) -> Option<usize> {
     if dims.iter().any(|&(n, _)| n == 0) {
         return Some(0);

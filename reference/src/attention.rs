@@ -1,0 +1,111 @@
+//! Scaled dot-product attention over `[batch, heads]`, in f64.
+
+use crate::error::{expect_dim, expect_finite, Error, Result};
+use crate::mask::Mask;
+use crate::shape::{TensorMut, TensorRef};
+use crate::softmax::softmax_row;
+
+/// The default score scale `1/√d_k` (1 for `d_k = 0`).
+pub fn default_scale(dk: usize) -> f32 {
+    if dk == 0 {
+        1.0
+    } else {
+        (1.0 / (dk as f64).sqrt()) as f32
+    }
+}
+
+/// Checks the operands of an attention call and returns `(batch, q_heads, kv_heads, nq, nk, dk,
+/// dv)`. Shared by every attention entry point so they all reject the same inputs.
+///
+/// `q: [batch, hq, nq, dk]`, `k: [batch, hkv, nk, dk]`, `v: [batch, hkv, nk, dv]`,
+/// `o: [batch, hq, nq, dv]`, mask over `[batch, hq, nq, nk]`, `lse` of `batch·hq·nq` elements.
+pub fn check_attention(
+    q: &TensorRef<'_>,
+    k: &TensorRef<'_>,
+    v: &TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    o: &TensorMut<'_>,
+    lse: Option<&[f32]>,
+) -> Result<[usize; 7]> {
+    expect_finite("scale", scale)?;
+    let [batch, hq, nq, dk] = q.layout.dims;
+    let [_, hkv, nk, _] = k.layout.dims;
+    let dv = v.layout.dims[3];
+    if hq == 0 {
+        return Err(Error::ZeroHeads { arg: "q" });
+    }
+    if hkv == 0 {
+        return Err(Error::ZeroHeads { arg: "k" });
+    }
+    if hq % hkv != 0 {
+        return Err(Error::KvHeadsNotDividing { q_heads: hq, kv_heads: hkv });
+    }
+    k.layout.expect_dims("k", [batch, hkv, nk, dk])?;
+    v.layout.expect_dims("v", [batch, hkv, nk, dv])?;
+    o.layout.expect_dims("o", [batch, hq, nq, dv])?;
+    q.check("q")?;
+    k.check("k")?;
+    v.check("v")?;
+    o.check("o")?;
+    mask.check(batch, hq, nq, nk)?;
+    if let Some(l) = lse {
+        expect_dim("lse", "len", batch * hq * nq, l.len())?;
+    }
+    Ok([batch, hq, hkv, nq, nk, dk, dv])
+}
+
+/// `O = softmax(scale·Q·Kᵀ + mask)·V` for every batch and query head.
+///
+/// Query head `h` reads K/V head `h / (hq / hkv)` (GQA; MQA when `hkv = 1`). Scores and the
+/// weighted sum of values are computed in f64 and rounded once. The mask follows [`Mask`]: a
+/// fully masked row (or `nk = 0`) gives a zero output row and logsumexp −∞. When given, `lse`
+/// receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` row-major over `[batch, hq, nq]`.
+/// Layouts are free: `[b, s, h, d]` and `[b, h, s, d]` storage are both strided views.
+///
+/// Errors: see [`check_attention`].
+pub fn attention(
+    q: TensorRef<'_>,
+    k: TensorRef<'_>,
+    v: TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    o: TensorMut<'_>,
+    mut lse: Option<&mut [f32]>,
+) -> Result<()> {
+    let [batch, hq, hkv, nq, nk, dk, dv] =
+        check_attention(&q, &k, &v, scale, mask, &o, lse.as_deref())?;
+    let group = hq / hkv;
+    for b in 0..batch {
+        for h in 0..hq {
+            let kh = h / group;
+            for i in 0..nq {
+                let logits: Vec<Option<f64>> = (0..nk)
+                    .map(|j| {
+                        mask.term(b, h, i, j, nq, nk).map(|t| {
+                            let dot: f64 = (0..dk)
+                                .map(|d| f64::from(q.at(b, h, i, d)) * f64::from(k.at(b, kh, j, d)))
+                                .sum();
+                            f64::from(scale) * dot + f64::from(t)
+                        })
+                    })
+                    .collect();
+                let (p, l) = softmax_row(&logits);
+                for d in 0..dv {
+                    let acc: f64 = p
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, w)| **w != 0.0)
+                        .map(|(j, w)| w * f64::from(v.at(b, kh, j, d)))
+                        .sum();
+                    let oi = o.layout.index(b, h, i, d);
+                    o.data[oi] = acc as f32;
+                }
+                if let Some(out) = lse.as_deref_mut() {
+                    out[(b * hq + h) * nq + i] = l as f32;
+                }
+            }
+        }
+    }
+    Ok(())
+}

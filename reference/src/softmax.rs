@@ -1,0 +1,114 @@
+//! Softmax, log-softmax, logsumexp and the fused scale-mask-softmax, in f64.
+//!
+//! Conventions: rows are stabilised by subtracting the row maximum; a row whose every logit is
+//! −∞ or masked (a *fully masked row*) gives all zeros and a logsumexp of −∞. A NaN logit makes
+//! the whole row NaN. A +∞ logit (after scale and mask) takes all the weight: the row becomes 1
+//! at the +∞ positions split evenly among them, 0 elsewhere.
+
+use crate::error::{expect_finite, Result};
+use crate::mask::Mask;
+use crate::shape::{MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+
+/// Softmax of one row of f64 logits, where `None` marks a masked position. Returns the
+/// probabilities (masked → 0) and the logsumexp `ln Σ exp(x_j)` over the visible positions.
+///
+/// `p_j = exp(x_j − m) / Σ_l exp(x_l − m)` with `m = max_j x_j`. Fully masked (or all −∞):
+/// zeros and −∞. Any NaN: NaN everywhere and a NaN logsumexp. `+∞` positions share weight 1.
+pub fn softmax_row(logits: &[Option<f64>]) -> (Vec<f64>, f64) {
+    let n = logits.len();
+    if logits.iter().any(|x| matches!(x, Some(v) if v.is_nan())) {
+        return (vec![f64::NAN; n], f64::NAN);
+    }
+    let max = logits.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
+    if max == f64::NEG_INFINITY {
+        return (vec![0.0; n], f64::NEG_INFINITY);
+    }
+    if max == f64::INFINITY {
+        let count = logits.iter().filter(|x| **x == Some(f64::INFINITY)).count() as f64;
+        let p = logits.iter().map(|x| if *x == Some(f64::INFINITY) { 1.0 / count } else { 0.0 });
+        return (p.collect(), f64::INFINITY);
+    }
+    let e: Vec<f64> = logits.iter().map(|x| x.map_or(0.0, |v| (v - max).exp())).collect();
+    let sum: f64 = e.iter().sum();
+    (e.iter().map(|v| v / sum).collect(), max + sum.ln())
+}
+
+/// Softmax over each row of the matrix view `x`, written to `y` (same shape).
+/// `y_ij = exp(x_ij − max_i) / Σ_j exp(x_ij − max_i)`, computed in f64.
+pub fn softmax(x: MatRef<'_>, y: MatMut<'_>) -> Result<()> {
+    scale_mask_softmax(
+        TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout)),
+        1.0,
+        &Mask::None,
+        TensorMut::new(y.data, Tensor4Layout::from_mat(y.layout)),
+        None,
+    )
+}
+
+/// Log-softmax over each row: `y_ij = x_ij − logsumexp_i`; a fully masked row gives −∞.
+pub fn log_softmax(x: MatRef<'_>, y: MatMut<'_>) -> Result<()> {
+    y.layout.expect_shape("y", x.layout.rows, x.layout.cols)?;
+    y.check("y")?;
+    for i in 0..x.layout.rows {
+        let row = row_logits(&x, i);
+        let lse = softmax_row(&row).1;
+        for j in 0..x.layout.cols {
+            y.data[y.layout.index(i, j)] = (f64::from(x.at(i, j)) - lse) as f32;
+        }
+    }
+    Ok(())
+}
+
+/// `ln Σ_j exp(x_ij)` for each row of `x` (−∞ for an empty or all −∞ row).
+pub fn logsumexp(x: MatRef<'_>) -> Result<Vec<f32>> {
+    x.check("x")?;
+    Ok((0..x.layout.rows).map(|i| softmax_row(&row_logits(&x, i)).1 as f32).collect())
+}
+
+fn row_logits(x: &MatRef<'_>, i: usize) -> Vec<Option<f64>> {
+    (0..x.layout.cols).map(|j| Some(f64::from(x.at(i, j)))).collect()
+}
+
+/// Fused `y = softmax(scale·x + mask)` over the last dimension of a `[batch, heads, rows, cols]`
+/// view. The mask addresses `[batch, heads, rows, cols]` (see [`Mask`]); masked positions get
+/// exactly 0 and a fully masked row is all zeros. When `lse` is given it receives the logsumexp
+/// of each row of `scale·x + mask`, row-major over `[batch, heads, rows]` (−∞ for a fully masked
+/// row). `scale` must be finite. `x` and `y` may not be the same slice here (the kernels offer
+/// the in-place form).
+pub fn scale_mask_softmax(
+    x: TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    mut lse: Option<&mut [f32]>,
+) -> Result<()> {
+    expect_finite("scale", scale)?;
+    let [batch, heads, rows, cols] = x.layout.dims;
+    x.check("x")?;
+    y.layout.expect_dims("y", x.layout.dims)?;
+    y.check("y")?;
+    mask.check(batch, heads, rows, cols)?;
+    if let Some(l) = lse.as_deref() {
+        crate::error::expect_dim("lse", "len", batch * heads * rows, l.len())?;
+    }
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..rows {
+                let logits: Vec<Option<f64>> = (0..cols)
+                    .map(|j| {
+                        mask.term(b, h, i, j, rows, cols)
+                            .map(|t| f64::from(scale) * f64::from(x.at(b, h, i, j)) + f64::from(t))
+                    })
+                    .collect();
+                let (p, l) = softmax_row(&logits);
+                for (j, v) in p.iter().enumerate() {
+                    y.data[y.layout.index(b, h, i, j)] = *v as f32;
+                }
+                if let Some(out) = lse.as_deref_mut() {
+                    out[(b * heads + h) * rows + i] = l as f32;
+                }
+            }
+        }
+    }
+    Ok(())
+}
