@@ -10,13 +10,29 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod alloc;
 pub mod attention;
+pub mod encoder;
 pub mod error;
+pub mod linear;
 pub mod mask;
 pub mod matmul;
+pub mod mha;
+pub mod norm;
+pub mod posenc;
+pub mod scores;
 pub mod shape;
 pub mod softmax;
 
 pub use error::{Error, Result};
 pub use mask::Mask;
 pub use shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+
+pub use encoder::{
+    encoder_block, feed_forward, Activation, EncoderConfig, EncoderWeights, FeedForwardWeights,
+};
+pub use linear::linear;
+pub use mha::{cross_attention, multi_head_attention, MhaConfig, MhaWeights};
+pub use norm::{layer_norm, LayerNormWeights};
+pub use posenc::{add_positional_encoding, sinusoidal_table, PositionalEncoding};
+pub use scores::{additive_scores, dot_product_scores, scaled_dot_product_scores, AdditiveWeights};

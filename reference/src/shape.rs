@@ -145,6 +145,25 @@ impl Tensor4Layout {
         }
     }
 
+    /// A batch of sequences, contiguous `[batch, seq, dim]` storage, seen as a one-head
+    /// `[batch, 1, seq, dim]` tensor: the activations the layers ([`crate::mha`],
+    /// [`crate::encoder`], [`crate::posenc`]) take and return.
+    pub const fn batch_seq(batch: usize, seq: usize, dim: usize) -> Self {
+        Self { dims: [batch, 1, seq, dim], strides: [seq * dim, 0, dim, 1], offset: 0 }
+    }
+
+    /// One `[rows, cols]` matrix broadcast over every batch and head by zero strides, seen as
+    /// `[batch, heads, rows, cols]` (e.g. one mask shared by all heads of all batches).
+    pub const fn broadcast_mat(batch: usize, heads: usize, rows: usize, cols: usize) -> Self {
+        Self { dims: [batch, heads, rows, cols], strides: [0, 0, cols, 1], offset: 0 }
+    }
+
+    /// A `[batch, cols]` row-major table broadcast over heads and rows by zero strides, seen as
+    /// `[batch, heads, rows, cols]` (a key-padding mask: one row of keys per batch).
+    pub const fn broadcast_rows(batch: usize, heads: usize, rows: usize, cols: usize) -> Self {
+        Self { dims: [batch, heads, rows, cols], strides: [cols, 0, 0, 1], offset: 0 }
+    }
+
     /// An arbitrary strided view.
     pub const fn strided(dims: [usize; 4], strides: [usize; 4], offset: usize) -> Self {
         Self { dims, strides, offset }
@@ -350,6 +369,10 @@ impl<'a> TensorMut<'a> {
     /// Checks the view against the slice, and that no two positions share an element.
     pub fn check(&self, arg: &'static str) -> Result<()> {
         self.layout.check_output(arg, self.data.len())
+    }
+    /// The writable `[seq, dim]` matrix of batch `b`, head `h`.
+    pub fn matrix_mut(&mut self, b: usize, h: usize) -> MatMut<'_> {
+        MatMut { data: self.data, layout: self.layout.matrix(b, h) }
     }
     /// A read-only view of the same elements.
     pub fn as_ref(&self) -> TensorRef<'_> {
