@@ -98,12 +98,14 @@ pub fn attention(
                 }
                 let (p, l) = softmax_row(&logits);
                 for d in 0..dv {
+                    // Folded from +0.0: an empty f64 `sum()` is −0.0, and a fully masked row
+                    // must be +0.0 like the kernels' zero-initialised accumulators.
                     let acc: f64 = p
                         .iter()
                         .enumerate()
                         .filter(|(_, w)| **w != 0.0)
                         .map(|(j, w)| w * f64::from(v.at(b, kh, j, d)))
-                        .sum();
+                        .fold(0.0, |s, x| s + x);
                     let oi = o.layout.index(b, h, i, d);
                     o.data[oi] = acc as f32;
                 }
