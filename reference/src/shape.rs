@@ -115,7 +115,9 @@ impl MatLayout {
 ///
 /// Both common memory layouts are this descriptor: [`bhsd`](Self::bhsd) for
 /// `[batch, heads, seq, dim]` and [`bshd`](Self::bshd) for `[batch, seq, heads, dim]` storage.
-/// A zero stride broadcasts a dimension (e.g. one mask for every head).
+/// A zero stride broadcasts a dimension (e.g. one mask for every head). The contiguous
+/// constructors saturate stride products instead of overflowing, so absurd sizes surface as
+/// [`Error::IndexOverflow`] from [`check`](Self::check), never as a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tensor4Layout {
     /// Logical sizes `[batch, heads, seq, dim]`.
@@ -131,7 +133,12 @@ impl Tensor4Layout {
     pub const fn bhsd(batch: usize, heads: usize, seq: usize, dim: usize) -> Self {
         Self {
             dims: [batch, heads, seq, dim],
-            strides: [heads * seq * dim, seq * dim, dim, 1],
+            strides: [
+                heads.saturating_mul(seq).saturating_mul(dim),
+                seq.saturating_mul(dim),
+                dim,
+                1,
+            ],
             offset: 0,
         }
     }
@@ -140,7 +147,12 @@ impl Tensor4Layout {
     pub const fn bshd(batch: usize, seq: usize, heads: usize, dim: usize) -> Self {
         Self {
             dims: [batch, heads, seq, dim],
-            strides: [seq * heads * dim, dim, heads * dim, 1],
+            strides: [
+                seq.saturating_mul(heads).saturating_mul(dim),
+                dim,
+                heads.saturating_mul(dim),
+                1,
+            ],
             offset: 0,
         }
     }
@@ -149,7 +161,11 @@ impl Tensor4Layout {
     /// `[batch, 1, seq, dim]` tensor: the activations the layers ([`crate::mha`],
     /// [`crate::encoder`], [`crate::posenc`]) take and return.
     pub const fn batch_seq(batch: usize, seq: usize, dim: usize) -> Self {
-        Self { dims: [batch, 1, seq, dim], strides: [seq * dim, 0, dim, 1], offset: 0 }
+        Self {
+            dims: [batch, 1, seq, dim],
+            strides: [seq.saturating_mul(dim), 0, dim, 1],
+            offset: 0,
+        }
     }
 
     /// One `[rows, cols]` matrix broadcast over every batch and head by zero strides, seen as

@@ -505,6 +505,20 @@ fn cases() -> Vec<Case> {
             says: &["`lse`", "got 1"],
         },
         Case {
+            what: "attention: contiguous layout whose stride products overflow (saturated)",
+            got: attention(
+                TensorRef::new(&Z, Tensor4Layout::bhsd(2, usize::MAX, 2, 2)),
+                bhsd(2, 1, 2, 2),
+                bhsd(2, 1, 2, 2),
+                1.0,
+                &Mask::None,
+                TensorMut::new(&mut buf, Tensor4Layout::bhsd(2, usize::MAX, 2, 2)),
+                None,
+            ),
+            want: Error::IndexOverflow { arg: "q" },
+            says: &["`q`", "overflow usize"],
+        },
+        Case {
             what: "attention: mask heads",
             got: attention(
                 bhsd(1, 2, 2, 3),
@@ -951,4 +965,222 @@ fn empty_views_with_huge_dimensions_return_quickly() {
     // A causal offset for nk far beyond isize::MAX saturates instead of overflowing.
     assert_eq!(Mask::causal_offset(None, 0, big), isize::MAX);
     assert_eq!(Mask::causal_offset(None, big, 0), -isize::MAX);
+}
+
+mod no_panic {
+    //! Arbitrary small shapes, layouts (contiguous, column-major, zero and odd strides,
+    //! offsets, `usize::MAX` strides and offsets), slice lengths, scalars, masks and special
+    //! values: every call must return, Ok or a typed error, never panic. Shapes are mostly
+    //! consistent (so the computing paths run) and sometimes perturbed (so the checks do).
+    //! Dimensions stay ≤ 6 so zero-stride broadcasts cannot make the work unbounded.
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::sample::select;
+
+    const LEN: usize = 320;
+
+    fn dim() -> impl Strategy<Value = usize> {
+        select(vec![0usize, 1, 2, 3, 6])
+    }
+    /// `n` most of the time, another size sometimes.
+    fn near(n: usize) -> impl Strategy<Value = usize> {
+        prop_oneof![6 => Just(n), 1 => dim()]
+    }
+    fn stride() -> impl Strategy<Value = usize> {
+        select(vec![0usize, 1, 2, 3, 7, 40, usize::MAX / 2, usize::MAX])
+    }
+    fn offset() -> impl Strategy<Value = usize> {
+        select(vec![0usize, 1, 5, usize::MAX])
+    }
+    fn mat(rows: usize, cols: usize) -> impl Strategy<Value = MatLayout> {
+        prop_oneof![
+            3 => Just(MatLayout::row_major(rows, cols)),
+            1 => Just(MatLayout::col_major(rows, cols)),
+            2 => (stride(), stride(), offset())
+                .prop_map(move |(rs, cs, o)| MatLayout::strided(rows, cols, rs, cs, o)),
+        ]
+    }
+    fn t4(b: usize, h: usize, n: usize, d: usize) -> impl Strategy<Value = Tensor4Layout> {
+        prop_oneof![
+            3 => Just(Tensor4Layout::bhsd(b, h, n, d)),
+            2 => Just(Tensor4Layout::bshd(b, n, h, d)),
+            2 => ([stride(), stride(), stride(), stride()], offset())
+                .prop_map(move |(s, o)| Tensor4Layout::strided([b, h, n, d], s, o)),
+        ]
+    }
+    fn scalar() -> impl Strategy<Value = f32> {
+        prop_oneof![
+            4 => Just(0.5f32),
+            1 => select(vec![1.0f32, 0.0, -0.5, f32::NAN, f32::INFINITY, 1e30]),
+        ]
+    }
+    fn data() -> impl Strategy<Value = Vec<f32>> {
+        let value = prop_oneof![
+            6 => -2.0f32..2.0,
+            1 => select(vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30, 1e-40]),
+        ];
+        prop_oneof![4 => Just(LEN), 1 => 0..LEN]
+            .prop_flat_map(move |n| prop::collection::vec(value.clone(), n))
+    }
+
+    fn matrix_case() -> impl Strategy<Value = (MatLayout, MatLayout, MatLayout)> {
+        (dim(), dim(), dim()).prop_flat_map(|(m, k, n)| {
+            (
+                (near(m), near(k)).prop_flat_map(|(r, c)| mat(r, c)),
+                (near(k), near(n)).prop_flat_map(|(r, c)| mat(r, c)),
+                (near(m), near(n)).prop_flat_map(|(r, c)| mat(r, c)),
+            )
+        })
+    }
+
+    type Attn = (Tensor4Layout, Tensor4Layout, Tensor4Layout, Tensor4Layout, Tensor4Layout);
+
+    fn attention_case() -> impl Strategy<Value = Attn> {
+        let heads = select(vec![(1usize, 1usize), (2, 1), (2, 2), (4, 2), (3, 2), (0, 1), (1, 0)]);
+        (select(vec![0usize, 1, 2]), heads, dim(), dim(), dim(), dim()).prop_flat_map(
+            |(b, (hq, hkv), nq, nk, dk, dv)| {
+                (
+                    (near(nq), near(dk)).prop_flat_map(move |(n, d)| t4(b, hq, n, d)),
+                    (near(nk), near(dk)).prop_flat_map(move |(n, d)| t4(b, hkv, n, d)),
+                    near(dv).prop_flat_map(move |d| t4(b, hkv, nk, d)),
+                    (near(nq), near(dv)).prop_flat_map(move |(n, d)| t4(b, hq, n, d)),
+                    prop_oneof![
+                        3 => Just(Tensor4Layout::bhsd(b, hq, nq, nk)),
+                        1 => Just(Tensor4Layout::broadcast_mat(b, hq, nq, nk)),
+                        1 => Just(Tensor4Layout::broadcast_rows(b, hq, nq, nk)),
+                        1 => (near(nk)).prop_flat_map(move |k| t4(b, hq, nq, k)),
+                    ],
+                )
+            },
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1500, ..ProptestConfig::default() })]
+
+        #[test]
+        fn matrix_ops_never_panic(
+            (la, lb, lc) in matrix_case(),
+            (a, b, mut c) in (data(), data(), data()),
+            (alpha, beta) in (scalar(), scalar()),
+            bias in prop::option::of(data()),
+        ) {
+            let (ar, br) = (MatRef::new(&a, la), MatRef::new(&b, lb));
+            let _ = matmul(alpha, ar, br, beta, MatMut::new(&mut c, lc));
+            let bias = bias.as_deref().map(|v| &v[..v.len().min(lb.cols)]);
+            let _ = linear(ar, br, bias, MatMut::new(&mut c, lc));
+            let kt = MatRef::new(&b, lb.transposed());
+            let _ = scaled_dot_product_scores(ar, kt, alpha, MatMut::new(&mut c, lc));
+            let _ = softmax(ar, MatMut::new(&mut c, la));
+            let _ = log_softmax(ar, MatMut::new(&mut c, lc));
+            let _ = logsumexp(ar);
+            let g = &b[..b.len().min(la.cols)];
+            let ln = LayerNormWeights { gamma: g, beta: g };
+            let _ = layer_norm(ar, &ln, beta.abs(), MatMut::new(&mut c, lc));
+            let _ = sinusoidal_table(la.rows, MatMut::new(&mut c, lc));
+            let aw = AdditiveWeights { wq: br, wk: br, w: &a[..a.len().min(lb.cols)] };
+            let _ = additive_scores(ar, ar, &aw, MatMut::new(&mut c, lc));
+            let ff = FeedForwardWeights { w1: br, b1: None, w2: kt, b2: bias };
+            let _ = feed_forward(ar, &ff, Activation::GeluTanh, MatMut::new(&mut c, lc));
+        }
+
+        #[test]
+        fn tensor_ops_never_panic(
+            (lq, lk, lv, lo, lm) in attention_case(),
+            (q, k, v, mut o) in (data(), data(), data(), data()),
+            scale in scalar(),
+            mask_kind in 0usize..4,
+            offset in select(
+                vec![None, Some(0isize), Some(-3), Some(isize::MAX), Some(isize::MIN)],
+            ),
+            lse_len in select(vec![None, Some(0usize), Some(1), Some(4), Some(12)]),
+        ) {
+            let keep: Vec<bool> = k.iter().map(|x| *x > 0.0).collect();
+            let mask = match mask_kind {
+                0 => Mask::None,
+                1 => Mask::Causal { offset },
+                2 => Mask::Keep { keep: &keep, layout: lm },
+                _ => Mask::Bias { bias: &v, layout: lm },
+            };
+            let rows = lq.dims[0] * lq.dims[1] * lq.dims[2];
+            let mut lse = lse_len.map(|n| vec![0.0f32; if n == 12 { rows } else { n }]);
+            let (qr, kr) = (TensorRef::new(&q, lq), TensorRef::new(&k, lk));
+            let vr = TensorRef::new(&v, lv);
+            let om = TensorMut::new(&mut o, lo);
+            let _ = attention(qr, kr, vr, scale, &mask, om, lse.as_deref_mut());
+            let _ = scale_mask_softmax(
+                TensorRef::new(&q, lm),
+                scale,
+                &mask,
+                TensorMut::new(&mut o, lm),
+                lse.as_deref_mut(),
+            );
+            let seq = Tensor4Layout { dims: [lq.dims[0], 1, lq.dims[2], lq.dims[3]], ..lq };
+            let table = MatRef::new(&k, MatLayout::row_major(lk.dims[2] + 2, lq.dims[3]));
+            for pe in [
+                PositionalEncoding::Sinusoidal { start: lk.offset },
+                PositionalEncoding::Learned { table, start: lk.dims[0] },
+            ] {
+                let _ = add_positional_encoding(
+                    TensorRef::new(&q, seq), &pe, TensorMut::new(&mut o, seq),
+                );
+            }
+        }
+
+        #[test]
+        fn layers_never_panic(
+            (in_dim, kv_in, k_dim, v_dim) in (dim(), dim(), dim(), dim()),
+            (heads, kv_heads) in select(
+                vec![(1usize, 1usize), (2, 2), (2, 1), (4, 2), (0, 1), (3, 2), (2, 0)],
+            ),
+            (batch, n1, n2) in (select(vec![0usize, 1, 2]), dim(), dim()),
+            (w, x, x2, mut y) in (data(), data(), data(), data()),
+            (causal, eps) in (any::<bool>(), scalar()),
+            perturb in (0usize..12, dim()),
+        ) {
+            let cfg = MhaConfig::cross(in_dim, kv_in, k_dim, v_dim, heads).with_kv_heads(kv_heads);
+            let mut shapes = [
+                (cfg.in_dim, cfg.q_width()),
+                (cfg.kv_in_dim, cfg.k_width()),
+                (cfg.kv_in_dim, cfg.v_width()),
+                (cfg.o_width(), cfg.in_dim),
+            ];
+            if perturb.0 < 4 {
+                shapes[perturb.0].1 = perturb.1;
+            }
+            let m = |(r, c): (usize, usize)| MatRef::new(&w, MatLayout::row_major(r, c));
+            let bias = |len: usize| Some(&w[..w.len().min(len)]);
+            let mw = MhaWeights {
+                wq: m(shapes[0]),
+                wk: m(shapes[1]),
+                wv: m(shapes[2]),
+                wo: m(shapes[3]),
+                bq: bias(cfg.q_width()),
+                bk: None,
+                bv: bias(cfg.v_width()),
+                bo: bias(in_dim),
+            };
+            let l1 = Tensor4Layout::batch_seq(batch, n1, in_dim);
+            let l2 = Tensor4Layout::batch_seq(batch, n2, kv_in);
+            let (x1r, x2r) = (TensorRef::new(&x, l1), TensorRef::new(&x2, l2));
+            let mask = if causal { Mask::CAUSAL } else { Mask::None };
+            let _ = cross_attention(&cfg, &mw, x1r, x2r, &mask, TensorMut::new(&mut y, l1));
+            let _ = multi_head_attention(&cfg, &mw, x1r, &mask, TensorMut::new(&mut y, l1));
+            let g = &w[..w.len().min(in_dim)];
+            let activation = Activation::Relu;
+            let ecfg = EncoderConfig { attn: cfg, ff_dim: k_dim, activation, eps };
+            let ew = EncoderWeights {
+                attn: mw,
+                norm1: LayerNormWeights { gamma: g, beta: g },
+                ff: FeedForwardWeights {
+                    w1: m((in_dim, k_dim)),
+                    b1: None,
+                    w2: m((k_dim, in_dim)),
+                    b2: bias(in_dim),
+                },
+                norm2: LayerNormWeights { gamma: g, beta: g },
+            };
+            let _ = encoder_block(&ecfg, &ew, x1r, &mask, TensorMut::new(&mut y, l1));
+        }
+    }
 }

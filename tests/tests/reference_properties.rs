@@ -386,8 +386,9 @@ proptest! {
         .unwrap();
         let vmax = p.v.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         // The scores above are rounded to f32 before scaling, unlike inside `attention`; with
-        // |q|,|k| < 2 and d ≤ 8 that moves a logit by ≤ u·|s|·scale ≤ u·32, so a weight by a
-        // relative 32u and the output by ≤ 32u·max|v| more.
+        // |q|,|k| < 2 and d ≤ 8 that moves each logit by ≤ u·|s|·scale ≤ 32u, so a weight by a
+        // relative ≤ e^(2·32u) − 1 ≈ 64u and the output by ≤ 64u·max|v|. Rounding P and P·V
+        // to f32 adds ≤ 2u·max|v|.
         let tol = (2.0 + 64.0) * U * f64::from(vmax);
         for b in 0..p.batch {
             for h in 0..p.hq {
