@@ -39,6 +39,11 @@ unsafe impl Simd for Avx2 {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        // SAFETY: a prefetch is a hint and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) }
+    }
+    #[inline(always)]
     unsafe fn mul(a: __m256, b: __m256) -> __m256 {
         unsafe { _mm256_mul_ps(a, b) }
     }
@@ -46,6 +51,7 @@ unsafe impl Simd for Avx2 {
 
 super::define_kernels! {
     isa: Isa::Avx2, simd: Avx2, mr: 6, nv: 2,
-    packed: sgemm_6x16_avx2, strided: sgemm_6x16_avx2_strided_a, name: "sgemm_6x16_avx2",
+    packed: sgemm_6x16_avx2, strided: sgemm_6x16_avx2_strided_a, rows: [1, 2, 3, 4, 5],
+    name: "sgemm_6x16_avx2",
     #[target_feature(enable = "avx2,fma")]
 }

@@ -42,6 +42,11 @@ unsafe impl Simd for Avx512 {
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        // SAFETY: a prefetch is a hint and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) }
+    }
+    #[inline(always)]
     unsafe fn mul(a: __m512, b: __m512) -> __m512 {
         unsafe { _mm512_mul_ps(a, b) }
     }
@@ -49,6 +54,7 @@ unsafe impl Simd for Avx512 {
 
 super::define_kernels! {
     isa: Isa::Avx512, simd: Avx512, mr: 12, nv: 2,
-    packed: sgemm_12x32_avx512, strided: sgemm_12x32_avx512_strided_a, name: "sgemm_12x32_avx512",
+    packed: sgemm_12x32_avx512, strided: sgemm_12x32_avx512_strided_a, rows: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
+    name: "sgemm_12x32_avx512",
     #[target_feature(enable = "avx512f")]
 }

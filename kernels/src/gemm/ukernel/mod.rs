@@ -25,7 +25,7 @@
 
 use crate::arch::Isa;
 
-use super::blocking::{Blocking, KC};
+use super::blocking::Blocking;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -60,6 +60,9 @@ pub(crate) unsafe trait Simd: Copy {
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `a · b`.
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// Hints that the cache line at `p` is about to be accessed (no-op where unsupported).
+    /// Never faults, whatever `p` is.
+    unsafe fn prefetch(p: *const f32);
 }
 
 /// The one micro-kernel body: an `MR × (NV·LANES)` tile held in `MR·NV` vector registers.
@@ -99,6 +102,11 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const
     // SAFETY (whole body): the caller guarantees the panel and tile extents stated above; every
     // offset below stays inside them.
     unsafe {
+        // Start fetching the C tile now, so its lines are in L1 when the k loop ends.
+        for i in 0..MR {
+            S::prefetch(c.add(i * rs_c));
+            S::prefetch(c.add(i * rs_c + nr - 1));
+        }
         let mut acc = [[S::zero(); NV]; MR];
         let mut a = a;
         let mut b = b;
@@ -179,9 +187,32 @@ pub(crate) type UkrFn = unsafe fn(
 macro_rules! define_kernels {
     (
         isa: $isa:expr, simd: $simd:ty, mr: $mr:expr, nv: $nv:expr,
-        packed: $packed:ident, strided: $strided:ident, name: $name:expr,
+        packed: $packed:ident, strided: $strided:ident, rows: [$($r:literal),*],
+        name: $name:expr,
         $(#[$attr:meta])*
     ) => {
+        /// The micro-kernel for a partial row panel: `R < MR` rows of A read through
+        /// strides (a packed panel is `a_rs = 1, a_cs = MR`), an `R × NR` tile of C.
+        ///
+        /// # Safety
+        ///
+        /// The CPU supports this ISA; as [`sgemm_body`](super::sgemm_body) with `MR = R`,
+        /// without `PACKED_A`.
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn partial_rows<const R: usize>(
+            k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
+            b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
+        ) {
+            debug_assert!($isa.is_supported());
+            // SAFETY: forwarded contract.
+            unsafe {
+                super::sgemm_body::<$simd, R, { $nv }, false>(
+                    k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                )
+            }
+        }
+
         /// The packed-A micro-kernel (see the `ukernel` module docs for the contract).
         ///
         /// # Safety
@@ -230,6 +261,7 @@ macro_rules! define_kernels {
             nr: $nv * <$simd as super::Simd>::LANES,
             ukr: $packed,
             ukr_strided_a: $strided,
+            ukr_rows: &[$(partial_rows::<$r>),*],
             blocking: crate::gemm::blocking::Blocking::for_tile(
                 $mr,
                 $nv * <$simd as super::Simd>::LANES,
@@ -255,6 +287,8 @@ pub(crate) struct Kernel {
     pub ukr: UkrFn,
     /// The micro-kernel reading A in place through its strides.
     pub ukr_strided_a: UkrFn,
+    /// `ukr_rows[r - 1]`: the kernel for a partial panel of `r < MR` rows (A through strides).
+    pub ukr_rows: &'static [UkrFn],
     /// KC / MC / NC for this tile shape.
     pub blocking: Blocking,
 }
@@ -286,23 +320,20 @@ pub(crate) enum ABlock {
     },
 }
 
-/// Largest MR of any kernel.
-const MAX_MR: usize = 16;
-
 /// The macro-kernel: `C[0..mc, 0..nc] ← α · Ã · B̃ + β · C` over an A block (packed or in place,
 /// see [`ABlock`]) and a packed B block (`nc` columns in `NR`-column micro-panels, panel `s`
 /// at `b + s·NR·kc`).
 ///
 /// Loop order: B micro-panels outer (each one stays in L1 while every A micro-panel of the
 /// L2-resident A block streams past it), A micro-panels inner. Full tiles of a C with unit
-/// column stride go straight to the micro-kernel; the rest through a bounce tile that is filled
-/// from C only when β ≠ 0, so nothing outside `C[0..mc, 0..nc]` is read or written. With A in
-/// place, the last partial micro-panel of rows is packed (zero-padded) into a local panel
-/// first, so nothing outside A's block is read either.
+/// column stride go straight to the micro-kernel, and so do partial row panels, through a
+/// kernel instance with fewer rows (`ukr_rows`: no wasted FMAs, nothing read past A's last
+/// row); partial column panels and non-unit column strides go through a bounce tile that is
+/// filled from C only when β ≠ 0, so nothing outside `C[0..mc, 0..nc]` is read or written.
 ///
 /// # Safety
 ///
-/// `kern` runs on this CPU; `kc ≤ KC`; `a` is valid for `mc × kc` reads (packed: the padded
+/// `kern` runs on this CPU; `a` is valid for `mc × kc` reads (packed: the padded
 /// panels); `b` for `ceil(nc/NR)·NR·kc` reads (64-byte aligned panels);
 /// `c + i·rs_c + j·cs_c` is valid for reads and writes for `i < mc`, `j < nc`, distinct for
 /// distinct `(i, j)`, and not accessed by anyone else during the call.
@@ -321,24 +352,10 @@ pub(crate) unsafe fn macro_kernel(
     cs_c: usize,
 ) {
     let (mr, nr) = (kern.mr, kern.nr);
-    debug_assert!(mr * nr <= MAX_TILE && mr <= MAX_MR && kc <= KC);
+    debug_assert!(mr * nr <= MAX_TILE && kern.ukr_rows.len() == mr - 1);
     debug_assert!((b as usize).is_multiple_of(64) || kc == 0, "B panels must be 64-byte aligned");
-    let full_panels = mc / mr;
-    let tail_rows = mc % mr;
-    let mut tail = [core::mem::MaybeUninit::<f32>::uninit(); MAX_MR * KC];
-    if let (ABlock::Strided { ptr, rs, cs }, true) = (a, tail_rows > 0) {
-        for p in 0..kc {
-            for i in 0..mr {
-                let x = if i < tail_rows {
-                    // SAFETY: row full_panels·mr + i < mc, step p < kc: inside A's block.
-                    unsafe { *ptr.add((full_panels * mr + i) * rs + p * cs) }
-                } else {
-                    0.0
-                };
-                tail[p * mr + i].write(x);
-            }
-        }
-    }
+    // The bounce tile, zeroed once per call (its padding lanes are computed but never stored).
+    let mut tile = [0.0f32; MAX_TILE];
     for jr in (0..nc).step_by(nr) {
         let nr_eff = nr.min(nc - jr);
         // SAFETY: panel jr/nr of the packed B block, inside the extent the caller guarantees.
@@ -347,21 +364,26 @@ pub(crate) unsafe fn macro_kernel(
             let mr_eff = mr.min(mc - ir);
             // SAFETY: the A panel offsets address rows ir.. of the block (or the local tail
             // panel, fully written above); the C offset addresses element (ir, jr) of the view.
+            // SAFETY: the A offsets address rows ir.. of the block; the C offset addresses
+            // element (ir, jr) of the view.
             let (ukr, ap, a_rs, a_cs, cp) = unsafe {
                 let (ukr, ap, a_rs, a_cs) = match a {
-                    ABlock::Packed(p) => (kern.ukr, p.add(ir * kc), 1, mr),
+                    ABlock::Packed(p) if mr_eff == mr => (kern.ukr, p.add(ir * kc), 1, mr),
+                    ABlock::Packed(p) => (kern.ukr_rows[mr_eff - 1], p.add(ir * kc), 1, mr),
                     ABlock::Strided { ptr, rs, cs } if mr_eff == mr => {
                         (kern.ukr_strided_a, ptr.add(ir * rs), rs, cs)
                     }
-                    ABlock::Strided { .. } => (kern.ukr, tail.as_ptr().cast::<f32>(), 1, mr),
+                    ABlock::Strided { ptr, rs, cs } => {
+                        (kern.ukr_rows[mr_eff - 1], ptr.add(ir * rs), rs, cs)
+                    }
                 };
                 (ukr, ap, a_rs, a_cs, c.add(ir * rs_c + jr * cs_c))
             };
-            if mr_eff == mr && nr_eff == nr && cs_c == 1 {
-                // SAFETY: a full tile with unit column stride lies inside the caller's view.
+            if nr_eff == nr && cs_c == 1 {
+                // SAFETY: `mr_eff` full-width rows with unit column stride lie inside the
+                // caller's view, and the kernel chosen above writes exactly `mr_eff` rows.
                 unsafe { ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, cp, rs_c) };
             } else {
-                let mut tile = [0.0f32; MAX_TILE];
                 // SAFETY: only the `mr_eff × nr_eff` valid part of C is touched; the kernel
                 // works on the local tile (row stride nr), which holds MR × NR elements.
                 unsafe {

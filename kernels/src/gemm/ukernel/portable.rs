@@ -41,6 +41,8 @@ unsafe impl Simd for Portable {
         a.mul_add(b, c)
     }
     #[inline(always)]
+    unsafe fn prefetch(_p: *const f32) {}
+    #[inline(always)]
     unsafe fn mul(a: f32x8, b: f32x8) -> f32x8 {
         a * b
     }
@@ -48,6 +50,7 @@ unsafe impl Simd for Portable {
 
 super::define_kernels! {
     isa: Isa::Portable, simd: Portable, mr: 4, nv: 2,
-    packed: sgemm_4x16_portable, strided: sgemm_4x16_portable_strided_a, name: "sgemm_4x16_portable",
+    packed: sgemm_4x16_portable, strided: sgemm_4x16_portable_strided_a, rows: [1, 2, 3],
+    name: "sgemm_4x16_portable",
 
 }
