@@ -164,7 +164,7 @@ pub(crate) unsafe fn pack_b(
 /// # Safety
 ///
 /// As [`pack_b`], for columns `j .. j + cols` with `cols ≤ nr`, and `panel.len() == nr·kc`.
-pub(crate) unsafe fn pack_b_panel(
+unsafe fn pack_b_panel(
     nr: usize,
     b: &MatRef<'_>,
     p0: usize,
