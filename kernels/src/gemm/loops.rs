@@ -90,7 +90,8 @@ pub(crate) struct Problem<'a> {
 /// were packed by `kern` with these shapes; `c` addresses an injective `m × n` view valid for
 /// reads and writes that nobody else touches during the call.
 pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
-    let threads = if pb.m * pb.n * pb.k >= PAR_MIN_MNK { par.count() } else { 1 };
+    let work = pb.m.saturating_mul(pb.n).saturating_mul(pb.k);
+    let threads = if work >= PAR_MIN_MNK { par.count() } else { 1 };
     let (mr, nr) = (pb.kern.mr, pb.kern.nr);
     if threads == 1 {
         // SAFETY: forwarded.
