@@ -5,8 +5,12 @@
 //! - `loops`: the five-loop nest and the split between threads;
 //! - `pack`: packing A into MR-row and B into NR-column micro-panels, reusable aligned buffers;
 //! - `ukernel`: the micro-kernel contract, one generic register-blocked body, its per-ISA
-//!   instances (`sgemm_12x32_avx512`, `sgemm_6x16_avx2`, `sgemm_4x16_portable`) and the
-//!   macro-kernel with its bounce-tile edge path.
+//!   instances (`sgemm_12x32_avx512`, `sgemm_6x16_avx2`, `sgemm_4x16_portable`, each with a
+//!   strided-A and partial-row variants) and the macro-kernel with its bounce-tile edge path.
+//!
+//! A is packed into MR-row micro-panels, except when it has a unit stride and C is at most
+//! [`blocking::DIRECT_A_MAX_N`] wide: then packing (a full pass over A per NC block) would
+//! cost more than the micro-kernels save, and they read A in place.
 //!
 //! # Public API
 //!
