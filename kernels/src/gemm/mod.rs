@@ -14,7 +14,7 @@
 //!
 //! # Public API
 //!
-//! - [`sgemm`] (ISA from [`arch::selected`](crate::arch::selected)) and [`sgemm_with_isa`];
+//! - [`sgemm`] (ISA from [`arch::selected`]) and [`sgemm_with_isa`];
 //! - [`PackedB`] + [`sgemm_packed_b`]: pack B once, multiply by many A.
 //!
 //! Semantics (all entry points): `A: m×k`, `B: k×n`, `C: m×n`, any row / column strides and
@@ -66,7 +66,7 @@ use loops::{ASrc, BSrc, CPtr, Problem};
 use pack::AlignedBuf;
 use ukernel::{kernel_for, Kernel};
 
-/// `C ← α·A·B + β·C` with the ISA from [`arch::selected`](crate::arch::selected); see the
+/// `C ← α·A·B + β·C` with the ISA from [`arch::selected`]; see the
 /// [module docs](self) for the semantics, accuracy and errors.
 ///
 /// ```
@@ -197,7 +197,7 @@ pub struct PackedB {
 }
 
 impl PackedB {
-    /// Packs `b` for the ISA of [`arch::selected`](crate::arch::selected).
+    /// Packs `b` for the ISA of [`arch::selected`].
     pub fn new(b: MatRef<'_>) -> Result<Self> {
         Self::with_isa(arch::selected(), b)
     }
