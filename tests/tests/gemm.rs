@@ -13,12 +13,13 @@ use proptest::prelude::*;
 
 /// The ISAs to test, printing the ones this CPU cannot run.
 fn isas() -> Vec<Isa> {
+    static REPORT: std::sync::Once = std::sync::Once::new();
     let s = Isa::supported();
-    for isa in Isa::ALL {
-        if !s.contains(&isa) {
+    REPORT.call_once(|| {
+        for isa in Isa::ALL.into_iter().filter(|i| !s.contains(i)) {
             eprintln!("gemm tests: skipping {isa} (not supported by this CPU)");
         }
-    }
+    });
     s
 }
 
