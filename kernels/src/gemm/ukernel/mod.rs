@@ -114,17 +114,19 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const
         let mut a = a;
         let mut b = b;
         // Unrolled by 4 so the loop counter and pointer bumps are a small share of the
-        // front-end bandwidth next to the MR·NV FMAs.
+        // front-end bandwidth next to the MR·NV FMAs. The A pointer is bumped with
+        // `wrapping_add`: after the last step it may point past the caller's slice (in-place A
+        // with a large column stride) and is never dereferenced there.
         for _ in 0..k / 4 {
             for u in 0..4 {
                 rank1::<S, MR, NV>(&mut acc, a.add(u * a_cs), a_rs, b.add(u * nr));
             }
-            a = a.add(4 * a_cs);
+            a = a.wrapping_add(4 * a_cs);
             b = b.add(4 * nr);
         }
         for _ in 0..k % 4 {
             rank1::<S, MR, NV>(&mut acc, a, a_rs, b);
-            a = a.add(a_cs);
+            a = a.wrapping_add(a_cs);
             b = b.add(nr);
         }
         let alpha_v = S::splat(alpha);
