@@ -1,0 +1,219 @@
+//! The Goto/BLIS loop nest: split C into NC-column and A/B into KC-deep blocks, pack, split the
+//! rows between threads, and hand each MC × NC block to the macro-kernel.
+//!
+//! ```text
+//! LOOP 5  jc: n in NC-column blocks        B block (KC × NC) lives in L3
+//!  LOOP 4  pc: k in KC-deep blocks         pack B block once, shared by all threads
+//!   LOOP 3 ic: m in MC-row blocks          per thread; pack A block (MC × KC) → L2
+//!    LOOP 2/1 (macro-kernel): jr over NR-column micro-panels, ir over MR-row micro-panels
+//! ```
+//!
+//! β is applied by the first k-block only (later ones accumulate with β = 1), α by every one.
+//! Threads each take a rectangle of C (rows when there are at least two micro-panel rows per
+//! thread, else columns) and run the whole nest on it; every C element is computed by the same
+//! micro-kernel operations in the same k order whatever the split, so threaded results are
+//! bitwise equal to sequential ones.
+
+use rayon::prelude::*;
+
+use attn_reference::MatRef;
+
+use super::blocking::PAR_MIN_MNK;
+use super::pack::{pack_a, pack_b, with_buf, Slot};
+use super::ukernel::{macro_kernel, ABlock, Kernel};
+use super::PackedPanels;
+use crate::par::Parallelism;
+
+/// Where the A operand comes from: a strided view packed block by block, or already packed.
+#[derive(Clone, Copy)]
+pub(crate) enum ASrc<'a> {
+    /// A checked `m × k` view, packed block by block.
+    View(MatRef<'a>),
+    /// A checked `m × k` view read in place by the micro-kernels (no packing).
+    Direct(MatRef<'a>),
+    /// Packed with the same kernel, `m × k`.
+    Packed(&'a PackedPanels),
+}
+
+/// Where the B operand comes from: a strided view packed block by block, or already packed.
+#[derive(Clone, Copy)]
+pub(crate) enum BSrc<'a> {
+    /// A checked `k × n` view.
+    View(MatRef<'a>),
+    /// Packed with the same kernel, `k × n`.
+    Packed(&'a PackedPanels),
+}
+
+/// The output view as a raw base pointer and strides, shared by the threads that write
+/// disjoint tiles of it.
+#[derive(Clone, Copy)]
+pub(crate) struct CPtr {
+    /// Element `(0, 0)`.
+    pub ptr: *mut f32,
+    /// Row stride.
+    pub rs: usize,
+    /// Column stride.
+    pub cs: usize,
+}
+
+// SAFETY: the nest hands each thread a disjoint set of C tiles (distinct rows or columns of an
+// injective view), so concurrent writes never touch the same element.
+unsafe impl Send for CPtr {}
+// SAFETY: as above.
+unsafe impl Sync for CPtr {}
+
+/// One GEMM problem after validation: `C[m×n] ← α·A·B + β·C` with `m, n, k > 0`, `α ≠ 0`.
+#[derive(Clone, Copy)]
+pub(crate) struct Problem<'a> {
+    pub kern: &'static Kernel,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub alpha: f32,
+    pub beta: f32,
+    pub a: ASrc<'a>,
+    pub b: BSrc<'a>,
+    pub c: CPtr,
+}
+
+/// Runs the whole nest: on the calling thread below [`PAR_MIN_MNK`], else split into one
+/// rectangle of C per thread (rows when there are at least two micro-panel rows per thread,
+/// columns otherwise), each running the complete nest with its own packing buffers. There is
+/// one fork-join per call and no barrier per block, which keeps a loaded machine (a worker
+/// descheduled for a while) from stalling the others; the price is that each thread packs the
+/// B blocks of its columns itself (B is packed twice with a row split, a k·n copy, small next
+/// to the 2·m·n·k / threads FLOPs of each thread).
+///
+/// # Safety
+///
+/// The views in `a` / `b` passed their checks and have the problem's shapes; packed operands
+/// were packed by `kern` with these shapes; `c` addresses an injective `m × n` view valid for
+/// reads and writes that nobody else touches during the call.
+pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
+    let work = pb.m.saturating_mul(pb.n).saturating_mul(pb.k);
+    let threads = if work >= PAR_MIN_MNK { par.count() } else { 1 };
+    let (mr, nr) = (pb.kern.mr, pb.kern.nr);
+    if threads == 1 {
+        // SAFETY: forwarded.
+        unsafe { run_blocks(pb, 0, pb.m, 0, pb.n) };
+    } else if pb.m.div_ceil(mr) >= 2 * threads {
+        let chunk = pb.m.div_ceil(mr).div_ceil(threads) * mr;
+        par.install(|| {
+            (0..threads).into_par_iter().for_each(|t| {
+                let lo = (t * chunk).min(pb.m);
+                // SAFETY: forwarded; threads get disjoint row ranges.
+                unsafe { run_blocks(pb, lo, (lo + chunk).min(pb.m), 0, pb.n) };
+            })
+        });
+    } else {
+        let chunk = pb.n.div_ceil(nr).div_ceil(threads) * nr;
+        par.install(|| {
+            (0..threads).into_par_iter().for_each(|t| {
+                let lo = (t * chunk).min(pb.n);
+                // SAFETY: forwarded; threads get disjoint column ranges.
+                unsafe { run_blocks(pb, 0, pb.m, lo, (lo + chunk).min(pb.n)) };
+            })
+        });
+    }
+}
+
+/// Loops 5 and 4 over the rectangle `C[i_lo .. i_hi, j_lo .. j_hi]` (`i_lo` a multiple of MR,
+/// `j_lo` of NR).
+///
+/// # Safety
+///
+/// As [`run`]; no other thread touches this rectangle of C during the call.
+unsafe fn run_blocks(pb: &Problem<'_>, i_lo: usize, i_hi: usize, j_lo: usize, j_hi: usize) {
+    let nr = pb.kern.nr;
+    let bl = pb.kern.blocking;
+    // LOOP 5: n in NC-column blocks.
+    for jc in (j_lo..j_hi).step_by(bl.nc) {
+        let nc = bl.nc.min(j_hi - jc);
+        // LOOP 4: k in KC-deep blocks.
+        for pc in (0..pb.k).step_by(bl.kc) {
+            let kc = bl.kc.min(pb.k - pc);
+            let beta = if pc == 0 { pb.beta } else { 1.0 };
+            // SAFETY (both arms): forwarded; the packed block matches (pc, kc, jc, nc).
+            match pb.b {
+                BSrc::Packed(p) => unsafe {
+                    row_range(pb, pc, kc, jc, p.block(pc, kc, jc, nc), beta, i_lo, i_hi, 0, nc)
+                },
+                BSrc::View(b) => with_buf(Slot::B, |buf| {
+                    let dst = buf.get(nc.div_ceil(nr) * nr * kc);
+                    // SAFETY: the view was checked; the block is inside it; dst is sized.
+                    unsafe {
+                        pack_b(nr, &b, pc, kc, jc, nc, dst);
+                        row_range(pb, pc, kc, jc, dst, beta, i_lo, i_hi, 0, nc)
+                    }
+                }),
+            }
+        }
+    }
+}
+
+/// Loop 3 for rows `i_lo .. i_hi` and block columns `j_lo .. j_hi` (relative to `jc`, `j_lo` a
+/// multiple of NR): MC-row blocks, balanced so the last one is not a sliver.
+///
+/// # Safety
+///
+/// As [`run`]; `bpack` is the packed B block `(pc, kc, jc, nc)`; no other thread touches these
+/// C rows × columns.
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_range(
+    pb: &Problem<'_>,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    bpack: &[f32],
+    beta: f32,
+    i_lo: usize,
+    i_hi: usize,
+    j_lo: usize,
+    j_hi: usize,
+) {
+    if i_lo >= i_hi || j_lo >= j_hi {
+        return;
+    }
+    let kern = pb.kern;
+    let mr = kern.mr;
+    let blocks = (i_hi - i_lo).div_ceil(kern.blocking.mc);
+    let mc_step = (i_hi - i_lo).div_ceil(blocks).div_ceil(mr) * mr;
+    let c = pb.c;
+    for ic in (i_lo..i_hi).step_by(mc_step) {
+        let mc = mc_step.min(i_hi - ic);
+        let go = |ablock: ABlock| {
+            // SAFETY: A block (ic, mc, pc, kc) and B panels from j_lo are packed and sized;
+            // the C sub-view rows ic.., columns jc + j_lo.. lies inside the caller's view.
+            unsafe {
+                macro_kernel(
+                    kern,
+                    mc,
+                    j_hi - j_lo,
+                    kc,
+                    pb.alpha,
+                    ablock,
+                    bpack.as_ptr().add(j_lo * kc),
+                    beta,
+                    c.ptr.add(ic * c.rs + (jc + j_lo) * c.cs),
+                    c.rs,
+                    c.cs,
+                )
+            }
+        };
+        match pb.a {
+            ASrc::Packed(p) => go(ABlock::Packed(p.block(pc, kc, ic, mc).as_ptr())),
+            ASrc::Direct(a) => go(ABlock::Strided {
+                // SAFETY: (ic, pc) is an element of the checked view.
+                ptr: unsafe { a.data.as_ptr().add(a.layout.index(ic, pc)) },
+                rs: a.layout.row_stride,
+                cs: a.layout.col_stride,
+            }),
+            ASrc::View(a) => with_buf(Slot::A, |buf| {
+                let dst = buf.get(mc.div_ceil(mr) * mr * kc);
+                // SAFETY: the view was checked and the block is inside it; dst is sized.
+                unsafe { pack_a(mr, &a, ic, mc, pc, kc, dst) };
+                go(ABlock::Packed(dst.as_ptr()))
+            }),
+        }
+    }
+}
