@@ -66,7 +66,7 @@ impl MhaConfig {
         if num_heads == 0 {
             return Err(Error::ZeroHeads { arg: "num_heads" });
         }
-        if embed_dim % num_heads != 0 {
+        if !embed_dim.is_multiple_of(num_heads) {
             return Err(Error::HeadsNotDivisible {
                 arg: "embed_dim",
                 hidden: embed_dim,
@@ -88,7 +88,7 @@ impl MhaConfig {
         if self.kv_heads == 0 {
             return Err(Error::ZeroHeads { arg: "kv_heads" });
         }
-        if self.num_heads % self.kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.kv_heads) {
             return Err(Error::KvHeadsNotDividing {
                 q_heads: self.num_heads,
                 kv_heads: self.kv_heads,

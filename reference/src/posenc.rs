@@ -30,7 +30,7 @@ pub enum PositionalEncoding<'a> {
 pub fn sinusoidal(pos: usize, j: usize, d: usize) -> f64 {
     let two_i = (j - j % 2) as f64;
     let angle = pos as f64 / 10000f64.powf(two_i / d as f64);
-    if j % 2 == 0 {
+    if j.is_multiple_of(2) {
         angle.sin()
     } else {
         angle.cos()
