@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{axpy, dot, exp2_row, vectorize, Kernel, Simd};
+use super::simd::{axpy, dot, exp_row, vectorize, Kernel, Simd};
 use super::sink::Sink;
 use super::{row_of, Problem};
 use crate::arch::Isa;
@@ -43,7 +43,7 @@ impl Kernel for Head<'_, '_, '_> {
         let kh = h / p.group;
         let (keys, values) = (p.keys(b, kh), p.values(b, kh));
         let (mut qrow, mut ktmp, mut vtmp) = (vec![0.0; dk], vec![0.0; dk], vec![0.0; dv]);
-        // 1. Scores, in the log2 domain (pre-scaled by scale·log₂e).
+        // 1. Scaled scores.
         let mut sc = vec![0.0f32; nq * nk];
         for i in 0..nq {
             p.scaled_query(b, h, i, &mut qrow);
@@ -58,7 +58,7 @@ impl Kernel for Head<'_, '_, '_> {
             let row = &mut sc[i * nk..(i + 1) * nk];
             p.apply_mask(b, h, i, 1, 0, nk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
-            sums[i] = exp2_row(s, row, m);
+            sums[i] = exp_row(s, row, m);
             maxes[i] = m;
         }
         // 3. O = P·V, normalised once per row.
@@ -72,11 +72,8 @@ impl Kernel for Head<'_, '_, '_> {
                 }
             }
             let l = sums[i];
-            let (inv, lse) = if l == 0.0 {
-                (0.0, f32::NEG_INFINITY)
-            } else {
-                (1.0 / l, (maxes[i] + l.log2()) * std::f32::consts::LN_2)
-            };
+            let (inv, lse) =
+                if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, maxes[i] + l.ln()) };
             // SAFETY: this task alone owns the rows of head (b, h).
             unsafe { sink.write_row(b, h, i, lse, |d| acc[d] * inv) };
         }
