@@ -148,8 +148,7 @@ pub fn attention_unfused(
     let isa = isa.require()?;
     let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
     let sink = sink::Sink::new(o.data, o.layout, lse);
-    unfused::run(isa, &p, &sink, par);
-    Ok(())
+    unfused::run(isa, &p, &sink, par)
 }
 
 /// A checked attention problem: operands, sizes and mask.
