@@ -14,7 +14,7 @@ const DIMS: [usize; 7] = [1, 3, 16, 64, 80, 128, 256];
 /// Sequence lengths around the tile (16/32 queries) and block (128 keys) edges.
 const SEQS: [usize; 16] = [1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 65, 127, 128, 129, 200, 257];
 /// Cap on `batch·hq·nq·nk·(dk + dv)` per case, so the f64 reference keeps the suite fast.
-const WORK: usize = 2_500_000;
+const WORK: usize = 4_000_000;
 
 fn mask_kind() -> impl Strategy<Value = MaskKind> {
     prop_oneof![
@@ -95,7 +95,7 @@ fn decode_case() -> impl Strategy<Value = Case> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
 
     /// Flash and unfused paths against the reference, and against each other.
     #[test]
@@ -115,7 +115,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     /// Decode path (keys split across threads, merged by logsumexp) against the reference and
     /// against the flash path.
