@@ -1,16 +1,13 @@
-//! The two kernels the layers stand on, behind one door: [`sgemm`] and [`attention`].
-//!
-//! `sgemm` is the GEMM kernel's. TEMPORARY: `attention` forwards to the reference until the
-//! attention kernel lands, and is replaced by its entry point as soon as it is committed.
-//! Nothing else in `layers` calls a matmul or attention routine.
+//! The two kernels the layers stand on, behind one door: the GEMM ([`sgemm`]) and the
+//! attention kernel ([`attention`], which picks its decode path for few queries and the flash
+//! path otherwise). Nothing else in `layers` multiplies matrices or computes attention.
 
 use attn_reference::{Mask, Result, TensorMut, TensorRef};
 
+pub(crate) use crate::gemm::sgemm;
 use crate::par::Parallelism;
 
-pub(crate) use crate::gemm::sgemm;
-
-/// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`.
+/// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`, without the logsumexp.
 pub(crate) fn attention(
     q: TensorRef<'_>,
     k: TensorRef<'_>,
@@ -18,7 +15,7 @@ pub(crate) fn attention(
     scale: f32,
     mask: &Mask<'_>,
     o: TensorMut<'_>,
-    _par: Parallelism,
+    par: Parallelism,
 ) -> Result<()> {
-    attn_reference::attention::attention(q, k, v, scale, mask, o, None)
+    crate::attention::attention(q, k, v, scale, mask, o, None, par)
 }
