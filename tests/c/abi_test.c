@@ -129,7 +129,7 @@ static void test_sgemm(const char *dir) {
     AttnStatus s = attn_sgemm(1.0f, mat(a, m, k, k, 1), mat(bt, k, n, 1, k), 0.0f,
                               mat_mut(c, m, n, ldc, 1), 1);
     CHECK(s == ATTN_STATUS_OK, "sgemm: %s", attn_status_name(s));
-    float *got = malloc(m * n * sizeof *got);
+    float *got = calloc(m * n, sizeof *got);
     for (size_t i = 0; i < m; i++)
         for (size_t j = 0; j < n; j++) got[i * n + j] = c[i * ldc + j];
     check_close("sgemm", got, want, tol, m * n);
@@ -178,8 +178,8 @@ static void test_attention(const char *dir, const char *file, int decode) {
     float *q = read_f32s(&r, &nq_), *k = read_f32s(&r, &nk_), *v = read_f32s(&r, &nv_);
     float *want = read_f32s(&r, &no_), *tol = read_f32s(&r, &nt);
     fclose(r.f);
-    float *o = malloc(no_ * sizeof *o);
-    float *lse = malloc(b * hq * nq * sizeof *lse);
+    float *o = calloc(no_, sizeof *o);
+    float *lse = calloc(b * hq * nq, sizeof *lse);
     AttnMask causal = {0};
     causal.kind = ATTN_MASK_KIND_CAUSAL;
     causal.causal_default_offset = true;
@@ -239,7 +239,7 @@ static void test_mha(const char *dir) {
     AttnMhaWeights w = {mat(wq, d, qw, qw, 1), mat(wk, d, kw, kw, 1), mat(wv, d, vw, vw, 1),
                         mat(wo, ow, d, d, 1),  bq,  bk, bv, bo};
     AttnTensor tx = bshd(x, b, n, 1, d);
-    float *y = malloc(ny * sizeof *y), *y2 = malloc(ny * sizeof *y2);
+    float *y = calloc(ny, sizeof *y), *y2 = calloc(ny, sizeof *y2);
     /* Allocating form (null workspace). */
     EXPECT_STATUS(attn_mha_forward(&cfg, &w, tx, NULL, bshd_mut(y, b, n, 1, d), NULL, 0, 1),
                   ATTN_STATUS_OK);
