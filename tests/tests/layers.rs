@@ -178,6 +178,11 @@ fn mha_seed_shapes() {
             let y = kernel_mha(&p, &x, batch, n, &Mask::None);
             assert_eq!(y.len(), batch * n * 64.min(cfg.in_dim.max(4)));
             assert_bounded(&y, &want, &format!("seed mha {cfg:?} fused={fused}"));
+            // The first-order worst-case bound stays below 0.1% of the output's scale here, so a
+            // wrong head, mask or bias (errors of order 1) cannot pass.
+            let max_err = want.err.iter().copied().fold(0.0, f64::max);
+            let max_val = want.val.iter().map(|v| f64::from(v.abs())).fold(0.0, f64::max);
+            assert!(max_err < 1e-3 * max_val, "bound {max_err:e} too loose to catch errors");
         }
     }
 }
