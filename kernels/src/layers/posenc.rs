@@ -15,7 +15,7 @@ fn divisor(j: usize, d: usize) -> f64 {
 #[inline(always)]
 fn sinusoid(pos: usize, j: usize, div: f64) -> f64 {
     let angle = pos as f64 / div;
-    if j % 2 == 0 {
+    if j.is_multiple_of(2) {
         angle.sin()
     } else {
         angle.cos()

@@ -260,8 +260,8 @@ pub fn attention_b(
 ) -> Bounded {
     let nq = q.rows / batch.max(1);
     let nk = k.rows / batch.max(1);
-    let dk = if h == 0 { 0 } else { q.cols / h };
-    let dv = if hkv == 0 { 0 } else { v.cols / hkv };
+    let dk = q.cols.checked_div(h).unwrap_or(0);
+    let dv = v.cols.checked_div(hkv).unwrap_or(0);
     let mut val = vec![0.0; q.rows * h * dv];
     ref_attention(
         TensorRef::new(&q.val, Tensor4Layout::bshd(batch, nq, h, dk)),
