@@ -14,7 +14,7 @@
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
-use super::exp::{exp_map_body, exp_v};
+use super::exp::{exp_low_v, exp_map_body};
 use super::vector::{Portable, SimdF32};
 use crate::arch::Isa;
 
@@ -164,44 +164,30 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize, m: f32, w: *mu
     let l = S::LANES;
     // SAFETY: as in `max_pass`; `w` written at the same indices.
     unsafe {
+        // One vector per iteration and one accumulator: the exp has ample instruction-level
+        // parallelism across iterations, and with 16 AVX2 registers a second chain only spills.
         let mv = S::splat(m);
-        let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
+        let mut s = S::splat(0.0);
         let mut j = 0;
-        while j + 2 * l <= n {
-            let e0 = exp_v::<S>(S::sub(z.vec(j), mv));
-            let e1 = exp_v::<S>(S::sub(z.vec(j + l), mv));
-            if !w.is_null() {
-                S::store(w.add(j), e0);
-                S::store(w.add(j + l), e1);
-            }
-            s0 = S::add(s0, e0);
-            s1 = S::add(s1, e1);
-            j += 2 * l;
-        }
-        if j + l <= n {
-            let e = exp_v::<S>(S::sub(z.vec(j), mv));
+        while j + l <= n {
+            let e = exp_low_v::<S>(S::sub(z.vec(j), mv));
             if !w.is_null() {
                 S::store(w.add(j), e);
             }
-            s0 = S::add(s0, e);
+            s = S::add(s, e);
             j += l;
         }
         if j < n {
             let k = n - j;
-            // Padding lanes are −∞, so they add exp(−∞) = 0.
-            let e = exp_v::<S>(S::sub(z.tail(j, k), mv));
+            // Padding lanes are −∞, so they add exp(−∞) = 0 (and a padded row sums in the same
+            // order as the unpadded one).
+            let e = exp_low_v::<S>(S::sub(z.tail(j, k), mv));
             if !w.is_null() {
                 S::store_tail(w.add(j), k, e);
             }
-            // Vector number j/LANES goes to accumulator (j/LANES) mod 2, as in the loops above,
-            // so a row and the same row padded with masked columns sum in the same order.
-            if (j / l) % 2 == 0 {
-                s0 = S::add(s0, e);
-            } else {
-                s1 = S::add(s1, e);
-            }
+            s = S::add(s, e);
         }
-        S::reduce_add(S::add(s0, s1))
+        S::reduce_add(s)
     }
 }
 
@@ -558,8 +544,9 @@ pub(crate) fn row_max(isa: Isa, x: &[f32]) -> f32 {
     dispatch!(isa, row_max(x))
 }
 
-/// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES × 2`
-/// partial sums). Pass a finite `m` (usually [`row_max`]); IEEE rules apply otherwise.
+/// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES`
+/// partial sums). Needs a finite `m ≥ max_j x_j − 43` (usually [`row_max`]); larger
+/// differences are clamped (see `exp_low_v`).
 #[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn exp_sub_sum(isa: Isa, x: &mut [f32], m: f32) -> f32 {
     dispatch!(isa, exp_sub_sum(x, m))
