@@ -245,6 +245,23 @@ enum AttnStatus attn_sgemm(float alpha,
                            struct AttnMatMut c,
                            size_t threads);
 
+// Fused `y = softmax(scale·x + mask)` over the last dimension of a `[batch, heads, rows,
+// cols]` view (`mask` null for none). `lse` may be null; otherwise it receives the
+// `batch·heads·rows` row logsumexps (`lse_len` must equal that). A fully masked row is all
+// zeros with logsumexp −∞.
+//
+// # Safety
+//
+// Views address their elements, `lse` addresses `lse_len` floats, `mask` is null or valid;
+// outputs overlap nothing else (checked).
+enum AttnStatus attn_softmax(struct AttnTensor x,
+                             float scale,
+                             const struct AttnMask *mask,
+                             struct AttnTensorMut y,
+                             float *lse,
+                             size_t lse_len,
+                             size_t threads);
+
 // `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]` (`q: [b, hq, nq, dk]`,
 // `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`; GQA when hkv < hq).
 // Picks the decode path for nq ≤ 16, the flash path otherwise. `mask` may be null (none).

@@ -301,6 +301,24 @@ static void test_mha(const char *dir) {
           "layer norm values %g %g", out[0], out[3]);
     CHECK(strcmp(attn_status_name(ATTN_STATUS_PANIC), "ATTN_STATUS_PANIC") == 0, "status name");
 
+    /* Softmax of [0, ln 2, ln 3] is [1/6, 2/6, 3/6]; with a causal mask (offset 0) over a
+     * 1x3 row only the first key is visible: [1, 0, 0]. */
+    float logits[3] = {0.0f, 0.69314718f, 1.09861229f}, p[3], lse = 0;
+    AttnTensor tl = {logits, {1, 1, 1, 3}, {3, 3, 3, 1}, 0};
+    AttnTensorMut tp = {p, {1, 1, 1, 3}, {3, 3, 3, 1}, 0};
+    EXPECT_STATUS(attn_softmax(tl, 1.0f, NULL, tp, &lse, 1, 1), ATTN_STATUS_OK);
+    CHECK(fabsf(p[0] - 1.0f / 6) < 1e-6f && fabsf(p[1] - 2.0f / 6) < 1e-6f &&
+              fabsf(p[2] - 3.0f / 6) < 1e-6f && fabsf(lse - 1.79175947f) < 1e-6f,
+          "softmax %g %g %g lse %g", p[0], p[1], p[2], lse);
+    AttnMask causal0 = {0};
+    causal0.kind = ATTN_MASK_KIND_CAUSAL;
+    EXPECT_STATUS(attn_softmax(tl, 1.0f, &causal0, tp, NULL, 0, 1), ATTN_STATUS_OK);
+    CHECK(p[0] == 1.0f && p[1] == 0.0f && p[2] == 0.0f, "causal softmax %g %g %g", p[0], p[1],
+          p[2]);
+    EXPECT_STATUS(attn_softmax(tl, NAN, NULL, tp, NULL, 0, 1), ATTN_STATUS_NON_FINITE);
+    float lse2[2];
+    EXPECT_STATUS(attn_softmax(tl, 1.0f, NULL, tp, lse2, 2, 1), ATTN_STATUS_SHAPE_MISMATCH);
+
     free(dims), free(wq), free(wk), free(wv), free(wo), free(bq), free(bk), free(bv), free(bo);
     free(x), free(want), free(tol), free(y), free(y2), free(ws);
 }

@@ -1,4 +1,5 @@
-//! The C ABI: `extern "C"` entry points for sgemm, attention (with its decode path), layer norm,
+//! The C ABI: `extern "C"` entry points for sgemm, scale-mask-softmax, attention (with its
+//! decode path), layer norm,
 //! multi-head / cross-attention and the encoder block, with explicit dims and strides.
 //! `include/attn_kernels.h` is generated from this file by cbindgen (`cbindgen.toml`); a test
 //! regenerates it and fails when the committed header differs (`ATTN_BLESS=1` rewrites it).
@@ -15,7 +16,8 @@
 //!   `ATTN_STATUS_ALIASED_OUTPUT`;
 //! - `threads` ≤ 1 runs on the calling thread, `n` uses a cached pool of `n` threads.
 //!
-//! `unsafe` is confined to `raw` (pointer + implied length → slice); everything else goes
+//! The unsafe operations (pointer + implied length → slice) live in `raw`; the functions here
+//! only forward the caller's contract to them, after the null and overlap checks, and then go
 //! through the safe Rust API, which checks shapes exactly as for Rust callers.
 
 mod raw;
@@ -598,6 +600,43 @@ pub unsafe extern "C" fn attn_sgemm(
         // SAFETY: the caller's contract; outputs checked disjoint from inputs.
         let (a, b, c) = unsafe { (a.view("a")?, b.view("b")?, c.view("c")?) };
         Ok(crate::gemm::sgemm(alpha, a, b, beta, c, self::threads(threads))?)
+    })
+}
+
+/// Fused `y = softmax(scale·x + mask)` over the last dimension of a `[batch, heads, rows,
+/// cols]` view (`mask` null for none). `lse` may be null; otherwise it receives the
+/// `batch·heads·rows` row logsumexps (`lse_len` must equal that). A fully masked row is all
+/// zeros with logsumexp −∞.
+///
+/// # Safety
+///
+/// Views address their elements, `lse` addresses `lse_len` floats, `mask` is null or valid;
+/// outputs overlap nothing else (checked).
+#[no_mangle]
+pub unsafe extern "C" fn attn_softmax(
+    x: AttnTensor,
+    scale: f32,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    lse: *mut f32,
+    lse_len: usize,
+    threads: usize,
+) -> AttnStatus {
+    guard(|| {
+        let mut inputs = vec![x.span("x")?];
+        // SAFETY: the caller's contract.
+        inputs.extend(unsafe { mask_span(mask)? });
+        disjoint(&[y.span("y")?, span("lse", lse, lse_len)], &inputs)?;
+        // SAFETY: the caller's contract; outputs checked disjoint from everything else.
+        let (x, mask, y) = unsafe { (x.view("x")?, mask_view(mask)?, y.view("y")?) };
+        let lse = if lse.is_null() {
+            None
+        } else {
+            // SAFETY: as above.
+            Some(unsafe { slice_mut("lse", lse, lse_len)? })
+        };
+        let par = self::threads(threads);
+        Ok(crate::softmax::scale_mask_softmax(x, scale, &mask, y, lse, par)?)
     })
 }
 
