@@ -618,3 +618,49 @@ fn encoder_two_threads() {
     .unwrap();
     assert_bounded(&y, &want, "encoder, 2 threads");
 }
+
+/// Not a test: the fused-vs-separate QKV measurement behind the choice to fuse (interleaved
+/// A/B runs, so a busy machine's load hits both sides alike). Run with
+/// `cargo test --release -p attn-tests --test layers fused_qkv_timing -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn fused_qkv_timing() {
+    use std::time::{Duration, Instant};
+    for (n, d, t) in [(512, 512, 1), (512, 512, 2), (2048, 1024, 1)] {
+        let par = Parallelism::threads(t);
+        let mut g = Gen::new(12);
+        let x = g.vec(n * d, 1.0);
+        let wqkv = g.vec(d * 3 * d, 0.05);
+        let sep: Vec<Vec<f32>> = (0..3)
+            .map(|c| (0..d).flat_map(|r| wqkv[r * 3 * d + c * d..][..d].to_vec()).collect())
+            .collect();
+        let mut out = vec![0.0; n * 3 * d];
+        let xm = MatRef::row_major(&x, n, d);
+        let (mut tf, mut ts) = (Vec::new(), Vec::new());
+        for _ in 0..9 {
+            let s = Instant::now();
+            let o = MatMut::row_major(&mut out, n, 3 * d);
+            linear(xm, MatRef::row_major(&wqkv, d, 3 * d), None, o, par).unwrap();
+            tf.push(s.elapsed());
+            let s = Instant::now();
+            for (c, w) in sep.iter().enumerate() {
+                let o = MatMut::new(&mut out, MatLayout::strided(n, d, 3 * d, 1, c * d));
+                linear(xm, MatRef::row_major(w, d, d), None, o, par).unwrap();
+            }
+            ts.push(s.elapsed());
+        }
+        let med = |v: &mut Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2].as_secs_f64() * 1e3
+        };
+        let (f, s) = (med(&mut tf), med(&mut ts));
+        let gf = 2.0 * (n * d * 3 * d) as f64 / 1e6;
+        println!(
+            "QKV n {n} d {d} threads {t}: fused {f:.2} ms ({:.1} GFLOP/s), 3 GEMMs {s:.2} ms \
+             ({:.1} GFLOP/s), fused/separate {:.3}",
+            gf / f,
+            gf / s,
+            f / s
+        );
+    }
+}
