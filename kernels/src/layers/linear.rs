@@ -7,7 +7,7 @@ use super::kernel_calls::sgemm;
 use crate::par::Parallelism;
 
 /// `y = x·W (+ b)` for `x: [n, in]`, `W: [in, out]`, `b: [out]`, `y: [n, out]`: one
-/// [`sgemm`](crate::gemm::sgemm) call, the bias broadcast into `y` first and accumulated with
+/// [`crate::gemm::sgemm`] call, the bias broadcast into `y` first and accumulated with
 /// β = 1 (so the bias costs one pass over `y` and no second read of the product).
 ///
 /// Same conventions as [`attn_reference::linear`]: the weight is stored `[in, out]` (a PyTorch

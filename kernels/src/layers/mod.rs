@@ -1,6 +1,6 @@
 //! Layers for engines: the seed's modules built on the kernels, each taking caller-owned weights.
 //!
-//! - [`linear`]: `y = x·W + b` on [`sgemm`](crate::gemm::sgemm);
+//! - [`mod@linear`]: `y = x·W + b` on [`crate::gemm::sgemm`];
 //! - [`norm`]: layer norm over the last dimension;
 //! - [`posenc`]: sinusoidal and learned positional encodings;
 //! - [`mha`]: `MultiHeadAttention` (self-attention, GQA/MQA) and `CrossAttention`: projections

@@ -13,7 +13,7 @@ const LANES: usize = 16;
 /// `σ²_r = Σ_j (x_rj − μ_r)² / d` (PyTorch's `LayerNorm`, [`attn_reference::layer_norm`]).
 ///
 /// Two passes in f32 (mean, then the centred sum of squares, so there is no `E[x²] − μ²`
-/// cancellation), each summed over [`LANES`] partial sums. `eps = 0` and a constant row give
+/// cancellation), each summed over 16 partial sums. `eps = 0` and a constant row give
 /// `0/0 = NaN`, as the reference and PyTorch. `d = 0` or `n = 0` writes nothing. Rows are
 /// independent: `x` and `y` may be any strided views. Allocates nothing; runs on the calling
 /// thread (it is one read and one write of `n·d` elements, a small share of any layer).
