@@ -21,3 +21,5 @@ pub mod softmax;
 pub use arch::Isa;
 pub use attn_reference::{Error, Mask, MatLayout, Result, Tensor4Layout};
 pub use par::Parallelism;
+pub mod ffi;
+pub mod layers;

@@ -14,7 +14,7 @@
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
-use super::exp::{exp_map_body, exp_v};
+use super::exp::{exp_low_v, exp_map_body};
 use super::vector::{Portable, SimdF32};
 use crate::arch::Isa;
 
@@ -131,6 +131,7 @@ impl<S: SimdF32> Logits<S> for Bias<S> {
 /// `S::ISA` supported; `z` valid for `n` logits.
 #[inline(always)]
 unsafe fn max_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> f32 {
+    debug_assert!(S::ISA.is_supported());
     let l = S::LANES;
     // SAFETY: indices stay below `n` (full vectors while `j + LANES ≤ n`, then one tail).
     unsafe {
@@ -163,38 +164,30 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize, m: f32, w: *mu
     let l = S::LANES;
     // SAFETY: as in `max_pass`; `w` written at the same indices.
     unsafe {
+        // One vector per iteration and one accumulator: the exp has ample instruction-level
+        // parallelism across iterations, and with 16 AVX2 registers a second chain only spills.
         let mv = S::splat(m);
-        let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
+        let mut s = S::splat(0.0);
         let mut j = 0;
-        while j + 2 * l <= n {
-            let e0 = exp_v::<S>(S::sub(z.vec(j), mv));
-            let e1 = exp_v::<S>(S::sub(z.vec(j + l), mv));
-            if !w.is_null() {
-                S::store(w.add(j), e0);
-                S::store(w.add(j + l), e1);
-            }
-            s0 = S::add(s0, e0);
-            s1 = S::add(s1, e1);
-            j += 2 * l;
-        }
-        if j + l <= n {
-            let e = exp_v::<S>(S::sub(z.vec(j), mv));
+        while j + l <= n {
+            let e = exp_low_v::<S>(S::sub(z.vec(j), mv));
             if !w.is_null() {
                 S::store(w.add(j), e);
             }
-            s0 = S::add(s0, e);
+            s = S::add(s, e);
             j += l;
         }
         if j < n {
             let k = n - j;
-            // Padding lanes are −∞, so they add exp(−∞) = 0.
-            let e = exp_v::<S>(S::sub(z.tail(j, k), mv));
+            // Padding lanes are −∞, so they add exp(−∞) = 0 (and a padded row sums in the same
+            // order as the unpadded one).
+            let e = exp_low_v::<S>(S::sub(z.tail(j, k), mv));
             if !w.is_null() {
                 S::store_tail(w.add(j), k, e);
             }
-            s1 = S::add(s1, e);
+            s = S::add(s, e);
         }
-        S::reduce_add(S::add(s0, s1))
+        S::reduce_add(s)
     }
 }
 
@@ -411,6 +404,7 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
 /// # Safety
 /// `S::ISA` supported.
 #[inline(always)]
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
     // SAFETY: forwarded contract.
     unsafe { max_pass::<S, _>(&Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) }, x.len()) }
@@ -421,6 +415,7 @@ unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
 /// # Safety
 /// `S::ISA` supported.
 #[inline(always)]
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     let p = x.as_mut_ptr();
     // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
@@ -432,6 +427,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
 /// # Safety
 /// `S::ISA` supported.
 #[inline(always)]
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn scale_body<S: SimdF32>(x: &mut [f32], s: f32) {
     let p = x.as_mut_ptr();
     // SAFETY: forwarded contract.
@@ -456,16 +452,19 @@ macro_rules! isa_fns {
                 // SAFETY: as above.
                 unsafe { lse_row_body::<$S>(x, y) }
             }
+            #[allow(dead_code)]
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn row_max(x: &[f32]) -> f32 {
                 // SAFETY: as above.
                 unsafe { row_max_body::<$S>(x) }
             }
+            #[allow(dead_code)]
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
                 // SAFETY: as above.
                 unsafe { exp_sub_sum_body::<$S>(x, m) }
             }
+            #[allow(dead_code)]
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn scale(x: &mut [f32], s: f32) {
                 // SAFETY: as above.
@@ -540,17 +539,21 @@ pub(crate) fn exp_map(isa: Isa, x: &[f32], y: &mut [f32]) {
 // ---- The crate-internal row API the attention kernel builds on (see `softmax/mod.rs`). ----
 
 /// `max_j x_j` of a contiguous row; NaN elements are skipped, an empty row gives `−∞`.
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn row_max(isa: Isa, x: &[f32]) -> f32 {
     dispatch!(isa, row_max(x))
 }
 
-/// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES × 2`
-/// partial sums). Pass a finite `m` (usually [`row_max`]); IEEE rules apply otherwise.
+/// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES`
+/// partial sums). Needs a finite `m ≥ max_j x_j − 43` (usually [`row_max`]); larger
+/// differences are clamped (see `exp_low_v`).
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn exp_sub_sum(isa: Isa, x: &mut [f32], m: f32) -> f32 {
     dispatch!(isa, exp_sub_sum(x, m))
 }
 
 /// `x_j ← x_j · s` in place.
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn scale(isa: Isa, x: &mut [f32], s: f32) {
     dispatch!(isa, scale(x, s))
 }

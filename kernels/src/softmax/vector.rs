@@ -16,6 +16,9 @@
 
 use crate::arch::Isa;
 
+/// `2^−64`, the fixed second factor of [`SimdF32::ldexp_low`].
+const TWO_POW_M64: f32 = f32::from_bits((127 - 64) << 23);
+
 /// An f32 SIMD instruction set: vector type, lane mask type, and the handful of operations the
 /// softmax needs. See the module docs for the safety contract shared by all methods.
 pub(crate) trait SimdF32: Copy + 'static {
@@ -26,6 +29,8 @@ pub(crate) trait SimdF32: Copy + 'static {
     /// True when [`stream`](Self::stream) is a non-temporal store (needs `LANES × 4`-byte
     /// alignment); false when it is an ordinary store.
     const HAS_STREAM: bool;
+    /// True when [`fmadd`](Self::fmadd) rounds once.
+    const FUSED: bool;
     /// A vector of `LANES` f32.
     type V: Copy;
     /// A per-lane boolean mask.
@@ -70,6 +75,13 @@ pub(crate) trait SimdF32: Copy + 'static {
     /// bits hold `n`). Must round once, so results in the subnormal range are right and
     /// `p · 2^128` overflows to `+∞` exactly when it should. NaN `p` gives NaN.
     unsafe fn ldexp(p: Self::V, n: Self::V, t: Self::V) -> Self::V;
+    /// [`ldexp`](Self::ldexp) for `n ∈ [−150, 63]` only (the exp of `x ≤ 43`): one scaling by
+    /// `2^(n+64)` (exact, normal) and one by `2^−64` (the only rounding), so the result is the
+    /// same, bit for bit, for three fewer integer operations.
+    unsafe fn ldexp_low(p: Self::V, n: Self::V, t: Self::V) -> Self::V {
+        // SAFETY: forwarded contract.
+        unsafe { Self::ldexp(p, n, t) }
+    }
 
     /// Lanes `< k` set.
     unsafe fn first(k: usize) -> Self::M;
@@ -79,10 +91,6 @@ pub(crate) trait SimdF32: Copy + 'static {
     unsafe fn keep_tail(p: *const bool, k: usize) -> Self::M;
     /// `m ? a : b` lane-wise.
     unsafe fn select(m: Self::M, a: Self::V, b: Self::V) -> Self::V;
-    /// Bit `j` set where lane `j` of `v` equals `c` (ordered compare).
-    unsafe fn eq_bits(v: Self::V, c: Self::V) -> u32;
-    /// Bit `j` set where lane `j` of `v` is NaN.
-    unsafe fn nan_bits(v: Self::V) -> u32;
 }
 
 /// The portable ISA: `wide::f32x8`, 8 lanes, no `unsafe` needed inside (the methods are
@@ -91,10 +99,11 @@ pub(crate) trait SimdF32: Copy + 'static {
 pub(crate) struct Portable;
 
 mod portable {
-    use super::{Isa, Portable, SimdF32};
+    use super::{Isa, Portable, SimdF32, TWO_POW_M64};
     use wide::{f32x8, i32x8};
 
-    const ROUND_MAGIC_BITS: i32 = super::super::exp::ROUND_MAGIC.to_bits() as i32;
+    /// `exp::ROUND_MAGIC.to_bits()` (1.5·2^23).
+    const ROUND_MAGIC_BITS: i32 = 0x4B40_0000;
 
     fn to_i32(v: f32x8) -> i32x8 {
         wide::bytemuck::cast(v.to_bits())
@@ -107,6 +116,8 @@ mod portable {
         const ISA: Isa = Isa::Portable;
         const LANES: usize = 8;
         const HAS_STREAM: bool = false;
+        // wide fuses `mul_add` only when the build targets AVX and FMA.
+        const FUSED: bool = cfg!(all(target_feature = "avx", target_feature = "fma"));
         type V = f32x8;
         type M = f32x8;
 
@@ -192,6 +203,12 @@ mod portable {
             (p * s1) * s2
         }
         #[inline(always)]
+        unsafe fn ldexp_low(p: f32x8, _n: f32x8, t: f32x8) -> f32x8 {
+            // bits(2^(n+64)) = (n + 127 + 64) << 23 with n = bits(t) − bits(magic).
+            let s = from_i32((to_i32(t) + i32x8::splat(191 - ROUND_MAGIC_BITS)) << 23);
+            (p * s) * f32x8::splat(TWO_POW_M64)
+        }
+        #[inline(always)]
         unsafe fn first(k: usize) -> f32x8 {
             let idx = f32x8::new([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
             idx.simd_lt(f32x8::splat(k as f32))
@@ -214,14 +231,6 @@ mod portable {
         unsafe fn select(m: f32x8, a: f32x8, b: f32x8) -> f32x8 {
             m.select(a, b)
         }
-        #[inline(always)]
-        unsafe fn eq_bits(v: f32x8, c: f32x8) -> u32 {
-            v.simd_eq(c).to_bitmask()
-        }
-        #[inline(always)]
-        unsafe fn nan_bits(v: f32x8) -> u32 {
-            v.is_nan().to_bitmask()
-        }
     }
 }
 
@@ -232,10 +241,11 @@ pub(crate) struct Avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Avx2, Isa, SimdF32};
+    use super::{Avx2, Isa, SimdF32, TWO_POW_M64};
     use std::arch::x86_64::*;
 
-    const ROUND_MAGIC_BITS: i32 = super::super::exp::ROUND_MAGIC.to_bits() as i32;
+    /// `exp::ROUND_MAGIC.to_bits()` (1.5·2^23).
+    const ROUND_MAGIC_BITS: i32 = 0x4B40_0000;
 
     #[inline(always)]
     unsafe fn tail_mask(k: usize) -> __m256i {
@@ -262,6 +272,7 @@ mod avx2 {
         const ISA: Isa = Isa::Avx2;
         const LANES: usize = 8;
         const HAS_STREAM: bool = true;
+        const FUSED: bool = true;
         type V = __m256;
         type M = __m256;
 
@@ -288,7 +299,7 @@ mod avx2 {
         }
         #[inline(always)]
         unsafe fn stream(p: *mut f32, v: __m256) {
-            debug_assert!(p as usize % 32 == 0);
+            debug_assert!((p as usize).is_multiple_of(32));
             unsafe { _mm256_stream_ps(p, v) }
         }
         #[inline(always)]
@@ -354,6 +365,18 @@ mod avx2 {
             }
         }
         #[inline(always)]
+        unsafe fn ldexp_low(p: __m256, _n: __m256, t: __m256) -> __m256 {
+            // bits(2^(n+64)) = (n + 127 + 64) << 23 with n = bits(t) − bits(magic).
+            unsafe {
+                let b = _mm256_add_epi32(
+                    _mm256_castps_si256(t),
+                    _mm256_set1_epi32(191 - ROUND_MAGIC_BITS),
+                );
+                let s = _mm256_castsi256_ps(_mm256_slli_epi32(b, 23));
+                _mm256_mul_ps(_mm256_mul_ps(p, s), _mm256_set1_ps(TWO_POW_M64))
+            }
+        }
+        #[inline(always)]
         unsafe fn first(k: usize) -> __m256 {
             unsafe { _mm256_castsi256_ps(tail_mask(k)) }
         }
@@ -373,14 +396,6 @@ mod avx2 {
         #[inline(always)]
         unsafe fn select(m: __m256, a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_blendv_ps(b, a, m) }
-        }
-        #[inline(always)]
-        unsafe fn eq_bits(v: __m256, c: __m256) -> u32 {
-            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, c)) as u32 }
-        }
-        #[inline(always)]
-        unsafe fn nan_bits(v: __m256) -> u32 {
-            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) as u32 }
         }
     }
 }
@@ -416,6 +431,7 @@ mod avx512 {
         const ISA: Isa = Isa::Avx512;
         const LANES: usize = 16;
         const HAS_STREAM: bool = true;
+        const FUSED: bool = true;
         type V = __m512;
         type M = __mmask16;
 
@@ -441,7 +457,7 @@ mod avx512 {
         }
         #[inline(always)]
         unsafe fn stream(p: *mut f32, v: __m512) {
-            debug_assert!(p as usize % 64 == 0);
+            debug_assert!((p as usize).is_multiple_of(64));
             unsafe { _mm512_stream_ps(p, v) }
         }
         #[inline(always)]
@@ -507,14 +523,6 @@ mod avx512 {
         #[inline(always)]
         unsafe fn select(m: __mmask16, a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_mask_blend_ps(m, b, a) }
-        }
-        #[inline(always)]
-        unsafe fn eq_bits(v: __m512, c: __m512) -> u32 {
-            unsafe { u32::from(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(v, c)) }
-        }
-        #[inline(always)]
-        unsafe fn nan_bits(v: __m512) -> u32 {
-            unsafe { u32::from(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v)) }
         }
     }
 }

@@ -1,0 +1,112 @@
+//! The only `unsafe` of the C ABI: turning the caller's pointers and the lengths implied by
+//! their views into slices, and the overlap check that makes `&`/`&mut` pairs sound.
+
+use attn_reference::{Error, MatLayout, Tensor4Layout};
+
+/// Why a C call failed before or inside the Rust API.
+pub(crate) enum Failure {
+    /// The Rust API's error.
+    Api(Error),
+    /// A pointer that must address at least one element is null.
+    Null(&'static str),
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        Failure::Api(e)
+    }
+}
+
+/// Elements a view needs, or the IndexOverflow error naming it.
+pub(crate) fn mat_len(arg: &'static str, l: &MatLayout) -> Result<usize, Failure> {
+    l.required_len().ok_or(Failure::Api(Error::IndexOverflow { arg }))
+}
+
+/// Elements a 4-D view needs, or the IndexOverflow error naming it.
+pub(crate) fn tensor_len(arg: &'static str, l: &Tensor4Layout) -> Result<usize, Failure> {
+    l.required_len().ok_or(Failure::Api(Error::IndexOverflow { arg }))
+}
+
+/// `len` elements at `ptr` as a shared slice; an empty slice for `len = 0` whatever `ptr` is.
+///
+/// # Safety
+///
+/// For `len > 0` and non-null `ptr`: `ptr` is aligned and addresses `len` initialised elements
+/// that stay valid and are not written through any other pointer for `'a` (in particular they
+/// do not overlap an output of the same call, which [`disjoint`] checks).
+pub(crate) unsafe fn slice<'a, T>(
+    arg: &'static str,
+    ptr: *const T,
+    len: usize,
+) -> Result<&'a [T], Failure> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    check_ptr(arg, ptr, len)?;
+    // SAFETY: non-null, aligned (checked), at most isize::MAX bytes (checked), and the caller
+    // guarantees `len` valid elements not written by anyone else meanwhile.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// `len` elements at `ptr` as an exclusive slice; an empty slice for `len = 0`.
+///
+/// # Safety
+///
+/// For `len > 0` and non-null `ptr`: `ptr` is aligned and addresses `len` initialised elements
+/// that no other pointer reads or writes for `'a` (checked against the call's other operands by
+/// [`disjoint`] before the slices are made).
+pub(crate) unsafe fn slice_mut<'a, T>(
+    arg: &'static str,
+    ptr: *mut T,
+    len: usize,
+) -> Result<&'a mut [T], Failure> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    check_ptr(arg, ptr, len)?;
+    // SAFETY: non-null, aligned and at most isize::MAX bytes (checked); the caller guarantees
+    // `len` valid elements used by nobody else meanwhile.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+}
+
+/// Null, misaligned, or more than `isize::MAX` bytes (which no allocation can be): refused
+/// before a slice is made.
+fn check_ptr<T>(arg: &'static str, ptr: *const T, len: usize) -> Result<(), Failure> {
+    if ptr.is_null() {
+        return Err(Failure::Null(arg));
+    }
+    if !ptr.is_aligned() {
+        return Err(Failure::Api(Error::InvalidParameter {
+            arg,
+            requirement: "pointer must be aligned to its element type",
+        }));
+    }
+    if len > isize::MAX as usize / std::mem::size_of::<T>().max(1) {
+        return Err(Failure::Api(Error::IndexOverflow { arg }));
+    }
+    Ok(())
+}
+
+/// A byte range a call reads or writes: (name, start address, length in bytes).
+pub(crate) type Span = (&'static str, usize, usize);
+
+/// The byte range of `len` elements of `T` at `ptr`.
+pub(crate) fn span<T>(arg: &'static str, ptr: *const T, len: usize) -> Span {
+    (arg, ptr as usize, len.saturating_mul(std::mem::size_of::<T>()))
+}
+
+/// Checks that each output range overlaps no other range (inputs or outputs): a C caller may
+/// pass the same buffer twice, which a Rust `&mut` must not alias. Errors with
+/// [`Error::AliasedOutput`] naming the output.
+pub(crate) fn disjoint(outputs: &[Span], inputs: &[Span]) -> Result<(), Failure> {
+    let overlap = |a: &Span, b: &Span| {
+        a.2 > 0 && b.2 > 0 && a.1 < b.1.saturating_add(b.2) && b.1 < a.1.saturating_add(a.2)
+    };
+    for (i, o) in outputs.iter().enumerate() {
+        let others = outputs.iter().skip(i + 1).chain(inputs);
+        if others.clone().any(|x| overlap(o, x)) {
+            return Err(Failure::Api(Error::AliasedOutput { arg: o.0 }));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! The two-layer feed-forward and the post-norm encoder block on the kernels.
+//!
+//! Encoder workspace (f32 elements, see [`encoder_workspace_len`]), carved front to back:
+//!
+//! ```text
+//! A  [batch·n, d]   attention output, + x (residual 1); later the feed-forward output, + H
+//! H  [batch·n, d]   LayerNorm₁(A): the feed-forward input and residual 2
+//! S  max(MHA workspace, [batch·n, ff_dim])   the attention's scratch, then the hidden layer
+//! ```
+//!
+//! The attention is done with S before the feed-forward needs it, so the two share it.
+
+use attn_reference::{
+    Activation, EncoderConfig, EncoderWeights, FeedForwardWeights, Mask, MatLayout, MatMut, MatRef,
+    Result, Tensor4Layout, TensorMut, TensorRef,
+};
+
+use super::linear::linear;
+use super::mha::{mha_workspace_len, multi_head_attention_in};
+use super::norm::layer_norm;
+use super::workspace::{self, count, fold_batch, take, total};
+use crate::par::Parallelism;
+
+/// Workspace (in `f32` elements) of [`feed_forward_in`] for `n` rows and hidden width `ff`:
+/// `n·ff` (saturating).
+pub fn feed_forward_workspace_len(n: usize, ff: usize) -> usize {
+    count(&[n, ff])
+}
+
+/// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` for `x: [n, d]`, `y: [n, d_out]`,
+/// allocating its hidden layer: see [`feed_forward_in`].
+pub fn feed_forward(
+    x: MatRef<'_>,
+    w: &FeedForwardWeights<'_>,
+    act: Activation,
+    y: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    check_ff(&x, w, &y)?;
+    let mut ws = workspace::alloc(feed_forward_workspace_len(x.layout.rows, w.w1.layout.cols))?;
+    feed_forward_in(x, w, act, y, &mut ws, par)
+}
+
+/// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` ([`attn_reference::feed_forward`]), the
+/// hidden layer `[n, ff]` in `workspace` (at least [`feed_forward_workspace_len`] elements).
+///
+/// Both layers are [`linear`] calls (GEMM with the bias folded in). The activation is applied
+/// in place on the hidden layer: ReLU keeps NaN (`x < 0 ? 0 : x`), GELU (tanh form) is
+/// evaluated in f64 and rounded once, as in the reference, so only the GEMMs' f32 accumulation
+/// separates the two.
+///
+/// Errors: those of the reference, in the same order; then a too-short `workspace`.
+pub fn feed_forward_in(
+    x: MatRef<'_>,
+    w: &FeedForwardWeights<'_>,
+    act: Activation,
+    y: MatMut<'_>,
+    workspace: &mut [f32],
+    par: Parallelism,
+) -> Result<()> {
+    check_ff(&x, w, &y)?;
+    let (n, ff) = (x.layout.rows, w.w1.layout.cols);
+    workspace::expect_len(workspace, feed_forward_workspace_len(n, ff))?;
+    if y.layout.is_empty() {
+        return Ok(());
+    }
+    let hidden = &mut workspace[..n * ff];
+    linear(x, w.w1, w.b1, MatMut::row_major(hidden, n, ff), par)?;
+    activate(hidden, act);
+    linear(MatRef::row_major(hidden, n, ff), w.w2, w.b2, y, par)
+}
+
+fn check_ff(x: &MatRef<'_>, w: &FeedForwardWeights<'_>, y: &MatMut<'_>) -> Result<()> {
+    let (n, d, ff, d_out) = (x.layout.rows, x.layout.cols, w.w1.layout.cols, w.w2.layout.cols);
+    w.check(d, ff, d_out)?;
+    y.layout.expect_shape("y", n, d_out)?;
+    x.check("x")?;
+    y.check("y")
+}
+
+/// The activation, in place.
+fn activate(h: &mut [f32], act: Activation) {
+    match act {
+        // Not `max(0.0)`, which would turn NaN into 0.
+        Activation::Relu => h.iter_mut().for_each(|v| *v = if *v < 0.0 { 0.0 } else { *v }),
+        Activation::GeluTanh => h.iter_mut().for_each(|v| *v = act.apply(f64::from(*v)) as f32),
+    }
+}
+
+/// Workspace (in `f32` elements) of [`encoder_block_in`] for `batch` sequences of `n` tokens:
+/// `2·batch·n·d + max(mha_workspace_len(cfg.attn, batch, n, n), batch·n·ff_dim)` (saturating).
+pub fn encoder_workspace_len(cfg: &EncoderConfig, batch: usize, n: usize) -> usize {
+    let act = count(&[batch, n, cfg.attn.in_dim]);
+    let scratch = mha_workspace_len(&cfg.attn, batch, n, n).max(count(&[batch, n, cfg.ff_dim]));
+    total(&[act, act, scratch])
+}
+
+/// One post-norm encoder block, allocating its workspace: see [`encoder_block_in`].
+pub fn encoder_block(
+    cfg: &EncoderConfig,
+    w: &EncoderWeights<'_>,
+    x: TensorRef<'_>,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    check_encoder(cfg, w, &x, mask, &y)?;
+    let [batch, _, n, _] = x.layout.dims;
+    let mut ws = workspace::alloc(encoder_workspace_len(cfg, batch, n))?;
+    encoder_block_in(cfg, w, x, mask, y, &mut ws, par)
+}
+
+/// One post-norm transformer encoder block ([`attn_reference::encoder_block`]), for each batch
+/// `b` with `X = x[b]: [n, d]`:
+///
+/// `H = LayerNorm₁(X + MultiHeadAttention(X, mask))`,
+/// `y[b] = LayerNorm₂(H + act(H·W1 + b1)·W2 + b2)`
+///
+/// with the activation `cfg.activation` (ReLU by default, as in the original transformer) and
+/// both norms after their residual sums (post-norm), as the reference. `x`, `y` are
+/// `[batch, 1, n, d]`, the mask addresses `[batch, num_heads, n, n]`. `workspace` must hold
+/// [`encoder_workspace_len`]`(cfg, batch, n)` elements; no activation buffer is allocated.
+///
+/// Errors: those of the reference, in the same order; then a too-short `workspace`.
+pub fn encoder_block_in(
+    cfg: &EncoderConfig,
+    w: &EncoderWeights<'_>,
+    x: TensorRef<'_>,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    workspace: &mut [f32],
+    par: Parallelism,
+) -> Result<()> {
+    check_encoder(cfg, w, &x, mask, &y)?;
+    let [batch, _, n, d] = x.layout.dims;
+    workspace::expect_len(workspace, encoder_workspace_len(cfg, batch, n))?;
+    if y.layout.is_empty() {
+        return Ok(());
+    }
+    let rows = batch * n;
+    let mut ws = workspace;
+    let a = take(&mut ws, rows * d);
+    let h = take(&mut ws, rows * d);
+    let scratch = ws;
+    let seq = Tensor4Layout::batch_seq(batch, n, d);
+    let mat = MatLayout::row_major(rows, d);
+
+    multi_head_attention_in(&cfg.attn, &w.attn, x, mask, TensorMut::new(a, seq), scratch, par)?;
+    // Residual 1: A = x + A (x may be strided).
+    for b in 0..batch {
+        for s in 0..n {
+            let row = &mut a[(b * n + s) * d..][..d];
+            for (j, v) in row.iter_mut().enumerate() {
+                *v += x.at(b, 0, s, j);
+            }
+        }
+    }
+    layer_norm(MatRef::new(a, mat), &w.norm1, cfg.eps, MatMut::new(h, mat))?;
+    feed_forward_in(MatRef::new(h, mat), &w.ff, cfg.activation, MatMut::new(a, mat), scratch, par)?;
+    // Residual 2: A = FF(H) + H.
+    a.iter_mut().zip(h.iter()).for_each(|(f, h)| *f += h);
+    norm_into(a, batch, n, d, w, cfg.eps, y)
+}
+
+/// `y = LayerNorm₂(A)` for the contiguous `[batch·n, d]` buffer `A` and the caller's `y`.
+fn norm_into(
+    a: &[f32],
+    batch: usize,
+    n: usize,
+    d: usize,
+    w: &EncoderWeights<'_>,
+    eps: f32,
+    mut y: TensorMut<'_>,
+) -> Result<()> {
+    if let Some(ym) = fold_batch(&y.layout) {
+        return layer_norm(
+            MatRef::row_major(a, batch * n, d),
+            &w.norm2,
+            eps,
+            MatMut::new(y.data, ym),
+        );
+    }
+    for b in 0..batch {
+        let src = MatLayout::strided(n, d, d, 1, b * n * d);
+        layer_norm(MatRef::new(a, src), &w.norm2, eps, y.matrix_mut(b, 0))?;
+    }
+    Ok(())
+}
+
+/// The reference's checks, in its order.
+fn check_encoder(
+    cfg: &EncoderConfig,
+    w: &EncoderWeights<'_>,
+    x: &TensorRef<'_>,
+    mask: &Mask<'_>,
+    y: &TensorMut<'_>,
+) -> Result<()> {
+    cfg.check()?;
+    w.check(cfg)?;
+    let [batch, _, n, _] = x.layout.dims;
+    let d = cfg.attn.in_dim;
+    x.layout.expect_dims("x", [batch, 1, n, d])?;
+    y.layout.expect_dims("y", [batch, 1, n, d])?;
+    x.check("x")?;
+    y.check("y")?;
+    mask.check(batch, cfg.attn.num_heads, n, n)
+}
+
+/// An encoder block: its shape and the caller's weights, checked once.
+#[derive(Clone, Copy, Debug)]
+pub struct EncoderLayer<'w> {
+    cfg: EncoderConfig,
+    weights: EncoderWeights<'w>,
+}
+
+impl<'w> EncoderLayer<'w> {
+    /// Checks `cfg` and the weights against it ([`EncoderConfig::check`],
+    /// [`EncoderWeights::check`]).
+    pub fn new(cfg: EncoderConfig, weights: EncoderWeights<'w>) -> Result<Self> {
+        cfg.check()?;
+        weights.check(&cfg)?;
+        Ok(Self { cfg, weights })
+    }
+    /// The block's shape.
+    pub fn config(&self) -> &EncoderConfig {
+        &self.cfg
+    }
+    /// Workspace for `batch` sequences of `n` tokens ([`encoder_workspace_len`]).
+    pub fn workspace_len(&self, batch: usize, n: usize) -> usize {
+        encoder_workspace_len(&self.cfg, batch, n)
+    }
+    /// [`encoder_block`] with this block's weights.
+    pub fn forward(
+        &self,
+        x: TensorRef<'_>,
+        mask: &Mask<'_>,
+        y: TensorMut<'_>,
+        par: Parallelism,
+    ) -> Result<()> {
+        encoder_block(&self.cfg, &self.weights, x, mask, y, par)
+    }
+    /// [`encoder_block_in`] with this block's weights.
+    pub fn forward_in(
+        &self,
+        x: TensorRef<'_>,
+        mask: &Mask<'_>,
+        y: TensorMut<'_>,
+        workspace: &mut [f32],
+        par: Parallelism,
+    ) -> Result<()> {
+        encoder_block_in(&self.cfg, &self.weights, x, mask, y, workspace, par)
+    }
+}
