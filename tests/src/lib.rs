@@ -1,2 +1,3 @@
 //! Shared helpers for the workspace tests: input generators, tolerance bounds from error
 //! analysis, and guard-banded buffers.
+pub mod gemm_support;

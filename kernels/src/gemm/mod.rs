@@ -1,1 +1,443 @@
-//! Cache-blocked SGEMM: loop nest, packing, per-ISA micro-kernels.
+//! Cache-blocked SGEMM: `C ← α·A·B + β·C` on strided views, Goto/BLIS style.
+//!
+//! Where things live:
+//! - [`blocking`]: KC / MC / NC and the threading threshold, with the cache each one fits;
+//! - `loops`: the five-loop nest and the split between threads;
+//! - `pack`: packing A into MR-row and B into NR-column micro-panels, reusable aligned buffers;
+//! - `ukernel`: the micro-kernel contract, one generic register-blocked body, its per-ISA
+//!   instances (`sgemm_12x32_avx512`, `sgemm_6x16_avx2`, `sgemm_4x16_portable`) and the
+//!   macro-kernel with its bounce-tile edge path.
+//!
+//! # Public API
+//!
+//! - [`sgemm`] (ISA from [`arch::selected`](crate::arch::selected)) and [`sgemm_with_isa`];
+//! - [`PackedB`] + [`sgemm_packed_b`]: pack B once, multiply by many A.
+//!
+//! Semantics (all entry points): `A: m×k`, `B: k×n`, `C: m×n`, any row / column strides and
+//! offsets (a transposed or column-major operand is just another [`MatLayout`]; nothing is
+//! copied except into the packing buffers). `β = 0` means C is not read: a NaN already in C does
+//! not reach the result. `α = 0` or `k = 0` means `A·B` is not computed, as in BLAS: `C ← β·C`
+//! (NaN or ∞ in A or B then do not matter). α and β must be finite. Nothing outside C's view
+//! is written, nothing outside the three views is read. Errors are the reference's
+//! ([`attn_reference::matmul::matmul`]): [`Error::ShapeMismatch`] naming `b` rows / `c`
+//! rows / cols, [`Error::OutOfBounds`], [`Error::IndexOverflow`], [`Error::AliasedOutput`],
+//! [`Error::NonFinite`] for α / β, and `InvalidParameter { arg: "isa" }` for an ISA this CPU
+//! lacks.
+//!
+//! Accuracy: every `c_ij` is an f32 dot product accumulated in k order with one FMA per term
+//! (two roundings per term for the portable kernel when built without FMA), so
+//! `|ĉ − c| ≤ γ·k·u·(|α|·(|A||B|)_ij + |β|·|c_ij|)`, `u = 2⁻²⁴`, small γ. Results do not
+//! depend on the [`Parallelism`]: threaded runs are bitwise equal to sequential ones.
+//!
+//! # Crate-internal contract for the attention kernels ([`internal`])
+//!
+//! Flash attention multiplies a small Q block by K / V blocks many times. It uses:
+//!
+//! 1. [`PackedB`] for K and V blocks: `PackedB::pack(&mut self, b)` repacks into the same
+//!    storage (no allocation once grown). For `S = Q·Kᵀ` pass `B = Kᵀ`, i.e. the K block's
+//!    [`MatLayout::transposed`] (`d × nk_block`, row stride 1), no copy needed; for `O += P·V`
+//!    pass the V block (`nk_block × d_v`).
+//! 2. [`internal::PackedA`] for the Q block (or the P block), packed once per query block.
+//! 3. [`internal::gemm_packed`]`(α, &PackedA, &PackedB, β, c)`: the macro-kernel on the
+//!    calling thread, `C ← α·A·B + β·C` into any strided `c` (a caller buffer with a row stride
+//!    and unit column stride takes the fast path; β = 0 does not read it). No allocation, no
+//!    threading, no ISA dispatch: the kernel is the one both operands were packed with (they
+//!    must agree, else `InvalidParameter { arg: "isa" }`).
+//!
+//! [`internal::tile`] reports MR / NR / KC of an ISA's kernel so callers can size blocks as
+//! multiples of them (blocks of any size work; multiples avoid bounce tiles).
+
+pub mod blocking;
+mod loops;
+mod pack;
+mod ukernel;
+
+use attn_reference::error::{expect_dim, expect_finite};
+use attn_reference::{Error, MatLayout, MatMut, MatRef, Result};
+
+use crate::arch::{self, Isa};
+use crate::par::Parallelism;
+
+use loops::{ASrc, BSrc, CPtr, Problem};
+use pack::AlignedBuf;
+use ukernel::{kernel_for, Kernel};
+
+/// `C ← α·A·B + β·C` with the ISA from [`arch::selected`](crate::arch::selected); see the
+/// [module docs](self) for the semantics, accuracy and errors.
+///
+/// ```
+/// use attn_kernels::{gemm::sgemm, MatLayout, Parallelism};
+/// use attn_reference::{MatMut, MatRef};
+/// let a = [1.0, 2.0, 3.0, 4.0]; // 2×2 row-major
+/// let b = [5.0, 6.0, 7.0, 8.0];
+/// let mut c = [0.0; 4];
+/// sgemm(1.0, MatRef::row_major(&a, 2, 2), MatRef::row_major(&b, 2, 2), 0.0,
+///       MatMut::new(&mut c, MatLayout::row_major(2, 2)), Parallelism::Sequential).unwrap();
+/// assert_eq!(c, [19.0, 22.0, 43.0, 50.0]);
+/// ```
+pub fn sgemm(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    sgemm_with_isa(arch::selected(), alpha, a, b, beta, c, par)
+}
+
+/// [`sgemm`] with an explicit ISA (an error if this CPU lacks it), so every kernel can be
+/// tested and benchmarked on one machine.
+pub fn sgemm_with_isa(
+    isa: Isa,
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    let k = a.layout.cols;
+    check_args(alpha, &a, k, b.layout.rows, Some(&b), beta, &c, b.layout.cols)?;
+    let kern = kernel_for(isa.require()?);
+    let (m, n) = (c.layout.rows, c.layout.cols);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 || alpha == 0.0 {
+        scale(beta, c);
+        return Ok(());
+    }
+    // The micro-kernels store rows of C with vector stores: a column-major C is handled as
+    // Cᵀ = Bᵀ·Aᵀ, which is the same problem with every view transposed.
+    let transpose = c.layout.col_stride != 1 && c.layout.row_stride == 1;
+    let (a, b, cl) = if transpose {
+        (
+            MatRef::new(b.data, b.layout.transposed()),
+            MatRef::new(a.data, a.layout.transposed()),
+            c.layout.transposed(),
+        )
+    } else {
+        (a, b, c.layout)
+    };
+    let pb = Problem {
+        kern,
+        m: cl.rows,
+        n: cl.cols,
+        k,
+        alpha,
+        beta,
+        a: ASrc::View(a),
+        b: BSrc::View(b),
+        // SAFETY: the view was checked against the slice; `offset` is in bounds (m, n > 0).
+        c: CPtr {
+            ptr: unsafe { c.data.as_mut_ptr().add(cl.offset) },
+            rs: cl.row_stride,
+            cs: cl.col_stride,
+        },
+    };
+    // SAFETY: views checked above, shapes consistent, C injective and exclusively borrowed.
+    unsafe { loops::run(&pb, par) };
+    Ok(())
+}
+
+/// `C ← α·A·B + β·C` with B pre-packed (see [`PackedB`]); same semantics and errors as
+/// [`sgemm`] (B's shape is checked against A and C; `b` errors name its rows). Runs the kernel
+/// B was packed with. A column-major C works but goes through the bounce-tile path (the
+/// transposition trick of [`sgemm`] is not available with B fixed on the right).
+pub fn sgemm_packed_b(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: &PackedB,
+    beta: f32,
+    c: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    let k = a.layout.cols;
+    check_args(alpha, &a, k, b.p.k, None, beta, &c, b.p.dim)?;
+    let (m, n) = (c.layout.rows, c.layout.cols);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 || alpha == 0.0 {
+        scale(beta, c);
+        return Ok(());
+    }
+    let cl = c.layout;
+    let pb = Problem {
+        kern: b.p.kern,
+        m,
+        n,
+        k,
+        alpha,
+        beta,
+        a: ASrc::View(a),
+        b: BSrc::Packed(&b.p),
+        // SAFETY: as in `sgemm_with_isa`.
+        c: CPtr {
+            ptr: unsafe { c.data.as_mut_ptr().add(cl.offset) },
+            rs: cl.row_stride,
+            cs: cl.col_stride,
+        },
+    };
+    // SAFETY: A and C checked; B packed by `b.p.kern` with shape k × n.
+    unsafe { loops::run(&pb, par) };
+    Ok(())
+}
+
+/// A `k × n` B operand packed once into the NR-column micro-panels of one ISA's kernel, to be
+/// multiplied by many A operands with [`sgemm_packed_b`] (the attention kernels pack K and V
+/// blocks this way). [`pack`](Self::pack) repacks into the same storage.
+pub struct PackedB {
+    p: PackedPanels,
+}
+
+impl PackedB {
+    /// Packs `b` for the ISA of [`arch::selected`](crate::arch::selected).
+    pub fn new(b: MatRef<'_>) -> Result<Self> {
+        Self::with_isa(arch::selected(), b)
+    }
+
+    /// Packs `b` for `isa` (an error if this CPU lacks it, or if `b`'s view overruns its slice).
+    pub fn with_isa(isa: Isa, b: MatRef<'_>) -> Result<Self> {
+        let mut p = Self::empty(isa)?;
+        p.pack(b)?;
+        Ok(p)
+    }
+
+    /// An empty (`0 × 0`) packed operand for `isa`, to be filled by [`pack`](Self::pack).
+    pub fn empty(isa: Isa) -> Result<Self> {
+        Ok(PackedB { p: PackedPanels::empty(kernel_for(isa.require()?), Side::B) })
+    }
+
+    /// Repacks from `b` (any shape and strides), reusing the storage.
+    pub fn pack(&mut self, b: MatRef<'_>) -> Result<()> {
+        b.check("b")?;
+        self.p.pack(b);
+        Ok(())
+    }
+
+    /// Rows (k).
+    pub fn rows(&self) -> usize {
+        self.p.k
+    }
+
+    /// Columns (n).
+    pub fn cols(&self) -> usize {
+        self.p.dim
+    }
+
+    /// The ISA whose kernel it was packed for.
+    pub fn isa(&self) -> Isa {
+        self.p.kern.isa
+    }
+}
+
+impl std::fmt::Debug for PackedB {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedB")
+            .field("rows", &self.p.k)
+            .field("cols", &self.p.dim)
+            .field("kernel", &self.p.kern.name)
+            .finish()
+    }
+}
+
+/// Internal pieces for the attention kernels (see "Crate-internal contract" in the
+/// [module docs](self)). Public only so the workspace tests can reach them; not a stable API.
+#[doc(hidden)]
+pub mod internal {
+    use super::*;
+
+    /// An `m × k` A operand packed into the MR-row micro-panels of one ISA's kernel.
+    pub struct PackedA {
+        p: PackedPanels,
+    }
+
+    impl PackedA {
+        /// An empty packed operand for `isa` (an error if this CPU lacks it).
+        pub fn empty(isa: Isa) -> Result<Self> {
+            Ok(PackedA { p: PackedPanels::empty(kernel_for(isa.require()?), Side::A) })
+        }
+
+        /// Repacks from `a` (any shape and strides), reusing the storage.
+        pub fn pack(&mut self, a: MatRef<'_>) -> Result<()> {
+            a.check("a")?;
+            self.p.pack(a);
+            Ok(())
+        }
+
+        /// Rows (m).
+        pub fn rows(&self) -> usize {
+            self.p.dim
+        }
+
+        /// Columns (k).
+        pub fn cols(&self) -> usize {
+            self.p.k
+        }
+    }
+
+    /// `MR`, `NR`, `KC` of `isa`'s kernel.
+    pub fn tile(isa: Isa) -> (usize, usize, usize) {
+        let k = kernel_for(isa);
+        (k.mr, k.nr, k.blocking.kc)
+    }
+
+    /// `C ← α·A·B + β·C` from two packed operands, on the calling thread, without allocating.
+    /// Same semantics and errors as [`sgemm`]; both operands must be packed for the same ISA.
+    pub fn gemm_packed(
+        alpha: f32,
+        a: &PackedA,
+        b: &PackedB,
+        beta: f32,
+        c: MatMut<'_>,
+    ) -> Result<()> {
+        if a.p.kern.isa != b.p.kern.isa {
+            return Err(Error::InvalidParameter {
+                arg: "isa",
+                requirement: "A and B must be packed for the same ISA",
+            });
+        }
+        expect_finite("alpha", alpha)?;
+        expect_finite("beta", beta)?;
+        expect_dim("b", "rows", a.p.k, b.p.k)?;
+        c.layout.expect_shape("c", a.p.dim, b.p.dim)?;
+        c.check("c")?;
+        let (m, n, k) = (a.p.dim, b.p.dim, a.p.k);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        if k == 0 || alpha == 0.0 {
+            scale(beta, c);
+            return Ok(());
+        }
+        let cl = c.layout;
+        let pb = Problem {
+            kern: a.p.kern,
+            m,
+            n,
+            k,
+            alpha,
+            beta,
+            a: ASrc::Packed(&a.p),
+            b: BSrc::Packed(&b.p),
+            // SAFETY: as in `sgemm_with_isa`.
+            c: CPtr {
+                ptr: unsafe { c.data.as_mut_ptr().add(cl.offset) },
+                rs: cl.row_stride,
+                cs: cl.col_stride,
+            },
+        };
+        // SAFETY: both operands packed by the same kernel with consistent shapes; C checked.
+        unsafe { loops::run(&pb, Parallelism::Sequential) };
+        Ok(())
+    }
+}
+
+/// Which operand a [`PackedPanels`] holds (decides the panel width and packing routine).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    A,
+    B,
+}
+
+/// A whole operand packed block by block: for the k-block starting at `p0` (depth `kc`), the
+/// micro-panels of all `dim` rows (A) / columns (B) start at `p0 · dim_padded`, panel `s` at
+/// `+ s · width · kc`, exactly the layout `pack_a` / `pack_b` produce for one block.
+pub(crate) struct PackedPanels {
+    kern: &'static Kernel,
+    side: Side,
+    /// Depth (A's columns, B's rows).
+    k: usize,
+    /// A's rows or B's columns.
+    dim: usize,
+    buf: AlignedBuf,
+}
+
+impl PackedPanels {
+    fn empty(kern: &'static Kernel, side: Side) -> Self {
+        PackedPanels { kern, side, k: 0, dim: 0, buf: AlignedBuf::default() }
+    }
+
+    fn width(&self) -> usize {
+        match self.side {
+            Side::A => self.kern.mr,
+            Side::B => self.kern.nr,
+        }
+    }
+
+    fn padded(&self) -> usize {
+        self.dim.div_ceil(self.width()) * self.width()
+    }
+
+    /// Packs a checked view (`m × k` for A, `k × n` for B).
+    fn pack(&mut self, x: MatRef<'_>) {
+        let (k, dim) = match self.side {
+            Side::A => (x.layout.cols, x.layout.rows),
+            Side::B => (x.layout.rows, x.layout.cols),
+        };
+        self.k = k;
+        self.dim = dim;
+        let (w, padded, kc_max) = (self.width(), self.padded(), self.kern.blocking.kc);
+        let side = self.side;
+        let dst = self.buf.get(padded * k);
+        for p0 in (0..k).step_by(kc_max) {
+            let kc = kc_max.min(k - p0);
+            let block = &mut dst[p0 * padded..(p0 + kc) * padded];
+            // SAFETY: the caller checked the view; the block is inside it; `block` holds
+            // `padded · kc` elements.
+            unsafe {
+                match side {
+                    Side::A => pack::pack_a(w, &x, 0, dim, p0, kc, block),
+                    Side::B => pack::pack_b(w, &x, p0, kc, 0, dim, block),
+                }
+            }
+        }
+    }
+
+    /// The packed panels of k-block `(p0, kc)` from row / column `d0` (a multiple of the panel
+    /// width) on, `len` of them.
+    fn block(&self, p0: usize, kc: usize, d0: usize, len: usize) -> &[f32] {
+        debug_assert!(d0.is_multiple_of(self.width()) && d0 + len <= self.dim && p0 + kc <= self.k);
+        let padded = self.padded();
+        let all = self.buf.view(padded * self.k);
+        let start = p0 * padded + d0 * kc;
+        &all[start..start + len.div_ceil(self.width()) * self.width() * kc]
+    }
+}
+
+/// Argument checks shared by the entry points, in the reference's order (`b` is `None` when
+/// it is pre-packed, hence already checked).
+#[allow(clippy::too_many_arguments)]
+fn check_args(
+    alpha: f32,
+    a: &MatRef<'_>,
+    k: usize,
+    b_rows: usize,
+    b: Option<&MatRef<'_>>,
+    beta: f32,
+    c: &MatMut<'_>,
+    n: usize,
+) -> Result<()> {
+    expect_finite("alpha", alpha)?;
+    expect_finite("beta", beta)?;
+    expect_dim("b", "rows", k, b_rows)?;
+    c.layout.expect_shape("c", a.layout.rows, n)?;
+    a.check("a")?;
+    if let Some(b) = b {
+        b.check("b")?;
+    }
+    c.check("c")
+}
+
+/// `C ← β·C`, writing zeros without reading C when β = 0.
+fn scale(beta: f32, c: MatMut<'_>) {
+    let l: MatLayout = c.layout;
+    for i in 0..l.rows {
+        for j in 0..l.cols {
+            let x = &mut c.data[l.index(i, j)];
+            *x = if beta == 0.0 { 0.0 } else { beta * *x };
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! Block sizes of the Goto/BLIS loop nest and the threading threshold: the one place where they
+//! are chosen, with the cache each block is sized for. Tuned for Zen 4 (32 KiB L1d and 1 MiB
+//! L2 per core, 32 MiB shared L3) and sound on any x86-64 with ≥ 256 KiB L2.
+
+/// Depth of a k-block (rows of a packed B block, columns of a packed A block).
+///
+/// A micro-kernel call streams one A micro-panel (`KC·MR·4` B) and one B micro-panel
+/// (`KC·NR·4` B); with KC = 256 the 12×32 AVX-512 pair is 12 KiB + 32 KiB, i.e. the B
+/// micro-panel that is reused across the A block lives in L1/L2 and the C tile (24 zmm) is
+/// loaded and stored once per 256 rank-1 updates, so the C traffic is < 1 % of the loads.
+pub const KC: usize = 256;
+
+/// Target bytes of a packed A block (`MC × KC` floats): half of the 1 MiB L2, leaving the other
+/// half for the B micro-panels and C tiles that stream through it.
+pub const A_BLOCK_BYTES: usize = 512 * 1024;
+
+/// Target bytes of a packed B block (`KC × NC` floats): 4 MiB, an eighth of the 32 MiB L3
+/// (shared by the cores and the other processes of this machine), reused by every A block.
+pub const B_BLOCK_BYTES: usize = 4 * 1024 * 1024;
+
+/// Below this many multiply-adds (`m·n·k`) a call stays on the calling thread whatever its
+/// [`Parallelism`](crate::par::Parallelism): about 30 µs of work at 100 GFLOP/s, an order of
+/// magnitude above the cost of waking a rayon worker.
+pub const PAR_MIN_MNK: usize = 128 * 128 * 96;
+
+/// Block sizes for one micro-kernel shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Blocking {
+    /// Depth of a k-block.
+    pub kc: usize,
+    /// Rows of an A block, a multiple of MR.
+    pub mc: usize,
+    /// Columns of a B block, a multiple of NR.
+    pub nc: usize,
+}
+
+impl Blocking {
+    /// The blocking for an `mr × nr` micro-kernel: [`KC`], and MC / NC rounded down to whole
+    /// micro-panels of the byte budgets above.
+    pub const fn for_tile(mr: usize, nr: usize) -> Self {
+        let mc = A_BLOCK_BYTES / (KC * 4) / mr * mr;
+        let nc = B_BLOCK_BYTES / (KC * 4) / nr * nr;
+        Blocking { kc: KC, mc, nc }
+    }
+}

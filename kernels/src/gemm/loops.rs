@@ -1,0 +1,211 @@
+//! The Goto/BLIS loop nest: split C into NC-column and A/B into KC-deep blocks, pack, split the
+//! rows between threads, and hand each MC × NC block to the macro-kernel.
+//!
+//! ```text
+//! LOOP 5  jc: n in NC-column blocks        B block (KC × NC) lives in L3
+//!  LOOP 4  pc: k in KC-deep blocks         pack B block once, shared by all threads
+//!   LOOP 3 ic: m in MC-row blocks          per thread; pack A block (MC × KC) → L2
+//!    LOOP 2/1 (macro-kernel): jr over NR-column micro-panels, ir over MR-row micro-panels
+//! ```
+//!
+//! β is applied by the first k-block only (later ones accumulate with β = 1), α by every one.
+//! Threads split loop 3 (rows) when there are at least two micro-panel rows per thread, else the
+//! macro-kernel's columns; either way every C element is computed by the same micro-kernel
+//! operations in the same k order, so threaded results are bitwise equal to sequential ones.
+
+use rayon::prelude::*;
+
+use attn_reference::MatRef;
+
+use super::blocking::PAR_MIN_MNK;
+use super::pack::{pack_a, pack_b, pack_b_panel, with_buf, Slot};
+use super::ukernel::{macro_kernel, Kernel};
+use super::PackedPanels;
+use crate::par::Parallelism;
+
+/// Where the A operand comes from: a strided view packed block by block, or already packed.
+#[derive(Clone, Copy)]
+pub(crate) enum ASrc<'a> {
+    /// A checked `m × k` view.
+    View(MatRef<'a>),
+    /// Packed with the same kernel, `m × k`.
+    Packed(&'a PackedPanels),
+}
+
+/// Where the B operand comes from: a strided view packed block by block, or already packed.
+#[derive(Clone, Copy)]
+pub(crate) enum BSrc<'a> {
+    /// A checked `k × n` view.
+    View(MatRef<'a>),
+    /// Packed with the same kernel, `k × n`.
+    Packed(&'a PackedPanels),
+}
+
+/// The output view as a raw base pointer and strides, shared by the threads that write
+/// disjoint tiles of it.
+#[derive(Clone, Copy)]
+pub(crate) struct CPtr {
+    /// Element `(0, 0)`.
+    pub ptr: *mut f32,
+    /// Row stride.
+    pub rs: usize,
+    /// Column stride.
+    pub cs: usize,
+}
+
+// SAFETY: the nest hands each thread a disjoint set of C tiles (distinct rows or columns of an
+// injective view), so concurrent writes never touch the same element.
+unsafe impl Send for CPtr {}
+// SAFETY: as above.
+unsafe impl Sync for CPtr {}
+
+/// One GEMM problem after validation: `C[m×n] ← α·A·B + β·C` with `m, n, k > 0`, `α ≠ 0`.
+#[derive(Clone, Copy)]
+pub(crate) struct Problem<'a> {
+    pub kern: &'static Kernel,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub alpha: f32,
+    pub beta: f32,
+    pub a: ASrc<'a>,
+    pub b: BSrc<'a>,
+    pub c: CPtr,
+}
+
+/// Runs the whole nest.
+///
+/// # Safety
+///
+/// The views in `a` / `b` passed their checks and have the problem's shapes; packed operands
+/// were packed by `kern` with these shapes; `c` addresses an injective `m × n` view valid for
+/// reads and writes that nobody else touches during the call.
+pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
+    let threads = if pb.m * pb.n * pb.k >= PAR_MIN_MNK { par.count() } else { 1 };
+    if threads > 1 {
+        // SAFETY: forwarded.
+        par.install(|| unsafe { run_blocks(pb, threads) })
+    } else {
+        // SAFETY: forwarded.
+        unsafe { run_blocks(pb, 1) }
+    }
+}
+
+/// Loops 5 and 4, and the split of each (NC, KC) block between `threads`.
+///
+/// # Safety
+///
+/// As [`run`].
+unsafe fn run_blocks(pb: &Problem<'_>, threads: usize) {
+    let kern = pb.kern;
+    let (mr, nr) = (kern.mr, kern.nr);
+    let bl = kern.blocking;
+    // LOOP 5: n in NC-column blocks.
+    for jc in (0..pb.n).step_by(bl.nc) {
+        let nc = bl.nc.min(pb.n - jc);
+        // LOOP 4: k in KC-deep blocks.
+        for pc in (0..pb.k).step_by(bl.kc) {
+            let kc = bl.kc.min(pb.k - pc);
+            let beta = if pc == 0 { pb.beta } else { 1.0 };
+            let block = |bpack: &[f32]| {
+                let rows = |i_lo: usize, i_hi: usize, j_lo: usize, j_hi: usize| {
+                    // SAFETY: forwarded; ranges are inside the problem.
+                    unsafe { row_range(pb, pc, kc, jc, bpack, beta, i_lo, i_hi, j_lo, j_hi) }
+                };
+                if threads == 1 {
+                    rows(0, pb.m, 0, nc);
+                } else if pb.m.div_ceil(mr) >= 2 * threads {
+                    let chunk = pb.m.div_ceil(mr).div_ceil(threads) * mr;
+                    (0..threads).into_par_iter().for_each(|t| {
+                        let lo = (t * chunk).min(pb.m);
+                        rows(lo, (lo + chunk).min(pb.m), 0, nc);
+                    });
+                } else {
+                    let chunk = nc.div_ceil(nr).div_ceil(threads) * nr;
+                    (0..threads).into_par_iter().for_each(|t| {
+                        let lo = (t * chunk).min(nc);
+                        rows(0, pb.m, lo, (lo + chunk).min(nc));
+                    });
+                }
+            };
+            match pb.b {
+                BSrc::Packed(p) => block(p.block(pc, kc, jc, nc)),
+                BSrc::View(b) => with_buf(Slot::B, |buf| {
+                    let dst = buf.get(nc.div_ceil(nr) * nr * kc);
+                    if threads == 1 {
+                        // SAFETY: the view was checked; the block is inside it; dst is sized.
+                        unsafe { pack_b(nr, &b, pc, kc, jc, nc, dst) };
+                    } else {
+                        dst.par_chunks_mut(nr * kc).enumerate().for_each(|(s, panel)| {
+                            let cols = nr.min(nc - s * nr);
+                            // SAFETY: as above, one panel.
+                            unsafe { pack_b_panel(nr, &b, pc, kc, jc + s * nr, cols, panel) };
+                        });
+                    }
+                    block(dst)
+                }),
+            }
+        }
+    }
+}
+
+/// Loop 3 for rows `i_lo .. i_hi` and block columns `j_lo .. j_hi` (relative to `jc`, `j_lo` a
+/// multiple of NR): MC-row blocks, balanced so the last one is not a sliver.
+///
+/// # Safety
+///
+/// As [`run`]; `bpack` is the packed B block `(pc, kc, jc, nc)`; no other thread touches these
+/// C rows × columns.
+#[allow(clippy::too_many_arguments)]
+unsafe fn row_range(
+    pb: &Problem<'_>,
+    pc: usize,
+    kc: usize,
+    jc: usize,
+    bpack: &[f32],
+    beta: f32,
+    i_lo: usize,
+    i_hi: usize,
+    j_lo: usize,
+    j_hi: usize,
+) {
+    if i_lo >= i_hi || j_lo >= j_hi {
+        return;
+    }
+    let kern = pb.kern;
+    let mr = kern.mr;
+    let blocks = (i_hi - i_lo).div_ceil(kern.blocking.mc);
+    let mc_step = (i_hi - i_lo).div_ceil(blocks).div_ceil(mr) * mr;
+    let c = pb.c;
+    for ic in (i_lo..i_hi).step_by(mc_step) {
+        let mc = mc_step.min(i_hi - ic);
+        let go = |apack: *const f32| {
+            // SAFETY: A block (ic, mc, pc, kc) and B panels from j_lo are packed and sized;
+            // the C sub-view rows ic.., columns jc + j_lo.. lies inside the caller's view.
+            unsafe {
+                macro_kernel(
+                    kern,
+                    mc,
+                    j_hi - j_lo,
+                    kc,
+                    pb.alpha,
+                    apack,
+                    bpack.as_ptr().add(j_lo * kc),
+                    beta,
+                    c.ptr.add(ic * c.rs + (jc + j_lo) * c.cs),
+                    c.rs,
+                    c.cs,
+                )
+            }
+        };
+        match pb.a {
+            ASrc::Packed(p) => go(p.block(pc, kc, ic, mc).as_ptr()),
+            ASrc::View(a) => with_buf(Slot::A, |buf| {
+                let dst = buf.get(mc.div_ceil(mr) * mr * kc);
+                // SAFETY: the view was checked and the block is inside it; dst is sized.
+                unsafe { pack_a(mr, &a, ic, mc, pc, kc, dst) };
+                go(dst.as_ptr())
+            }),
+        }
+    }
+}

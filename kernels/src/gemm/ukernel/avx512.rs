@@ -1,0 +1,83 @@
+//! AVX-512F micro-kernel: `sgemm_12x32_avx512`, 12 rows × 2 zmm (32 columns).
+//!
+//! Why this shape on Zen 4: 512-bit FMAs issue at one per cycle (two 256-bit halves) with a
+//! 4-cycle latency, so any tile with ≥ 8 independent accumulators saturates the FMA pipes; what
+//! matters is the load traffic per FMA. 12×32 holds 24 accumulators + 2 B vectors + 1 broadcast
+//! = 27 of the 32 zmm registers and issues 2 vector loads + 12 broadcasts per 24 FMAs, well under
+//! the load ports' limit. The broadcast side (A) is the short one, so the row-major C tile is
+//! written with full-width stores.
+
+use core::arch::x86_64::*;
+
+use super::{sgemm_body, Kernel, Simd};
+use crate::arch::Isa;
+use crate::gemm::blocking::Blocking;
+
+/// The AVX-512F vector ops (zmm, 16 lanes).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512;
+
+// SAFETY: only used inside `#[target_feature(enable = "avx512f")]` functions reached after
+// `Isa::Avx512.require()`.
+unsafe impl Simd for Avx512 {
+    type V = __m512;
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+}
+
+const MR: usize = 12;
+const NV: usize = 2;
+
+/// `C[12×32] ← α·Ã·B̃ + β·C` (see the `ukernel` module docs for the contract).
+///
+/// # Safety
+///
+/// The CPU supports AVX-512F; `a` valid for `k·12` reads, `b` for `k·32` reads, `c` for
+/// reads (unless β = 0) and writes of `c[i·rs_c + j]`, `i < 12`, `j < 32`.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn sgemm_12x32_avx512(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+) {
+    debug_assert!(is_x86_feature_detected!("avx512f"));
+    // SAFETY: forwarded contract.
+    unsafe { sgemm_body::<Avx512, MR, NV>(k, alpha, a, b, beta, c, rs_c) }
+}
+
+/// The AVX-512 entry of the kernel table.
+pub(crate) static KERNEL: Kernel = Kernel {
+    isa: Isa::Avx512,
+    name: "sgemm_12x32_avx512",
+    mr: MR,
+    nr: NV * 16,
+    ukr: sgemm_12x32_avx512,
+    blocking: Blocking::for_tile(MR, NV * 16),
+};

@@ -1,0 +1,230 @@
+//! Register-blocked SGEMM micro-kernels, one per ISA, all instances of one generic body, and
+//! the macro-kernel that sweeps them over a packed A block and a packed B block.
+//!
+//! # Micro-kernel contract
+//!
+//! A micro-kernel `sgemm_{MR}x{NR}_{isa}` computes one `MR × NR` tile
+//!
+//! ```text
+//! C[0..MR, 0..NR] ← α · Ã · B̃ + β · C        (β = 0: C is not read)
+//! ```
+//!
+//! where `Ã` is an A micro-panel (`kc` steps of `MR` contiguous values, the column `p` of the
+//! `MR` rows at `a[p·MR .. p·MR + MR]`), `B̃` a B micro-panel (`kc` steps of `NR` contiguous
+//! values, row `p` at `b[p·NR ..]`, 64-byte aligned), and C a row-major tile: element `(i, j)`
+//! at `c[i·rs_c + j]`. The vectors run along N (`NR = NV · lanes`) and A is broadcast, so a
+//! row-major C is stored with plain vector stores; the loop nest transposes the whole problem
+//! when C is column-major. The kernel always computes a full tile: edges (fewer than `MR` rows
+//! or `NR` columns left, or a C whose column stride is not 1) go through a bounce tile in
+//! [`macro_kernel`], never through special cases in the hot loop. Packed panels are
+//! zero-padded, so the padding lanes compute harmless zeros.
+//!
+//! The update is `c = fma(acc, α, β·c)` (`c = acc·α` when β = 0) whatever the path (direct or
+//! bounce), which is what makes the result independent of how the work is tiled or split
+//! between threads: every element sees the same operations in the same order.
+
+use crate::arch::Isa;
+
+use super::blocking::Blocking;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod portable;
+
+/// Largest `MR · NR` of any kernel: the size of the stack bounce tile used for edges.
+pub(crate) const MAX_TILE: usize = 16 * 64;
+
+/// The vector operations a micro-kernel body needs, implemented once per ISA.
+///
+/// # Safety
+///
+/// Every method may only be called on a CPU supporting the implementor's ISA, from a function
+/// compiled with that ISA's target features (the `#[target_feature]` wrappers); pointer
+/// arguments must be valid for `LANES` reads / writes.
+pub(crate) unsafe trait Simd: Copy {
+    /// One vector of `LANES` f32.
+    type V: Copy;
+    /// f32 lanes per vector.
+    const LANES: usize;
+    /// All lanes zero.
+    unsafe fn zero() -> Self::V;
+    /// All lanes `x`.
+    unsafe fn splat(x: f32) -> Self::V;
+    /// Unaligned load of `LANES` values.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Unaligned store of `LANES` values.
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a · b + c` (fused where the ISA has FMA).
+    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `a · b`.
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+}
+
+/// The one micro-kernel body: an `MR × (NV·LANES)` tile held in `MR·NV` vector registers.
+///
+/// ```text
+///            B̃ row p:  [ b0 .. b(L-1) | bL .. b(2L-1) | ... ]   NV vector loads
+///  Ã[p, 0] bcast  ->   acc[0][0]        acc[0][1]   ...
+///  Ã[p, 1] bcast  ->   acc[1][0]        acc[1][1]   ...
+///  ...                 (MR rows)
+/// ```
+///
+/// # Safety
+///
+/// `a` valid for `k·MR` reads, `b` for `k·NV·LANES` reads, `c` for reads (unless β = 0) and
+/// writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`; the CPU supports `S`'s ISA.
+#[inline(always)]
+pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize>(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+) {
+    let nr = NV * S::LANES;
+    // SAFETY (whole body): the caller guarantees the panel and tile extents stated above; every
+    // offset below stays inside them.
+    unsafe {
+        let mut acc = [[S::zero(); NV]; MR];
+        let mut a = a;
+        let mut b = b;
+        for _ in 0..k {
+            let bv: [S::V; NV] = core::array::from_fn(|v| S::load(b.add(v * S::LANES)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av = S::splat(*a.add(i));
+                for (acc_v, &b_v) in row.iter_mut().zip(bv.iter()) {
+                    *acc_v = S::fmadd(av, b_v, *acc_v);
+                }
+            }
+            a = a.add(MR);
+            b = b.add(nr);
+        }
+        let alpha_v = S::splat(alpha);
+        if beta == 0.0 {
+            for (i, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    S::store(c.add(i * rs_c + v * S::LANES), S::mul(x, alpha_v));
+                }
+            }
+        } else {
+            let beta_v = S::splat(beta);
+            for (i, row) in acc.iter().enumerate() {
+                for (v, &x) in row.iter().enumerate() {
+                    let cp = c.add(i * rs_c + v * S::LANES);
+                    S::store(cp, S::fmadd(x, alpha_v, S::mul(S::load(cp), beta_v)));
+                }
+            }
+        }
+    }
+}
+
+/// Signature of every micro-kernel (see the module docs for the contract).
+pub(crate) type UkrFn = unsafe fn(
+    k: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+);
+
+/// A micro-kernel with its shape and the block sizes tuned for it: everything the loop nest
+/// needs to know about an ISA.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Kernel {
+    /// The ISA it runs on.
+    pub isa: Isa,
+    /// Name, e.g. `sgemm_12x32_avx512`.
+    pub name: &'static str,
+    /// Rows of the register tile (A micro-panel height).
+    pub mr: usize,
+    /// Columns of the register tile (B micro-panel width).
+    pub nr: usize,
+    /// The micro-kernel.
+    pub ukr: UkrFn,
+    /// KC / MC / NC for this tile shape.
+    pub blocking: Blocking,
+}
+
+/// The kernel of `isa`. The caller must have checked `isa.is_supported()` before running it.
+pub(crate) fn kernel_for(isa: Isa) -> &'static Kernel {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => &avx512::KERNEL,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => &avx2::KERNEL,
+        _ => &portable::KERNEL,
+    }
+}
+
+/// The macro-kernel: `C[0..mc, 0..nc] ← α · Ã · B̃ + β · C` over a packed A block (`mc` rows in
+/// `MR`-row micro-panels of `kc` steps, panel `r` at `a + r·MR·kc`) and a packed B block (`nc`
+/// columns in `NR`-column micro-panels, panel `s` at `b + s·NR·kc`).
+///
+/// Loop order: B micro-panels outer (each one stays in L1 while every A micro-panel of the
+/// L2-resident A block streams past it), A micro-panels inner. Full tiles of a C with unit
+/// column stride go straight to the micro-kernel; the rest through a zeroed bounce tile that is
+/// filled from C only when β ≠ 0, so nothing outside `C[0..mc, 0..nc]` is read or written.
+///
+/// # Safety
+///
+/// `kern` runs on this CPU; `a` is valid for `ceil(mc/MR)·MR·kc` reads, `b` for
+/// `ceil(nc/NR)·NR·kc` reads (64-byte aligned panels); `c + i·rs_c + j·cs_c` is valid for reads
+/// and writes for `i < mc`, `j < nc`, distinct for distinct `(i, j)`, and not accessed by anyone
+/// else during the call.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn macro_kernel(
+    kern: &Kernel,
+    mc: usize,
+    nc: usize,
+    kc: usize,
+    alpha: f32,
+    a: *const f32,
+    b: *const f32,
+    beta: f32,
+    c: *mut f32,
+    rs_c: usize,
+    cs_c: usize,
+) {
+    let (mr, nr) = (kern.mr, kern.nr);
+    debug_assert!(mr * nr <= MAX_TILE);
+    debug_assert!((b as usize).is_multiple_of(64) || kc == 0, "B panels must be 64-byte aligned");
+    for jr in (0..nc).step_by(nr) {
+        let nr_eff = nr.min(nc - jr);
+        // SAFETY: panel jr/nr of the packed B block, inside the extent the caller guarantees.
+        let bp = unsafe { b.add(jr * kc) };
+        for ir in (0..mc).step_by(mr) {
+            let mr_eff = mr.min(mc - ir);
+            // SAFETY: as above for A; the C offset addresses element (ir, jr) of the view.
+            let (ap, cp) = unsafe { (a.add(ir * kc), c.add(ir * rs_c + jr * cs_c)) };
+            if mr_eff == mr && nr_eff == nr && cs_c == 1 {
+                // SAFETY: a full tile with unit column stride lies inside the caller's view.
+                unsafe { (kern.ukr)(kc, alpha, ap, bp, beta, cp, rs_c) };
+            } else {
+                let mut tile = [0.0f32; MAX_TILE];
+                // SAFETY: only the `mr_eff × nr_eff` valid part of C is touched; the kernel
+                // works on the local tile (row stride nr), which holds MR × NR elements.
+                unsafe {
+                    if beta != 0.0 {
+                        for i in 0..mr_eff {
+                            for j in 0..nr_eff {
+                                tile[i * nr + j] = *cp.add(i * rs_c + j * cs_c);
+                            }
+                        }
+                    }
+                    (kern.ukr)(kc, alpha, ap, bp, beta, tile.as_mut_ptr(), nr);
+                    for i in 0..mr_eff {
+                        for j in 0..nr_eff {
+                            *cp.add(i * rs_c + j * cs_c) = tile[i * nr + j];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

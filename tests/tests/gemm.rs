@@ -1,0 +1,480 @@
+//! SGEMM against the reference: proptest equivalence over edge-biased shapes, every stride
+//! layout, α/β combinations and every ISA this CPU runs; exact equality on small integers; NaN
+//! guard bands; β = 0 with a NaN-filled C; threaded vs sequential (bitwise); the pre-packed
+//! paths; bad-input errors.
+
+use attn_kernels::gemm::internal::{gemm_packed, tile, PackedA};
+use attn_kernels::gemm::{sgemm, sgemm_packed_b, sgemm_with_isa, PackedB};
+use attn_kernels::{Isa, Parallelism};
+use attn_reference::matmul::matmul;
+use attn_reference::{Error, MatLayout, MatMut, MatRef};
+use attn_tests::gemm_support::{bound, buffer, outside, Layout, Rng};
+use proptest::prelude::*;
+
+/// The ISAs to test, printing the ones this CPU cannot run.
+fn isas() -> Vec<Isa> {
+    let s = Isa::supported();
+    for isa in Isa::ALL {
+        if !s.contains(&isa) {
+            eprintln!("gemm tests: skipping {isa} (not supported by this CPU)");
+        }
+    }
+    s
+}
+
+/// Edge sizes of every kernel: 0, 1, MR±1, NR±1 for each ISA, 17, 63, 257.
+fn edge_sizes() -> Vec<usize> {
+    let mut v = vec![0, 1, 2, 17, 63, 257];
+    for isa in Isa::ALL {
+        let (mr, nr, _) = tile(isa);
+        v.extend([mr - 1, mr, mr + 1, nr - 1, nr, nr + 1]);
+    }
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// A size: mostly edge sizes, sometimes any size up to 80.
+fn size() -> impl Strategy<Value = usize> {
+    prop_oneof![3 => proptest::sample::select(edge_sizes()), 1 => 0usize..80]
+}
+
+const ALPHAS: [f32; 4] = [1.0, -0.75, 0.0, 3.0];
+const BETAS: [f32; 4] = [0.0, 1.0, -0.5, 2.0];
+
+/// Guard elements after each C view (and the gaps inside padded layouts) that must stay NaN.
+const GUARD: usize = 19;
+
+struct Case {
+    m: usize,
+    n: usize,
+    k: usize,
+    la: MatLayout,
+    lb: MatLayout,
+    lc: MatLayout,
+    a: Vec<f32>,
+    b: Vec<f32>,
+    c: Vec<f32>,
+}
+
+impl Case {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        m: usize,
+        n: usize,
+        k: usize,
+        lay: [Layout; 3],
+        beta: f32,
+        seed: u64,
+        mut val: impl FnMut(&mut Rng) -> f32,
+    ) -> Case {
+        let mut rng = Rng::new(seed);
+        let (la, lb, lc) = (lay[0].view(m, k), lay[1].view(k, n), lay[2].view(m, n));
+        let a = buffer(&la, 3, f32::NAN, || val(&mut rng));
+        let b = buffer(&lb, 3, f32::NAN, || val(&mut rng));
+        // β = 0: C's own elements are NaN too, and must not leak.
+        let c = if beta == 0.0 {
+            buffer(&lc, GUARD, f32::NAN, || f32::NAN)
+        } else {
+            buffer(&lc, GUARD, f32::NAN, || val(&mut rng))
+        };
+        Case { m, n, k, la, lb, lc, a, b, c }
+    }
+
+    fn run(&self, isa: Isa, alpha: f32, beta: f32, par: Parallelism) -> Vec<f32> {
+        let mut c = self.c.clone();
+        sgemm_with_isa(
+            isa,
+            alpha,
+            MatRef::new(&self.a, self.la),
+            MatRef::new(&self.b, self.lb),
+            beta,
+            MatMut::new(&mut c, self.lc),
+            par,
+        )
+        .unwrap();
+        c
+    }
+
+    fn reference(&self, alpha: f32, beta: f32) -> Vec<f32> {
+        let mut c = self.c.clone();
+        matmul(
+            alpha,
+            MatRef::new(&self.a, self.la),
+            MatRef::new(&self.b, self.lb),
+            beta,
+            MatMut::new(&mut c, self.lc),
+        )
+        .unwrap();
+        c
+    }
+
+    /// Checks `got` against the reference within the error bound, and the guard band.
+    fn check(&self, what: &str, got: &[f32], want: &[f32], alpha: f32, beta: f32) {
+        for x in outside(&self.lc, got.len()) {
+            assert!(
+                got[x].is_nan(),
+                "{what}: element {x} outside C's view was written: {}",
+                got[x]
+            );
+        }
+        for i in 0..self.m {
+            for j in 0..self.n {
+                let x = self.lc.index(i, j);
+                let tol = bound(alpha, &self.a, &self.la, &self.b, &self.lb, beta, self.c[x], i, j);
+                let err = (got[x] as f64 - want[x] as f64).abs();
+                assert!(
+                    err <= tol,
+                    "{what}: ({i},{j}) of {}x{}x{}: got {} want {} (err {err:e} > {tol:e})",
+                    self.m,
+                    self.n,
+                    self.k,
+                    got[x],
+                    want[x]
+                );
+            }
+        }
+    }
+}
+
+fn layout() -> impl Strategy<Value = Layout> {
+    proptest::sample::select(Layout::ALL.to_vec())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+
+    /// Every supported ISA agrees with the f64 reference within the forward error bound, on
+    /// every layout, and leaves the guard band untouched.
+    #[test]
+    fn matches_reference(
+        m in size(), n in size(), k in size(),
+        la in layout(), lb in layout(), lc in layout(),
+        ai in 0..ALPHAS.len(), bi in 0..BETAS.len(),
+        seed in any::<u64>(),
+    ) {
+        // Keep the f64 reference affordable: at most one dimension at 257.
+        prop_assume!(m * n * k <= 257 * 80 * 80);
+        let (alpha, beta) = (ALPHAS[ai], BETAS[bi]);
+        let case = Case::new(m, n, k, [la, lb, lc], beta, seed, Rng::unit);
+        let want = case.reference(alpha, beta);
+        for isa in isas() {
+            let got = case.run(isa, alpha, beta, Parallelism::Sequential);
+            case.check(&format!("{isa} {la:?}/{lb:?}/{lc:?} α={alpha} β={beta}"), &got, &want, alpha, beta);
+        }
+    }
+}
+
+/// Small integers: every partial sum is exact in f32, so the result must be bit-exact.
+#[test]
+fn exact_on_small_integers() {
+    let sizes = [(1, 1, 1), (13, 33, 7), (25, 17, 300), (7, 65, 257), (40, 3, 513)];
+    for (idx, &(m, n, k)) in sizes.iter().enumerate() {
+        for (li, &lay) in Layout::ALL.iter().enumerate() {
+            let lays = [lay, Layout::ALL[(li + 1) % 5], Layout::ALL[(li + 2) % 5]];
+            for (alpha, beta) in [(1.0, 0.0), (2.0, 1.0), (-1.0, -3.0)] {
+                let case = Case::new(m, n, k, lays, beta, idx as u64, |r| r.small_int(4));
+                let want = case.reference(alpha, beta);
+                for isa in isas() {
+                    let got = case.run(isa, alpha, beta, Parallelism::Sequential);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let x = case.lc.index(i, j);
+                            assert_eq!(got[x], want[x], "{isa} {lays:?} {m}x{n}x{k} ({i},{j})");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// α = 0: A·B is not computed (BLAS semantics), so NaN and ∞ in A and B do not matter.
+#[test]
+fn alpha_zero_does_not_touch_the_product() {
+    let (m, n, k) = (5, 7, 3);
+    let a = vec![f32::NAN; m * k];
+    let b = vec![f32::INFINITY; k * n];
+    for isa in isas() {
+        for beta in [0.0, 2.0] {
+            let mut c: Vec<f32> = (0..m * n).map(|x| x as f32).collect();
+            sgemm_with_isa(
+                isa,
+                0.0,
+                MatRef::row_major(&a, m, k),
+                MatRef::row_major(&b, k, n),
+                beta,
+                MatMut::row_major(&mut c, m, n),
+                Parallelism::Sequential,
+            )
+            .unwrap();
+            for (x, &v) in c.iter().enumerate() {
+                assert_eq!(v, beta * x as f32, "{isa} β={beta}");
+            }
+        }
+    }
+}
+
+/// Threads only split C between workers; each element sees the same operations in the same
+/// order, so the result is bitwise equal to the sequential one. Shapes exercise both splits
+/// (rows, and columns when m is short) and a column-major C (the transposed problem).
+#[test]
+fn threaded_is_bitwise_sequential() {
+    let shapes = [
+        (300, 200, 300, Layout::RowMajor),
+        (20, 700, 260, Layout::RowMajor),
+        (150, 301, 200, Layout::ColMajor),
+    ];
+    for (m, n, k, lc) in shapes {
+        let case =
+            Case::new(m, n, k, [Layout::RowMajor, Layout::PaddedCols(1), lc], 0.5, 7, Rng::unit);
+        for isa in isas() {
+            let seq = case.run(isa, 1.5, 0.5, Parallelism::Sequential);
+            for t in [2, 3] {
+                let par = case.run(isa, 1.5, 0.5, Parallelism::threads(t));
+                let same = seq.iter().zip(&par).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{isa} {m}x{n}x{k} {t} threads differ from sequential");
+            }
+        }
+    }
+}
+
+/// The pre-packed paths compute exactly what `sgemm` computes (same kernel, same blocking).
+#[test]
+fn packed_paths_equal_sgemm() {
+    for (m, n, k) in [(1, 1, 1), (37, 45, 300), (130, 70, 64), (5, 3, 0)] {
+        let case = Case::new(
+            m,
+            n,
+            k,
+            [Layout::PaddedRows(2), Layout::ColMajor, Layout::RowMajor],
+            1.0,
+            3,
+            Rng::unit,
+        );
+        for isa in isas() {
+            let want = case.run(isa, 0.5, 1.0, Parallelism::Sequential);
+            let pb = PackedB::with_isa(isa, MatRef::new(&case.b, case.lb)).unwrap();
+            assert_eq!((pb.rows(), pb.cols(), pb.isa()), (k, n, isa));
+            for par in [Parallelism::Sequential, Parallelism::threads(2)] {
+                let mut c = case.c.clone();
+                sgemm_packed_b(
+                    0.5,
+                    MatRef::new(&case.a, case.la),
+                    &pb,
+                    1.0,
+                    MatMut::new(&mut c, case.lc),
+                    par,
+                )
+                .unwrap();
+                assert!(
+                    c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{isa} packed B {m}x{n}x{k}"
+                );
+            }
+            let mut pa = PackedA::empty(isa).unwrap();
+            pa.pack(MatRef::new(&case.a, case.la)).unwrap();
+            let mut c = case.c.clone();
+            gemm_packed(0.5, &pa, &pb, 1.0, MatMut::new(&mut c, case.lc)).unwrap();
+            assert!(
+                c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{isa} packed A+B {m}x{n}x{k}"
+            );
+        }
+    }
+}
+
+/// A PackedB repacked with another shape is reused correctly.
+#[test]
+fn packed_b_repack() {
+    let isa = Isa::best();
+    let mut pb = PackedB::empty(isa).unwrap();
+    for (m, n, k) in [(40, 70, 300), (9, 5, 3), (33, 100, 17)] {
+        let case = Case::new(m, n, k, [Layout::RowMajor; 3], 0.0, 11, Rng::unit);
+        pb.pack(MatRef::new(&case.b, case.lb)).unwrap();
+        let mut c = case.c.clone();
+        sgemm_packed_b(
+            1.0,
+            MatRef::new(&case.a, case.la),
+            &pb,
+            0.0,
+            MatMut::new(&mut c, case.lc),
+            Parallelism::Sequential,
+        )
+        .unwrap();
+        case.check("repacked", &c, &case.reference(1.0, 0.0), 1.0, 0.0);
+    }
+}
+
+/// Bad input gives the same typed error as the reference, before anything is written.
+#[test]
+fn bad_inputs_are_rejected_like_the_reference() {
+    let a = vec![1.0; 12];
+    let b = vec![1.0; 12];
+    type Args = (f32, MatLayout, MatLayout, f32, MatLayout, usize);
+    let cases: Vec<(Args, Error)> = vec![
+        (
+            (
+                f32::NAN,
+                MatLayout::row_major(3, 4),
+                MatLayout::row_major(4, 3),
+                0.0,
+                MatLayout::row_major(3, 3),
+                9,
+            ),
+            Error::NonFinite { arg: "alpha", value: f32::NAN },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::row_major(3, 4),
+                MatLayout::row_major(4, 3),
+                f32::INFINITY,
+                MatLayout::row_major(3, 3),
+                9,
+            ),
+            Error::NonFinite { arg: "beta", value: f32::INFINITY },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::row_major(3, 4),
+                MatLayout::row_major(3, 4),
+                0.0,
+                MatLayout::row_major(3, 4),
+                12,
+            ),
+            Error::ShapeMismatch { arg: "b", dim: "rows", expected: 4, actual: 3 },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::row_major(3, 4),
+                MatLayout::row_major(4, 3),
+                0.0,
+                MatLayout::row_major(2, 3),
+                9,
+            ),
+            Error::ShapeMismatch { arg: "c", dim: "rows", expected: 3, actual: 2 },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::row_major(3, 4),
+                MatLayout::row_major(4, 3),
+                0.0,
+                MatLayout::row_major(3, 2),
+                9,
+            ),
+            Error::ShapeMismatch { arg: "c", dim: "cols", expected: 3, actual: 2 },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::strided(3, 4, 4, 1, 1),
+                MatLayout::row_major(4, 3),
+                0.0,
+                MatLayout::row_major(3, 3),
+                9,
+            ),
+            Error::OutOfBounds { arg: "a", required: 13, len: 12 },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::row_major(3, 4),
+                MatLayout::strided(4, 3, 4, 1, 0),
+                0.0,
+                MatLayout::row_major(3, 3),
+                9,
+            ),
+            Error::OutOfBounds { arg: "b", required: 15, len: 12 },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::row_major(3, 4),
+                MatLayout::row_major(4, 3),
+                0.0,
+                MatLayout::row_major(3, 3),
+                8,
+            ),
+            Error::OutOfBounds { arg: "c", required: 9, len: 8 },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::row_major(3, 4),
+                MatLayout::row_major(4, 3),
+                0.0,
+                MatLayout::strided(3, 3, 0, 1, 0),
+                9,
+            ),
+            Error::AliasedOutput { arg: "c" },
+        ),
+        (
+            (
+                1.0,
+                MatLayout::strided(3, 4, usize::MAX / 2, 1, 0),
+                MatLayout::row_major(4, 3),
+                0.0,
+                MatLayout::row_major(3, 3),
+                9,
+            ),
+            Error::IndexOverflow { arg: "a" },
+        ),
+    ];
+    for ((alpha, la, lb, beta, lc, clen), want) in cases {
+        let mut c = vec![7.0; clen];
+        let r =
+            matmul(alpha, MatRef::new(&a, la), MatRef::new(&b, lb), beta, MatMut::new(&mut c, lc));
+        assert_eq!(r.map_err(|e| e.to_string()), Err(want.to_string()), "reference");
+        for isa in isas() {
+            let got = sgemm_with_isa(
+                isa,
+                alpha,
+                MatRef::new(&a, la),
+                MatRef::new(&b, lb),
+                beta,
+                MatMut::new(&mut c, lc),
+                Parallelism::threads(2),
+            );
+            assert_eq!(got.map_err(|e| e.to_string()), Err(want.to_string()), "{isa}");
+            assert!(c.iter().all(|&x| x == 7.0), "{isa}: C written on error");
+        }
+        if let Ok(pb) = PackedB::new(MatRef::new(&b, lb)) {
+            let got = sgemm_packed_b(
+                alpha,
+                MatRef::new(&a, la),
+                &pb,
+                beta,
+                MatMut::new(&mut c, lc),
+                Parallelism::Sequential,
+            );
+            assert_eq!(got.map_err(|e| e.to_string()), Err(want.to_string()), "packed B");
+        }
+    }
+    // Packing an overrunning view is an error too.
+    assert!(matches!(
+        PackedB::new(MatRef::new(&b, MatLayout::row_major(5, 3))),
+        Err(Error::OutOfBounds { arg: "b", .. })
+    ));
+}
+
+/// The default entry point uses a supported ISA and agrees with the explicit one.
+#[test]
+fn sgemm_uses_selected_isa() {
+    let case = Case::new(33, 47, 29, [Layout::RowMajor; 3], 0.0, 5, Rng::unit);
+    let mut c = case.c.clone();
+    sgemm(
+        1.0,
+        MatRef::new(&case.a, case.la),
+        MatRef::new(&case.b, case.lb),
+        0.0,
+        MatMut::new(&mut c, case.lc),
+        Parallelism::Sequential,
+    )
+    .unwrap();
+    let want = case.run(attn_kernels::arch::selected(), 1.0, 0.0, Parallelism::Sequential);
+    assert!(c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()));
+}
