@@ -1,3 +1,4 @@
 //! Shared helpers for the workspace tests: input generators, tolerance bounds from error
 //! analysis, and guard-banded buffers.
+pub mod attention_support;
 pub mod gemm_support;
