@@ -15,11 +15,9 @@ pub const GAMMA: f64 = 2.0;
 /// Error of a vectorised `exp`, in units of u, that the softmax and attention bounds allow.
 /// Polynomial exps in SIMD kernels are typically within 1–3 ULP; 8 leaves margin without
 /// hiding a real bug (a wrong mask or a lost rescale is off by far more than 8 ULP).
-#[allow(dead_code)] // until the softmax and attention sections land
 pub const EXP_ULPS: f64 = 8.0;
 /// Absolute slack for results that underflow f32 (a probability below the smallest normal may
 /// flush to zero or keep a few subnormal bits).
-#[allow(dead_code)]
 pub const TINY: f64 = 2.0 * f32::MIN_POSITIVE as f64;
 
 /// A small deterministic generator (SplitMix64) of test data: values uniform in [−1, 1).
@@ -114,7 +112,7 @@ pub fn gemm_bound(a: &MatRef<'_>, b: &MatRef<'_>) -> Vec<f64> {
 /// a relative error of the exponential, to which `exp` adds [`EXP_ULPS`]·u: call the row's
 /// worst η. The row sum then has relative error ≤ η + (cols − 1)·u·γ, the division one more u,
 /// and the reference's rounding one more: |p̂ − p| ≤ p·(2η + (γ·cols + 2)·u) + [`TINY`].
-#[allow(dead_code)]
+#[allow(dead_code)] // until the softmax section lands
 pub fn softmax_bound(x: &TensorRef<'_>, scale: f32, p: &[f32]) -> Vec<f64> {
     let [batch, heads, rows, cols] = x.layout.dims;
     let mut out = Vec::with_capacity(p.len());
@@ -144,7 +142,6 @@ pub fn softmax_bound(x: &TensorRef<'_>, scale: f32, p: &[f32]) -> Vec<f64> {
 /// per key block, each rescale an `exp` and a multiply, so at most nk·([`EXP_ULPS`] + 2)·u more;
 /// the weighted sum of V is a dot product of length nk: γ·nk·u·Σ p|v|. Hence
 /// |ô − o| ≤ w·(2η_i + (2γ + EXP_ULPS + 2)·nk·u + 4u) + [`TINY`].
-#[allow(dead_code)]
 pub fn attention_bound(q: &TensorRef<'_>, k: &TensorRef<'_>, scale: f32, w: &[f32]) -> Vec<f64> {
     let [batch, hq, nq, dk] = q.layout.dims;
     let [_, hkv, nk, _] = k.layout.dims;

@@ -7,7 +7,6 @@ use crate::harness::Stats;
 
 /// The shape of one benchmarked call.
 #[derive(Clone, Debug, PartialEq)]
-#[allow(dead_code)] // Attn: until the softmax and attention sections land
 pub enum Shape {
     /// `C[m×n] = A[m×k]·B[k×n]`; `bt`: B is stored `n×k` row-major and read transposed (the
     /// `Q·Kᵀ` case), otherwise `k×n` row-major.

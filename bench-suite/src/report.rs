@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::machine::{Machine, COPY_DRAM_BYTES, COPY_L2_BYTES};
+use crate::machine::{Machine, COPY_L2_BYTES, COPY_L3_BYTES};
 use crate::record::{Check, Measurement};
 
 /// Everything a run produced.
@@ -57,7 +57,11 @@ fn machine_json(m: &Machine) -> Vec<Value> {
     }
     for &(t, g) in &m.copy_dram_gbs {
         v.push(json!({"kind": "machine", "what": "copy_bw_dram", "threads": t, "gbs": g,
-                      "buffer_bytes": COPY_DRAM_BYTES}));
+                      "buffer_bytes": m.dram_bytes}));
+    }
+    for &(t, g) in &m.copy_l3_gbs {
+        v.push(json!({"kind": "machine", "what": "copy_bw_l3", "threads": t, "gbs": g,
+                      "buffer_bytes": COPY_L3_BYTES}));
     }
     for &(t, g) in &m.copy_l2_gbs {
         v.push(json!({"kind": "machine", "what": "copy_bw_l2", "threads": t, "gbs": g,
@@ -175,28 +179,19 @@ pub fn markdown(run: &Run<'_>, plots: &[(String, String)]) -> String {
         r.extend(v.iter().map(|(_, g)| format!("{g:.1}")));
         r
     };
+    let mib = |b: usize| format!("{} MiB", b >> 20);
     let rows = vec![
         row(format!("FMA peak, GFLOP/s ({})", m.probe.name()), &m.fma_gflops),
+        row(format!("copy, out of cache, GB/s ({0} → {0})", mib(m.dram_bytes)), &m.copy_dram_gbs),
+        row(format!("copy, in L3, GB/s ({0} → {0})", mib(COPY_L3_BYTES)), &m.copy_l3_gbs),
         row(
-            format!(
-                "copy bandwidth out of cache, GB/s ({} MiB → {} MiB)",
-                COPY_DRAM_BYTES >> 20,
-                COPY_DRAM_BYTES >> 20
-            ),
-            &m.copy_dram_gbs,
-        ),
-        row(
-            format!(
-                "copy bandwidth in L2, GB/s ({} KiB → {} KiB per thread)",
-                COPY_L2_BYTES >> 10,
-                COPY_L2_BYTES >> 10
-            ),
+            format!("copy, in L2, GB/s ({0} KiB → {0} KiB per thread)", COPY_L2_BYTES >> 10),
             &m.copy_l2_gbs,
         ),
     ];
     let hdr: Vec<&str> = header.iter().map(String::as_str).collect();
     s += &table(&hdr, &rows);
-    s += "\nCopy bandwidth counts bytes read + written.\n\n";
+    s += "\nPeaks are the fastest repetition of each probe; copy bandwidth counts bytes read + written.\n\n";
 
     let failed: Vec<&Check> = run.checks.iter().filter(|c| !c.passed()).collect();
     let worst = run.checks.iter().map(|c| c.ratio).fold(0.0, f64::max);

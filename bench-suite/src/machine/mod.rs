@@ -1,6 +1,10 @@
 //! This machine's figures, measured in the same run as the kernels so that "% of peak" compares
 //! like with like on a machine whose speed varies with its load: the FMA peak (one core and each
-//! thread count of the run) and the copy bandwidth out of cache and in L2.
+//! thread count of the run) and the copy bandwidth out of cache, in L3 and in L2.
+//!
+//! A peak is what the machine can do, so it is taken from the fastest timed repetition, not
+//! the median: on a shared machine the median of a probe measures the neighbours' load. The
+//! kernels are quoted by their median, so "% of peak" errs on the modest side.
 
 pub mod fma;
 
@@ -18,9 +22,15 @@ pub const COPY_DRAM_BYTES: usize = 64 << 20;
 /// Bytes of each buffer in the in-cache copy: 256 KiB + 256 KiB = 512 KiB, inside a 1 MiB L2
 /// (and too large for L1).
 pub const COPY_L2_BYTES: usize = 256 << 10;
-/// Working sets (bytes read + written) up to this size are compared with the L2 copy bandwidth,
-/// larger ones with the out-of-cache figure.
+/// Bytes of each buffer in the in-L3 copy: 4 MiB + 4 MiB, well inside a 32 MiB L3 shared with
+/// the other core, far out of L2.
+pub const COPY_L3_BYTES: usize = 4 << 20;
+/// Working sets (bytes read + written) up to this size per thread are compared with the L2 copy
+/// bandwidth...
 pub const L2_WORKING_SET: usize = 1 << 20;
+/// ...up to this size (all threads together) with the L3 figure, larger ones with the
+/// out-of-cache figure.
+pub const L3_WORKING_SET: usize = 16 << 20;
 /// FMA probe rounds per timed call (≈ 20 ms at 100 GFLOP/s with 16 × 512-bit chains).
 const FMA_ROUNDS: u64 = 4_000_000;
 
@@ -39,8 +49,12 @@ pub struct Machine {
     pub pinned: bool,
     /// FMA peak in GFLOP/s, per thread count.
     pub fma_gflops: Vec<(usize, f64)>,
+    /// Bytes of each buffer of the out-of-cache copy.
+    pub dram_bytes: usize,
     /// Out-of-cache copy bandwidth (bytes read + written) in GB/s, per thread count.
     pub copy_dram_gbs: Vec<(usize, f64)>,
+    /// In-L3 copy bandwidth in GB/s, per thread count.
+    pub copy_l3_gbs: Vec<(usize, f64)>,
     /// In-L2 copy bandwidth in GB/s, per thread count.
     pub copy_l2_gbs: Vec<(usize, f64)>,
 }
@@ -68,14 +82,17 @@ impl Machine {
         let budget = if quick { Budget::QUICK } else { Budget::DEFAULT };
         let probe = Probe::best();
         let rounds = if quick { FMA_ROUNDS / 8 } else { FMA_ROUNDS };
+        let dram = if quick { COPY_DRAM_BYTES / 2 } else { COPY_DRAM_BYTES };
         let mut m = Machine {
             cpu: cpu_model(),
             cores,
             isa: attn_kernels::arch::selected(),
             probe,
             pinned,
+            dram_bytes: dram,
             fma_gflops: Vec::new(),
             copy_dram_gbs: Vec::new(),
+            copy_l3_gbs: Vec::new(),
             copy_l2_gbs: Vec::new(),
         };
         for &t in threads {
@@ -83,14 +100,15 @@ impl Machine {
             log(&format!("machine: FMA peak, {t} thread(s): {g:.1} GFLOP/s ({})", probe.name()));
             m.fma_gflops.push((t, g));
         }
-        let dram = if quick { COPY_DRAM_BYTES / 2 } else { COPY_DRAM_BYTES };
         for &t in threads {
             let d = copy_bandwidth(dram, t, &budget);
+            let l3 = copy_bandwidth(COPY_L3_BYTES, t, &budget);
             let l2 = copy_bandwidth(COPY_L2_BYTES * t, t, &budget);
             log(&format!(
-                "machine: copy bandwidth, {t} thread(s): {d:.1} GB/s out of cache, {l2:.1} GB/s in L2"
+                "machine: copy bandwidth, {t} thread(s): {d:.1} GB/s out of cache, {l3:.1} GB/s in L3, {l2:.1} GB/s in L2"
             ));
             m.copy_dram_gbs.push((t, d));
+            m.copy_l3_gbs.push((t, l3));
             m.copy_l2_gbs.push((t, l2));
         }
         m
@@ -102,10 +120,12 @@ impl Machine {
     }
 
     /// The copy bandwidth a kernel moving `working_set` bytes (read + written) on `threads`
-    /// threads is compared with: in L2 when it fits, out of cache otherwise.
+    /// threads is compared with: the figure of the cache level its working set fits in.
     pub fn copy_peak(&self, threads: usize, working_set: usize) -> Peak {
         if working_set <= L2_WORKING_SET * threads {
             Peak { value: lookup(&self.copy_l2_gbs, threads), what: "L2 copy bw" }
+        } else if working_set <= L3_WORKING_SET {
+            Peak { value: lookup(&self.copy_l3_gbs, threads), what: "L3 copy bw" }
         } else {
             Peak { value: lookup(&self.copy_dram_gbs, threads), what: "DRAM copy bw" }
         }
@@ -125,20 +145,25 @@ fn fma_peak(probe: Probe, rounds: u64, threads: usize, budget: &Budget) -> f64 {
         Parallelism::threads(threads)
             .install(|| measure(budget, || rayon::broadcast(|_| probe.run(rounds, 1e-3))))
     };
-    flops / stats.median_s / 1e9
+    flops / stats.min_s / 1e9
 }
 
 /// GB/s (bytes read + written) of copying a `bytes`-byte buffer into another, split evenly over
 /// `threads` threads.
 fn copy_bandwidth(bytes: usize, threads: usize, budget: &Budget) -> f64 {
     let n = bytes / 4;
-    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut dst = vec![0.0f32; n];
+    let (mut src_buf, mut dst_buf) = (vec![0.0f32; n + PAGE_FLOATS], vec![0.0f32; n + PAGE_FLOATS]);
+    let src = at_page_phase(&mut src_buf, n, 0);
+    for (i, x) in src.iter_mut().enumerate() {
+        *x = i as f32;
+    }
+    let src = &*src;
+    let dst = at_page_phase(&mut dst_buf, n, PAGE_BYTES / 2);
     let chunk = n.div_ceil(threads.max(1)).max(1);
     let stats = Parallelism::threads(threads).install(|| {
         measure(budget, || {
             if threads == 1 {
-                dst.copy_from_slice(black_box(&src));
+                dst.copy_from_slice(black_box(src));
             } else {
                 dst.par_chunks_mut(chunk)
                     .zip(src.par_chunks(chunk))
@@ -147,7 +172,21 @@ fn copy_bandwidth(bytes: usize, threads: usize, budget: &Budget) -> f64 {
             black_box(dst[n / 2])
         })
     });
-    2.0 * (n * 4) as f64 / stats.median_s / 1e9
+    2.0 * (n * 4) as f64 / stats.min_s / 1e9
+}
+
+const PAGE_BYTES: usize = 4096;
+const PAGE_FLOATS: usize = PAGE_BYTES / 4;
+
+/// The `n`-float window of `buf` (which has `n + PAGE_FLOATS` floats) that starts `phase` bytes
+/// into a 4 KiB page. Source and destination of the copy are placed half a page apart: when
+/// `dst − src` is a small multiple of 4 KiB plus a few bytes, loads falsely depend on earlier
+/// stores (4K aliasing) and a copy runs an order of magnitude slower, which would make the
+/// "peak" depend on where the allocator happened to put the buffers.
+fn at_page_phase(buf: &mut [f32], n: usize, phase: usize) -> &mut [f32] {
+    let addr = buf.as_ptr() as usize;
+    let skip = (phase + PAGE_BYTES - addr % PAGE_BYTES) % PAGE_BYTES / 4;
+    &mut buf[skip..skip + n]
 }
 
 /// The CPU model from `/proc/cpuinfo`, or "unknown".

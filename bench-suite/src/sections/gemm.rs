@@ -25,6 +25,11 @@ struct Impl {
 
 /// The implementations, ours first; each row of the table is compared with the others.
 const IMPLS: &[Impl] = &[
+    Impl {
+        name: "attn-kernels",
+        threaded: true,
+        call: |a, b, c, t| attn_kernels::gemm::sgemm(1.0, a, b, 0.0, c, Parallelism::threads(t)),
+    },
     Impl { name: "gemm", threaded: true, call: |a, b, c, t| peers::gemm(1.0, a, b, 0.0, c, t) },
     Impl {
         name: "matrixmultiply",

@@ -5,6 +5,8 @@
 //! landed in `attn-kernels` is not compiled in at all (see [`runner`]): the report never shows a
 //! figure it did not measure.
 
+pub mod attention;
+pub mod decode;
 pub mod gemm;
 
 use std::time::Instant;
@@ -22,13 +24,15 @@ pub type Runner = fn(&mut Ctx<'_>);
 pub fn runner(id: SectionId) -> Option<Runner> {
     match id {
         SectionId::Gemm => Some(gemm::run),
-        SectionId::Softmax | SectionId::Attention | SectionId::Decode | SectionId::Layers => None,
+        SectionId::Attention => Some(attention::run),
+        SectionId::Decode => Some(decode::run),
+        SectionId::Softmax | SectionId::Layers => None,
     }
 }
 
 /// What one call of a timed implementation does, for rates and % of peak.
 #[derive(Clone, Copy, Debug)]
-#[allow(dead_code)] // Elems, Bytes: until the softmax and decode sections land
+#[allow(dead_code)] // Elems: until the softmax section lands
 pub enum Work {
     /// Floating-point operations; compared with the FMA peak.
     Flops(f64),
