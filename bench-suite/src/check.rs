@@ -61,10 +61,10 @@ pub fn compare(got: &[f32], want: &[f32], bound: &[f64]) -> Verdict {
         return Verdict { max_err: f64::INFINITY, bound: 0.0, ratio: f64::INFINITY };
     }
     for ((&g, &w), &b) in got.iter().zip(want).zip(bound) {
-        let err = if g.is_nan() && w.is_nan() {
+        // Equal values (including equal infinities, whose difference would be NaN) and NaN
+        // where the reference has NaN are exact.
+        let err = if g == w || (g.is_nan() && w.is_nan()) {
             0.0
-        } else if g == w {
-            0.0 // covers equal infinities, whose difference would be NaN
         } else {
             (f64::from(g) - f64::from(w)).abs()
         };
@@ -145,7 +145,7 @@ pub fn softmax_bound(x: &TensorRef<'_>, scale: f32, p: &[f32]) -> Vec<f64> {
 pub fn attention_bound(q: &TensorRef<'_>, k: &TensorRef<'_>, scale: f32, w: &[f32]) -> Vec<f64> {
     let [batch, hq, nq, dk] = q.layout.dims;
     let [_, hkv, nk, _] = k.layout.dims;
-    let dv = if nq * hq * batch == 0 { 0 } else { w.len() / (nq * hq * batch) };
+    let dv = w.len().checked_div(nq * hq * batch).unwrap_or(0);
     let group = (hq / hkv.max(1)).max(1);
     let mut out = Vec::with_capacity(w.len());
     for b in 0..batch {

@@ -3,7 +3,7 @@
 //! A measurement is: warm-up calls until a warm-up budget is spent (at least one, so caches,
 //! page faults, lazily built thread pools and packing buffers are paid before timing), then
 //! timed calls until the measurement budget is spent and at least [`Budget::min_reps`] calls
-//! were made. Each call is timed on its own; the report quotes the median (robust to the
+//! were made (two for calls longer than the budget). Each call is timed on its own; the report quotes the median (robust to the
 //! interruptions of a shared machine) and the quartiles as the spread.
 //!
 //! Threads are pinned with `core_affinity`: the main thread to the first core, and the workers
@@ -109,9 +109,15 @@ pub fn measure<R>(budget: &Budget, mut f: impl FnMut() -> R) -> Stats {
     }
     let mut samples = Vec::new();
     let mut spent = Duration::ZERO;
-    while samples.len() < budget.max_reps.max(1)
-        && (samples.len() < budget.min_reps || spent < budget.measure)
-    {
+    // A call longer than the whole budget gets two timed repetitions, not `min_reps`: its own
+    // duration already averages out short interruptions, and three more of them would blow the
+    // report's total time.
+    let enough = |reps: usize, spent: Duration| {
+        reps >= budget.max_reps.max(1)
+            || (reps >= budget.min_reps && spent >= budget.measure)
+            || (reps >= 2 && spent >= 2 * budget.measure)
+    };
+    while !enough(samples.len(), spent) {
         let t = Instant::now();
         black_box(f());
         let dt = t.elapsed();
@@ -178,5 +184,17 @@ mod tests {
         let s = measure(&b, || calls += 1);
         assert_eq!(s.reps, 7);
         assert_eq!(calls, 8); // one warm-up call
+    }
+
+    #[test]
+    fn long_calls_get_two_repetitions() {
+        let b = Budget {
+            warmup: Duration::ZERO,
+            measure: Duration::from_millis(1),
+            min_reps: 5,
+            max_reps: 100,
+        };
+        let s = measure(&b, || std::thread::sleep(Duration::from_millis(3)));
+        assert_eq!(s.reps, 2);
     }
 }

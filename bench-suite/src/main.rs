@@ -51,16 +51,23 @@ fn main() -> ExitCode {
     let mut ctx = Ctx {
         quick: opts.quick,
         threads,
-        machine: &machine,
+        machine,
         budget: if opts.quick { Budget::QUICK } else { Budget::DEFAULT },
         measurements: Vec::new(),
         checks: Vec::new(),
         progress,
     };
     let mut skipped = Vec::new();
-    for id in opts.sections() {
+    for (i, id) in opts.sections().into_iter().enumerate() {
         match sections::runner(id) {
-            Some(run) => run(&mut ctx),
+            Some(run) => {
+                if i > 0 {
+                    let threads = ctx.threads.clone();
+                    let Ctx { machine, progress, .. } = &mut ctx;
+                    machine.refresh(&threads, |s| progress.log(s));
+                }
+                run(&mut ctx)
+            }
             None => {
                 // Only worth a word when asked for by name; the default run covers what exists.
                 if !opts.only.is_empty() {
@@ -72,8 +79,12 @@ fn main() -> ExitCode {
         }
     }
 
+    let machine = &ctx.machine;
+    for m in &mut ctx.measurements {
+        m.rebase(machine);
+    }
     let run = Run {
-        machine: &machine,
+        machine,
         measurements: &ctx.measurements,
         checks: &ctx.checks,
         skipped: &skipped,

@@ -4,6 +4,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::harness::Stats;
+use crate::machine::{Machine, PeakRef};
 
 /// The shape of one benchmarked call.
 #[derive(Clone, Debug, PartialEq)]
@@ -155,6 +156,8 @@ pub struct Measurement {
     pub pct_peak: f64,
     /// What `pct_peak` is relative to.
     pub peak: &'static str,
+    /// The machine figure `pct_peak` is computed from (recomputed at the end of the run).
+    pub peak_ref: PeakRef,
     /// Plot this point in the SVG of this group at this x (size), if any.
     pub plot: Option<(String, f64)>,
 }
@@ -206,6 +209,13 @@ impl Check {
 }
 
 impl Measurement {
+    /// Recomputes `pct_peak` against the machine's final figures.
+    pub fn rebase(&mut self, machine: &Machine) {
+        let p = machine.peak(self.peak_ref);
+        self.pct_peak = 100.0 * self.gbs.unwrap_or(self.rate) / p.value;
+        self.peak = p.what;
+    }
+
     /// The JSON record; `vs` are the ratios against the peers of the same run (peer median
     /// time / this median time: above 1 means this implementation is faster).
     pub fn to_json(&self, vs: &[(String, f64)]) -> Value {

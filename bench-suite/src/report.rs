@@ -191,7 +191,7 @@ pub fn markdown(run: &Run<'_>, plots: &[(String, String)]) -> String {
     ];
     let hdr: Vec<&str> = header.iter().map(String::as_str).collect();
     s += &table(&hdr, &rows);
-    s += "\nPeaks are the fastest repetition of each probe; copy bandwidth counts bytes read + written.\n\n";
+    s += "\nEach figure is the fastest repetition of its probe, best of the probes run at the start and before each section (the machine is shared: a probe can land in a busy moment). Copy bandwidth counts bytes read + written.\n\n";
 
     let failed: Vec<&Check> = run.checks.iter().filter(|c| !c.passed()).collect();
     let worst = run.checks.iter().map(|c| c.ratio).fold(0.0, f64::max);
@@ -278,11 +278,14 @@ pub fn markdown(run: &Run<'_>, plots: &[(String, String)]) -> String {
     s
 }
 
+/// Points of one plot line: `(size, rate)`.
+pub type Points = Vec<(f64, f64)>;
+/// One plot: the rate's unit and the lines by label.
+pub type PlotGroup = (String, BTreeMap<String, Points>);
+
 /// Groups the plottable measurements: group name → series `"impl, N threads"` → (x, rate).
-pub fn plot_groups(
-    ms: &[Measurement],
-) -> BTreeMap<String, (String, BTreeMap<String, Vec<(f64, f64)>>)> {
-    let mut groups: BTreeMap<String, (String, BTreeMap<String, Vec<(f64, f64)>>)> = BTreeMap::new();
+pub fn plot_groups(ms: &[Measurement]) -> BTreeMap<String, PlotGroup> {
+    let mut groups: BTreeMap<String, PlotGroup> = BTreeMap::new();
     for m in ms {
         if let Some((g, x)) = &m.plot {
             let entry = groups

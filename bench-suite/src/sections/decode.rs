@@ -14,7 +14,7 @@ fn shape(heads: usize, kv_heads: usize, nk: usize, d: usize) -> Shape {
 }
 
 /// Runs the section.
-pub fn run(ctx: &mut Ctx<'_>) {
+pub fn run(ctx: &mut Ctx) {
     // Odd key count, GQA group of 4, and two queries with the bottom-right causal mask (the
     // second token of a speculative step sees one key more than the first).
     let checks = [

@@ -64,7 +64,7 @@ fn grid(quick: bool) -> (Vec<usize>, Vec<Case>) {
 
 /// Checks every implementation against the reference on odd sizes (not multiples of any
 /// register tile), both B layouts, at each thread count.
-fn checks(ctx: &mut Ctx<'_>) {
+fn checks(ctx: &mut Ctx) {
     for (case_idx, &(m, n, k, bt)) in
         [(131, 257, 67, false), (96, 200, 64, true)].iter().enumerate()
     {
@@ -90,7 +90,7 @@ fn checks(ctx: &mut Ctx<'_>) {
 }
 
 /// Runs the section.
-pub fn run(ctx: &mut Ctx<'_>) {
+pub fn run(ctx: &mut Ctx) {
     checks(ctx);
     let (square, attn) = grid(ctx.quick);
     let cases: Vec<(Case, Option<String>)> = square

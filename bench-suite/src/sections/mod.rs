@@ -14,11 +14,11 @@ use std::time::Instant;
 use crate::check::Verdict;
 use crate::cli::SectionId;
 use crate::harness::{measure, Budget};
-use crate::machine::{Machine, Peak};
+use crate::machine::{Machine, PeakRef};
 use crate::record::{Check, Measurement, Shape, Unit};
 
 /// The function that runs a section.
-pub type Runner = fn(&mut Ctx<'_>);
+pub type Runner = fn(&mut Ctx);
 
 /// The runner of a section, or `None` while its kernel does not exist yet.
 pub fn runner(id: SectionId) -> Option<Runner> {
@@ -49,13 +49,13 @@ pub enum Work {
 }
 
 /// Shared state of a run: options, machine figures, results, progress.
-pub struct Ctx<'a> {
+pub struct Ctx {
     /// `--quick` was given.
     pub quick: bool,
     /// Thread counts to measure, ascending.
     pub threads: Vec<usize>,
     /// The machine figures of this run.
-    pub machine: &'a Machine,
+    pub machine: Machine,
     /// Time budget of one measurement.
     pub budget: Budget,
     /// Measurements so far.
@@ -66,7 +66,7 @@ pub struct Ctx<'a> {
     pub progress: Progress,
 }
 
-impl Ctx<'_> {
+impl Ctx {
     /// Records a correctness check (`verdict` of a successful call, or the error it returned).
     pub fn check(
         &mut self,
@@ -130,18 +130,19 @@ impl Ctx<'_> {
         }
         let stats = measure(&self.budget, || f().is_ok());
         let t = stats.median_s;
-        let (unit, rate, gbs, peak): (Unit, f64, Option<f64>, Peak) = match work {
-            Work::Flops(fl) => (Unit::Gflops, fl / t / 1e9, None, self.machine.fma_peak(threads)),
+        let (unit, rate, gbs, peak_ref) = match work {
+            Work::Flops(fl) => (Unit::Gflops, fl / t / 1e9, None, PeakRef::Fma { threads }),
             Work::Elems { elems, bytes } => (
                 Unit::GelemS,
                 elems / t / 1e9,
                 Some(bytes / t / 1e9),
-                self.machine.copy_peak(threads, bytes as usize),
+                PeakRef::Copy { threads, working_set: bytes as usize },
             ),
             Work::Bytes(b) => {
-                (Unit::Gbs, b / t / 1e9, None, self.machine.copy_peak(threads, b as usize))
+                (Unit::Gbs, b / t / 1e9, None, PeakRef::Copy { threads, working_set: b as usize })
             }
         };
+        let peak = self.machine.peak(peak_ref);
         let pct_peak = 100.0 * gbs.unwrap_or(rate) / peak.value;
         self.progress.log(&format!(
             "{op}: {imp:<16} {:<22} t={threads}  {:>9.3} ms ±{:.0}%  {rate:>7.2} {}  {pct_peak:>3.0}% of {}",
@@ -162,6 +163,7 @@ impl Ctx<'_> {
             gbs,
             pct_peak,
             peak: peak.what,
+            peak_ref,
             plot,
         });
     }

@@ -133,7 +133,7 @@ fn shape(batch: usize, heads: usize, rows: usize, cols: usize, mask: &'static st
 
 /// Checks every implementation on odd sizes with several heads: no mask, the default causal
 /// mask, and a causal offset of −1, whose first row of every head is fully masked.
-fn checks(ctx: &mut Ctx<'_>) {
+fn checks(ctx: &mut Ctx) {
     let (batch, heads, rows, cols) = (2, 3, 37, 301);
     let layout = Tensor4Layout::bhsd(batch, heads, rows, cols);
     let x = Rng::new(0x50f7).vec(layout.len());
@@ -162,7 +162,7 @@ fn checks(ctx: &mut Ctx<'_>) {
 }
 
 /// Runs the section.
-pub fn run(ctx: &mut Ctx<'_>) {
+pub fn run(ctx: &mut Ctx) {
     checks(ctx);
     for (rows, cols, causal) in grid(ctx.quick) {
         let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
