@@ -112,7 +112,6 @@ pub fn gemm_bound(a: &MatRef<'_>, b: &MatRef<'_>) -> Vec<f64> {
 /// a relative error of the exponential, to which `exp` adds [`EXP_ULPS`]·u: call the row's
 /// worst η. The row sum then has relative error ≤ η + (cols − 1)·u·γ, the division one more u,
 /// and the reference's rounding one more: |p̂ − p| ≤ p·(2η + (γ·cols + 2)·u) + [`TINY`].
-#[allow(dead_code)] // until the softmax section lands
 pub fn softmax_bound(x: &TensorRef<'_>, scale: f32, p: &[f32]) -> Vec<f64> {
     let [batch, heads, rows, cols] = x.layout.dims;
     let mut out = Vec::with_capacity(p.len());

@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod decode;
 pub mod gemm;
+pub mod softmax;
 
 use std::time::Instant;
 
@@ -26,13 +27,13 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Gemm => Some(gemm::run),
         SectionId::Attention => Some(attention::run),
         SectionId::Decode => Some(decode::run),
-        SectionId::Softmax | SectionId::Layers => None,
+        SectionId::Softmax => Some(softmax::run),
+        SectionId::Layers => None,
     }
 }
 
 /// What one call of a timed implementation does, for rates and % of peak.
 #[derive(Clone, Copy, Debug)]
-#[allow(dead_code)] // Elems: until the softmax section lands
 pub enum Work {
     /// Floating-point operations; compared with the FMA peak.
     Flops(f64),

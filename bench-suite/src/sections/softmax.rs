@@ -41,7 +41,14 @@ const IMPLS: &[Impl] = &[
         name: "attn-kernels",
         threaded: true,
         call: |x, mask, y, t| {
-            attn_kernels::softmax::scale_mask_softmax(x, SCALE, mask, y, None, Parallelism::threads(t))
+            attn_kernels::softmax::scale_mask_softmax(
+                x,
+                SCALE,
+                mask,
+                y,
+                None,
+                Parallelism::threads(t),
+            )
         },
     },
     Impl { name: "unfused", threaded: true, call: |x, mask, y, t| unfused(x, SCALE, mask, y, t) },
@@ -56,16 +63,30 @@ const IMPLS: &[Impl] = &[
 /// whole tensor through a temporary, the way an eager framework without a fused kernel runs it
 /// (plain Rust, `f32::exp`; rows split over threads). Contiguous `[batch, heads, rows, cols]`
 /// tensors with a `None` or causal mask only; it follows the fully-masked-row convention.
-pub fn unfused(x: TensorRef<'_>, scale: f32, mask: &Mask<'_>, y: TensorMut<'_>, threads: usize) -> Result<()> {
+pub fn unfused(
+    x: TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    threads: usize,
+) -> Result<()> {
     let [batch, heads, rows, cols] = x.layout.dims;
     let contiguous = Tensor4Layout::bhsd(batch, heads, rows, cols);
     if x.layout != contiguous || y.layout != contiguous {
-        return Err(attn_reference::Error::InvalidParameter { arg: "x", requirement: "unfused: contiguous tensors only" });
+        return Err(attn_reference::Error::InvalidParameter {
+            arg: "x",
+            requirement: "unfused: contiguous tensors only",
+        });
     }
     let offset = match *mask {
         Mask::None => None,
         Mask::Causal { offset } => Some(Mask::causal_offset(offset, rows, cols)),
-        _ => return Err(attn_reference::Error::InvalidParameter { arg: "mask", requirement: "unfused: none or causal" }),
+        _ => {
+            return Err(attn_reference::Error::InvalidParameter {
+                arg: "mask",
+                requirement: "unfused: none or causal",
+            })
+        }
     };
     x.check("x")?;
     y.check("y")?;
@@ -88,7 +109,8 @@ pub fn unfused(x: TensorRef<'_>, scale: f32, mask: &Mask<'_>, y: TensorMut<'_>, 
         // 2. masked scores → −∞
         if let Some(off) = offset {
             rows_mut(&mut t, cols, threads, |r, row| {
-                let first_hidden = ((r % rows.max(1)) as isize).saturating_add(off).saturating_add(1);
+                let first_hidden =
+                    ((r % rows.max(1)) as isize).saturating_add(off).saturating_add(1);
                 let first_hidden = first_hidden.clamp(0, cols as isize) as usize;
                 row[first_hidden..].fill(f32::NEG_INFINITY);
             });
@@ -145,8 +167,20 @@ fn checks(ctx: &mut Ctx) {
     ];
     for (mask, label) in cases {
         let mut want = vec![0.0; layout.len()];
-        if let Err(e) = attn_reference::softmax::scale_mask_softmax(xr, SCALE, &mask, TensorMut::new(&mut want, layout), None) {
-            ctx.check(OP, "reference", shape(batch, heads, rows, cols, label), 1, Err(e.to_string()));
+        if let Err(e) = attn_reference::softmax::scale_mask_softmax(
+            xr,
+            SCALE,
+            &mask,
+            TensorMut::new(&mut want, layout),
+            None,
+        ) {
+            ctx.check(
+                OP,
+                "reference",
+                shape(batch, heads, rows, cols, label),
+                1,
+                Err(e.to_string()),
+            );
             continue;
         }
         let bound = softmax_bound(&xr, SCALE, &want);
@@ -168,12 +202,15 @@ pub fn run(ctx: &mut Ctx) {
         let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
         let x = Rng::new((rows * cols) as u64).vec(layout.len());
         let mut y = vec![0.0f32; layout.len()];
-        let (mask, label) = if causal { (Mask::Causal { offset: None }, "causal") } else { (Mask::None, "none") };
+        let (mask, label) =
+            if causal { (Mask::Causal { offset: None }, "causal") } else { (Mask::None, "none") };
         let elems = (rows * cols) as f64;
         let work = Work::Elems { elems, bytes: 8.0 * elems };
         for &t in &ctx.threads.clone() {
             for imp in IMPLS {
-                if (t > 1 && !imp.threaded) || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS) {
+                if (t > 1 && !imp.threaded)
+                    || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS)
+                {
                     continue;
                 }
                 ctx.bench(OP, imp.name, shape(1, 1, rows, cols, label), t, work, None, || {
