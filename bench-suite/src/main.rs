@@ -34,6 +34,7 @@ use sections::{Ctx, Progress};
 
 fn main() -> ExitCode {
     let opts = Options::parse();
+    let load_start = report::load_average();
     let progress = Progress::new(opts.quiet);
     let cores = harness::core_count();
     let threads = opts.thread_counts(cores);
@@ -90,6 +91,7 @@ fn main() -> ExitCode {
         skipped: &skipped,
         seconds: ctx.progress.elapsed(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
+        load: (load_start, report::load_average()),
     };
     match opts.format {
         Format::Table => print!("{}", report::markdown(&run, &[])),

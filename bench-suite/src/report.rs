@@ -23,6 +23,13 @@ pub struct Run<'a> {
     pub seconds: f64,
     /// The command line.
     pub command: String,
+    /// 1-minute load average at the start and at the end of the run, where the OS tells it.
+    pub load: (Option<f64>, Option<f64>),
+}
+
+/// The 1-minute load average from `/proc/loadavg`, where there is one.
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
 }
 
 /// Ratios of measurement `i` against every other implementation of the same op, shape and
@@ -169,6 +176,18 @@ pub fn markdown(run: &Run<'_>, plots: &[(String, String)]) -> String {
         run.seconds
     );
     let _ = writeln!(s, "Command: `{}`\n", run.command);
+    if let (Some(a), Some(b)) = (run.load.0, run.load.1) {
+        let _ = write!(
+            s,
+            "1-minute load average: {a:.1} at the start, {b:.1} at the end, on {} core(s).",
+            m.cores
+        );
+        if a.max(b) > m.cores as f64 {
+            s += " **The machine was busy during this run**: absolute figures understate an idle \
+                  machine; ratios between implementations measured in the same run stay comparable.";
+        }
+        s += "\n\n";
+    }
 
     let _ = writeln!(s, "## Machine (measured in this run)\n");
     let threads: Vec<usize> = m.fma_gflops.iter().map(|(t, _)| *t).collect();
