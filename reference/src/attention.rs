@@ -50,7 +50,8 @@ pub fn check_attention(
     o.check("o")?;
     mask.check(batch, hq, nq, nk)?;
     if let Some(l) = lse {
-        expect_dim("lse", "len", batch * hq * nq, l.len())?;
+        // Saturating: a product past usize::MAX can match no slice length.
+        expect_dim("lse", "len", batch.saturating_mul(hq).saturating_mul(nq), l.len())?;
     }
     Ok([batch, hq, hkv, nq, nk, dk, dv])
 }
@@ -75,29 +76,36 @@ pub fn attention(
 ) -> Result<()> {
     let [batch, hq, hkv, nq, nk, dk, dv] =
         check_attention(&q, &k, &v, scale, mask, &o, lse.as_deref())?;
+    // Nothing to write. (With dv = 0 the dims of `o` are unbounded by its slice, so the loop
+    // below must not run for nothing.)
+    if o.layout.is_empty() && lse.as_deref().map_or(0, <[f32]>::len) == 0 {
+        return Ok(());
+    }
     let group = hq / hkv;
     for b in 0..batch {
         for h in 0..hq {
             let kh = h / group;
             for i in 0..nq {
-                let logits: Vec<Option<f64>> = (0..nk)
-                    .map(|j| {
-                        mask.term(b, h, i, j, nq, nk).map(|t| {
-                            let dot: f64 = (0..dk)
-                                .map(|d| f64::from(q.at(b, h, i, d)) * f64::from(k.at(b, kh, j, d)))
-                                .sum();
-                            f64::from(scale) * dot + f64::from(t)
-                        })
-                    })
-                    .collect();
+                // nk is unbounded by any slice when dk = dv = 0: allocate fallibly.
+                let mut logits = crate::alloc::filled("k", nk, None)?;
+                for (j, l) in logits.iter_mut().enumerate() {
+                    *l = mask.term(b, h, i, j, nq, nk).map(|t| {
+                        let dot: f64 = (0..dk)
+                            .map(|d| f64::from(q.at(b, h, i, d)) * f64::from(k.at(b, kh, j, d)))
+                            .sum();
+                        f64::from(scale) * dot + f64::from(t)
+                    });
+                }
                 let (p, l) = softmax_row(&logits);
                 for d in 0..dv {
+                    // Folded from +0.0: an empty f64 `sum()` is −0.0, and a fully masked row
+                    // must be +0.0 like the kernels' zero-initialised accumulators.
                     let acc: f64 = p
                         .iter()
                         .enumerate()
                         .filter(|(_, w)| **w != 0.0)
                         .map(|(j, w)| w * f64::from(v.at(b, kh, j, d)))
-                        .sum();
+                        .fold(0.0, |s, x| s + x);
                     let oi = o.layout.index(b, h, i, d);
                     o.data[oi] = acc as f32;
                 }

@@ -37,10 +37,53 @@ pub enum Mask<'a> {
     },
 }
 
-impl Mask<'_> {
+impl<'a> Mask<'a> {
+    /// The bottom-right causal mask (offset `nk − nq`), what a KV cache needs.
+    pub const CAUSAL: Mask<'static> = Mask::Causal { offset: None };
+
+    /// A key-padding keep-mask: `keep: [batch, nk]` row-major, `true` = attend, broadcast over
+    /// heads and queries (layout [`Tensor4Layout::broadcast_rows`]).
+    pub const fn key_padding(
+        keep: &'a [bool],
+        batch: usize,
+        heads: usize,
+        nq: usize,
+        nk: usize,
+    ) -> Self {
+        Mask::Keep { keep, layout: Tensor4Layout::broadcast_rows(batch, heads, nq, nk) }
+    }
+
+    /// One `[nq, nk]` row-major keep-mask shared by every batch and head
+    /// (layout [`Tensor4Layout::broadcast_mat`]).
+    pub const fn keep_mat(
+        keep: &'a [bool],
+        batch: usize,
+        heads: usize,
+        nq: usize,
+        nk: usize,
+    ) -> Self {
+        Mask::Keep { keep, layout: Tensor4Layout::broadcast_mat(batch, heads, nq, nk) }
+    }
+
+    /// One `[nq, nk]` row-major additive bias shared by every batch and head
+    /// (layout [`Tensor4Layout::broadcast_mat`]).
+    pub const fn bias_mat(
+        bias: &'a [f32],
+        batch: usize,
+        heads: usize,
+        nq: usize,
+        nk: usize,
+    ) -> Self {
+        Mask::Bias { bias, layout: Tensor4Layout::broadcast_mat(batch, heads, nq, nk) }
+    }
+
     /// The causal diagonal offset for `nq` queries and `nk` keys (`nk − nq` by default).
+    /// Saturates at the `isize` range, which only sizes of empty views can reach.
     pub fn causal_offset(offset: Option<isize>, nq: usize, nk: usize) -> isize {
-        offset.unwrap_or(nk as isize - nq as isize)
+        offset.unwrap_or_else(|| {
+            let clamp = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
+            clamp(nk).saturating_sub(clamp(nq))
+        })
     }
 
     /// Checks the mask against a `[batch, heads, nq, nk]` score tensor.

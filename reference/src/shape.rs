@@ -115,7 +115,9 @@ impl MatLayout {
 ///
 /// Both common memory layouts are this descriptor: [`bhsd`](Self::bhsd) for
 /// `[batch, heads, seq, dim]` and [`bshd`](Self::bshd) for `[batch, seq, heads, dim]` storage.
-/// A zero stride broadcasts a dimension (e.g. one mask for every head).
+/// A zero stride broadcasts a dimension (e.g. one mask for every head). The contiguous
+/// constructors saturate stride products instead of overflowing, so absurd sizes surface as
+/// [`Error::IndexOverflow`] from [`check`](Self::check), never as a panic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tensor4Layout {
     /// Logical sizes `[batch, heads, seq, dim]`.
@@ -131,7 +133,12 @@ impl Tensor4Layout {
     pub const fn bhsd(batch: usize, heads: usize, seq: usize, dim: usize) -> Self {
         Self {
             dims: [batch, heads, seq, dim],
-            strides: [heads * seq * dim, seq * dim, dim, 1],
+            strides: [
+                heads.saturating_mul(seq).saturating_mul(dim),
+                seq.saturating_mul(dim),
+                dim,
+                1,
+            ],
             offset: 0,
         }
     }
@@ -140,9 +147,37 @@ impl Tensor4Layout {
     pub const fn bshd(batch: usize, seq: usize, heads: usize, dim: usize) -> Self {
         Self {
             dims: [batch, heads, seq, dim],
-            strides: [seq * heads * dim, dim, heads * dim, 1],
+            strides: [
+                seq.saturating_mul(heads).saturating_mul(dim),
+                dim,
+                heads.saturating_mul(dim),
+                1,
+            ],
             offset: 0,
         }
+    }
+
+    /// A batch of sequences, contiguous `[batch, seq, dim]` storage, seen as a one-head
+    /// `[batch, 1, seq, dim]` tensor: the activations the layers ([`crate::mha`],
+    /// [`crate::encoder`], [`crate::posenc`]) take and return.
+    pub const fn batch_seq(batch: usize, seq: usize, dim: usize) -> Self {
+        Self {
+            dims: [batch, 1, seq, dim],
+            strides: [seq.saturating_mul(dim), 0, dim, 1],
+            offset: 0,
+        }
+    }
+
+    /// One `[rows, cols]` matrix broadcast over every batch and head by zero strides, seen as
+    /// `[batch, heads, rows, cols]` (e.g. one mask shared by all heads of all batches).
+    pub const fn broadcast_mat(batch: usize, heads: usize, rows: usize, cols: usize) -> Self {
+        Self { dims: [batch, heads, rows, cols], strides: [0, 0, cols, 1], offset: 0 }
+    }
+
+    /// A `[batch, cols]` row-major table broadcast over heads and rows by zero strides, seen as
+    /// `[batch, heads, rows, cols]` (a key-padding mask: one row of keys per batch).
+    pub const fn broadcast_rows(batch: usize, heads: usize, rows: usize, cols: usize) -> Self {
+        Self { dims: [batch, heads, rows, cols], strides: [cols, 0, 0, 1], offset: 0 }
     }
 
     /// An arbitrary strided view.
@@ -350,6 +385,10 @@ impl<'a> TensorMut<'a> {
     /// Checks the view against the slice, and that no two positions share an element.
     pub fn check(&self, arg: &'static str) -> Result<()> {
         self.layout.check_output(arg, self.data.len())
+    }
+    /// The writable `[seq, dim]` matrix of batch `b`, head `h`.
+    pub fn matrix_mut(&mut self, b: usize, h: usize) -> MatMut<'_> {
+        MatMut { data: self.data, layout: self.layout.matrix(b, h) }
     }
     /// A read-only view of the same elements.
     pub fn as_ref(&self) -> TensorRef<'_> {

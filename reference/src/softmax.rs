@@ -48,7 +48,11 @@ pub fn softmax(x: MatRef<'_>, y: MatMut<'_>) -> Result<()> {
 /// Log-softmax over each row: `y_ij = x_ij − logsumexp_i`; a fully masked row gives −∞.
 pub fn log_softmax(x: MatRef<'_>, y: MatMut<'_>) -> Result<()> {
     y.layout.expect_shape("y", x.layout.rows, x.layout.cols)?;
+    x.check("x")?;
     y.check("y")?;
+    if y.layout.is_empty() {
+        return Ok(());
+    }
     for i in 0..x.layout.rows {
         let row = row_logits(&x, i);
         let lse = softmax_row(&row).1;
@@ -62,7 +66,14 @@ pub fn log_softmax(x: MatRef<'_>, y: MatMut<'_>) -> Result<()> {
 /// `ln Σ_j exp(x_ij)` for each row of `x` (−∞ for an empty or all −∞ row).
 pub fn logsumexp(x: MatRef<'_>) -> Result<Vec<f32>> {
     x.check("x")?;
-    Ok((0..x.layout.rows).map(|i| softmax_row(&row_logits(&x, i)).1 as f32).collect())
+    // An empty row's logsumexp is −∞; an `r × 0` view may have any `r`, so allocate fallibly.
+    let mut out = crate::alloc::filled("x", x.layout.rows, f32::NEG_INFINITY)?;
+    if x.layout.cols > 0 {
+        for (i, l) in out.iter_mut().enumerate() {
+            *l = softmax_row(&row_logits(&x, i)).1 as f32;
+        }
+    }
+    Ok(out)
 }
 
 fn row_logits(x: &MatRef<'_>, i: usize) -> Vec<Option<f64>> {
@@ -88,18 +99,25 @@ pub fn scale_mask_softmax(
     y.layout.expect_dims("y", x.layout.dims)?;
     y.check("y")?;
     mask.check(batch, heads, rows, cols)?;
+    // Saturating: a product past usize::MAX can match no slice length.
+    let n_rows = batch.saturating_mul(heads).saturating_mul(rows);
     if let Some(l) = lse.as_deref() {
-        crate::error::expect_dim("lse", "len", batch * heads * rows, l.len())?;
+        crate::error::expect_dim("lse", "len", n_rows, l.len())?;
+    }
+    // Nothing to write. (With cols = 0 the dims of `y` are unbounded by its slice, so the loop
+    // below must not run for nothing.)
+    if y.layout.is_empty() && lse.as_deref().map_or(0, <[f32]>::len) == 0 {
+        return Ok(());
     }
     for b in 0..batch {
         for h in 0..heads {
             for i in 0..rows {
-                let logits: Vec<Option<f64>> = (0..cols)
-                    .map(|j| {
-                        mask.term(b, h, i, j, rows, cols)
-                            .map(|t| f64::from(scale) * f64::from(x.at(b, h, i, j)) + f64::from(t))
-                    })
-                    .collect();
+                let mut logits = crate::alloc::filled("x", cols, None)?;
+                for (j, l) in logits.iter_mut().enumerate() {
+                    *l = mask
+                        .term(b, h, i, j, rows, cols)
+                        .map(|t| f64::from(scale) * f64::from(x.at(b, h, i, j)) + f64::from(t));
+                }
                 let (p, l) = softmax_row(&logits);
                 for (j, v) in p.iter().enumerate() {
                     y.data[y.layout.index(b, h, i, j)] = *v as f32;

@@ -2,3 +2,4 @@
 //! analysis, and guard-banded buffers.
 pub mod attention_support;
 pub mod gemm_support;
+pub mod reference_support;
