@@ -142,7 +142,7 @@ fn layout() -> impl Strategy<Value = Layout> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 160, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Every supported ISA agrees with the f64 reference within the forward error bound, on
     /// every layout, and leaves the guard band untouched.

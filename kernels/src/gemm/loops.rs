@@ -9,25 +9,28 @@
 //! ```
 //!
 //! β is applied by the first k-block only (later ones accumulate with β = 1), α by every one.
-//! Threads split loop 3 (rows) when there are at least two micro-panel rows per thread, else the
-//! macro-kernel's columns; either way every C element is computed by the same micro-kernel
-//! operations in the same k order, so threaded results are bitwise equal to sequential ones.
+//! Threads each take a rectangle of C (rows when there are at least two micro-panel rows per
+//! thread, else columns) and run the whole nest on it; every C element is computed by the same
+//! micro-kernel operations in the same k order whatever the split, so threaded results are
+//! bitwise equal to sequential ones.
 
 use rayon::prelude::*;
 
 use attn_reference::MatRef;
 
 use super::blocking::PAR_MIN_MNK;
-use super::pack::{pack_a, pack_b, pack_b_panel, with_buf, Slot};
-use super::ukernel::{macro_kernel, Kernel};
+use super::pack::{pack_a, pack_b, with_buf, Slot};
+use super::ukernel::{macro_kernel, ABlock, Kernel};
 use super::PackedPanels;
 use crate::par::Parallelism;
 
 /// Where the A operand comes from: a strided view packed block by block, or already packed.
 #[derive(Clone, Copy)]
 pub(crate) enum ASrc<'a> {
-    /// A checked `m × k` view.
+    /// A checked `m × k` view, packed block by block.
     View(MatRef<'a>),
+    /// A checked `m × k` view read in place by the micro-kernels (no packing).
+    Direct(MatRef<'a>),
     /// Packed with the same kernel, `m × k`.
     Packed(&'a PackedPanels),
 }
@@ -73,7 +76,13 @@ pub(crate) struct Problem<'a> {
     pub c: CPtr,
 }
 
-/// Runs the whole nest.
+/// Runs the whole nest: on the calling thread below [`PAR_MIN_MNK`], else split into one
+/// rectangle of C per thread (rows when there are at least two micro-panel rows per thread,
+/// columns otherwise), each running the complete nest with its own packing buffers. There is
+/// one fork-join per call and no barrier per block, which keeps a loaded machine (a worker
+/// descheduled for a while) from stalling the others; the price is that each thread packs the
+/// B blocks of its columns itself (B is packed twice with a row split, a k·n copy, small next
+/// to the 2·m·n·k / threads FLOPs of each thread).
 ///
 /// # Safety
 ///
@@ -81,68 +90,61 @@ pub(crate) struct Problem<'a> {
 /// were packed by `kern` with these shapes; `c` addresses an injective `m × n` view valid for
 /// reads and writes that nobody else touches during the call.
 pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
-    let threads = if pb.m * pb.n * pb.k >= PAR_MIN_MNK { par.count() } else { 1 };
-    if threads > 1 {
+    let work = pb.m.saturating_mul(pb.n).saturating_mul(pb.k);
+    let threads = if work >= PAR_MIN_MNK { par.count() } else { 1 };
+    let (mr, nr) = (pb.kern.mr, pb.kern.nr);
+    if threads == 1 {
         // SAFETY: forwarded.
-        par.install(|| unsafe { run_blocks(pb, threads) })
+        unsafe { run_blocks(pb, 0, pb.m, 0, pb.n) };
+    } else if pb.m.div_ceil(mr) >= 2 * threads {
+        let chunk = pb.m.div_ceil(mr).div_ceil(threads) * mr;
+        par.install(|| {
+            (0..threads).into_par_iter().for_each(|t| {
+                let lo = (t * chunk).min(pb.m);
+                // SAFETY: forwarded; threads get disjoint row ranges.
+                unsafe { run_blocks(pb, lo, (lo + chunk).min(pb.m), 0, pb.n) };
+            })
+        });
     } else {
-        // SAFETY: forwarded.
-        unsafe { run_blocks(pb, 1) }
+        let chunk = pb.n.div_ceil(nr).div_ceil(threads) * nr;
+        par.install(|| {
+            (0..threads).into_par_iter().for_each(|t| {
+                let lo = (t * chunk).min(pb.n);
+                // SAFETY: forwarded; threads get disjoint column ranges.
+                unsafe { run_blocks(pb, 0, pb.m, lo, (lo + chunk).min(pb.n)) };
+            })
+        });
     }
 }
 
-/// Loops 5 and 4, and the split of each (NC, KC) block between `threads`.
+/// Loops 5 and 4 over the rectangle `C[i_lo .. i_hi, j_lo .. j_hi]` (`i_lo` a multiple of MR,
+/// `j_lo` of NR).
 ///
 /// # Safety
 ///
-/// As [`run`].
-unsafe fn run_blocks(pb: &Problem<'_>, threads: usize) {
-    let kern = pb.kern;
-    let (mr, nr) = (kern.mr, kern.nr);
-    let bl = kern.blocking;
+/// As [`run`]; no other thread touches this rectangle of C during the call.
+unsafe fn run_blocks(pb: &Problem<'_>, i_lo: usize, i_hi: usize, j_lo: usize, j_hi: usize) {
+    let nr = pb.kern.nr;
+    let bl = pb.kern.blocking;
     // LOOP 5: n in NC-column blocks.
-    for jc in (0..pb.n).step_by(bl.nc) {
-        let nc = bl.nc.min(pb.n - jc);
+    for jc in (j_lo..j_hi).step_by(bl.nc) {
+        let nc = bl.nc.min(j_hi - jc);
         // LOOP 4: k in KC-deep blocks.
         for pc in (0..pb.k).step_by(bl.kc) {
             let kc = bl.kc.min(pb.k - pc);
             let beta = if pc == 0 { pb.beta } else { 1.0 };
-            let block = |bpack: &[f32]| {
-                let rows = |i_lo: usize, i_hi: usize, j_lo: usize, j_hi: usize| {
-                    // SAFETY: forwarded; ranges are inside the problem.
-                    unsafe { row_range(pb, pc, kc, jc, bpack, beta, i_lo, i_hi, j_lo, j_hi) }
-                };
-                if threads == 1 {
-                    rows(0, pb.m, 0, nc);
-                } else if pb.m.div_ceil(mr) >= 2 * threads {
-                    let chunk = pb.m.div_ceil(mr).div_ceil(threads) * mr;
-                    (0..threads).into_par_iter().for_each(|t| {
-                        let lo = (t * chunk).min(pb.m);
-                        rows(lo, (lo + chunk).min(pb.m), 0, nc);
-                    });
-                } else {
-                    let chunk = nc.div_ceil(nr).div_ceil(threads) * nr;
-                    (0..threads).into_par_iter().for_each(|t| {
-                        let lo = (t * chunk).min(nc);
-                        rows(0, pb.m, lo, (lo + chunk).min(nc));
-                    });
-                }
-            };
+            // SAFETY (both arms): forwarded; the packed block matches (pc, kc, jc, nc).
             match pb.b {
-                BSrc::Packed(p) => block(p.block(pc, kc, jc, nc)),
+                BSrc::Packed(p) => unsafe {
+                    row_range(pb, pc, kc, jc, p.block(pc, kc, jc, nc), beta, i_lo, i_hi, 0, nc)
+                },
                 BSrc::View(b) => with_buf(Slot::B, |buf| {
                     let dst = buf.get(nc.div_ceil(nr) * nr * kc);
-                    if threads == 1 {
-                        // SAFETY: the view was checked; the block is inside it; dst is sized.
-                        unsafe { pack_b(nr, &b, pc, kc, jc, nc, dst) };
-                    } else {
-                        dst.par_chunks_mut(nr * kc).enumerate().for_each(|(s, panel)| {
-                            let cols = nr.min(nc - s * nr);
-                            // SAFETY: as above, one panel.
-                            unsafe { pack_b_panel(nr, &b, pc, kc, jc + s * nr, cols, panel) };
-                        });
+                    // SAFETY: the view was checked; the block is inside it; dst is sized.
+                    unsafe {
+                        pack_b(nr, &b, pc, kc, jc, nc, dst);
+                        row_range(pb, pc, kc, jc, dst, beta, i_lo, i_hi, 0, nc)
                     }
-                    block(dst)
                 }),
             }
         }
@@ -179,7 +181,7 @@ unsafe fn row_range(
     let c = pb.c;
     for ic in (i_lo..i_hi).step_by(mc_step) {
         let mc = mc_step.min(i_hi - ic);
-        let go = |apack: *const f32| {
+        let go = |ablock: ABlock| {
             // SAFETY: A block (ic, mc, pc, kc) and B panels from j_lo are packed and sized;
             // the C sub-view rows ic.., columns jc + j_lo.. lies inside the caller's view.
             unsafe {
@@ -189,7 +191,7 @@ unsafe fn row_range(
                     j_hi - j_lo,
                     kc,
                     pb.alpha,
-                    apack,
+                    ablock,
                     bpack.as_ptr().add(j_lo * kc),
                     beta,
                     c.ptr.add(ic * c.rs + (jc + j_lo) * c.cs),
@@ -199,12 +201,18 @@ unsafe fn row_range(
             }
         };
         match pb.a {
-            ASrc::Packed(p) => go(p.block(pc, kc, ic, mc).as_ptr()),
+            ASrc::Packed(p) => go(ABlock::Packed(p.block(pc, kc, ic, mc).as_ptr())),
+            ASrc::Direct(a) => go(ABlock::Strided {
+                // SAFETY: (ic, pc) is an element of the checked view.
+                ptr: unsafe { a.data.as_ptr().add(a.layout.index(ic, pc)) },
+                rs: a.layout.row_stride,
+                cs: a.layout.col_stride,
+            }),
             ASrc::View(a) => with_buf(Slot::A, |buf| {
                 let dst = buf.get(mc.div_ceil(mr) * mr * kc);
                 // SAFETY: the view was checked and the block is inside it; dst is sized.
                 unsafe { pack_a(mr, &a, ic, mc, pc, kc, dst) };
-                go(dst.as_ptr())
+                go(ABlock::Packed(dst.as_ptr()))
             }),
         }
     }
