@@ -682,5 +682,28 @@ fn empty_shapes() {
             .unwrap();
             assert!(lse.iter().all(|v| *v == f32::NEG_INFINITY), "{isa} {dims:?}");
         }
+        // Zero columns with strides and an offset far outside the (empty) slices.
+        let l = Tensor4Layout::strided([2, 2, 3, 0], [1000, 300, 70, 9], 55);
+        let keep: [bool; 0] = [];
+        let mask = Mask::Keep { keep: &keep, layout: l };
+        let mut lse = vec![7.0f32; 12];
+        let mut y: Vec<f32> = vec![];
+        let seq = Parallelism::Sequential;
+        let yv = TensorMut::new(&mut y, l);
+        scale_mask_softmax_with_isa(
+            isa,
+            TensorRef::new(&[], l),
+            1.0,
+            &mask,
+            yv,
+            Some(&mut lse),
+            seq,
+        )
+        .unwrap();
+        assert!(lse.iter().all(|v| *v == f32::NEG_INFINITY), "{isa} strided empty");
+        let xm = MatRef::new(&[], MatLayout::strided(4, 0, 17, 3, 99));
+        assert_eq!(logsumexp_with_isa(isa, xm, seq).unwrap(), vec![f32::NEG_INFINITY; 4]);
+        let ym = MatMut::new(&mut y, MatLayout::strided(4, 0, 17, 3, 99));
+        log_softmax_with_isa(isa, xm, ym, seq).unwrap();
     }
 }

@@ -59,9 +59,36 @@ const C7: f32 = 1.9852762e-4; // bits 0x39502BDA
 /// The CPU must support `S::ISA` (the [`SimdF32`] contract).
 #[inline(always)]
 pub(crate) unsafe fn exp_v<S: SimdF32>(x: S::V) -> S::V {
+    // SAFETY: forwarded contract.
+    unsafe { exp_body::<S, false>(x) }
+}
+
+/// [`exp_v`] for `x ≤ 43` (the softmax's `z − max ≤ 0`): the same bits there, for three
+/// fewer integer operations per vector; larger `x` are clamped to 43.6 (a wrong but finite
+/// result), NaN stays NaN.
+///
+/// # Safety
+/// The CPU must support `S::ISA` (the [`SimdF32`] contract).
+#[inline(always)]
+pub(crate) unsafe fn exp_low_v<S: SimdF32>(x: S::V) -> S::V {
+    // SAFETY: forwarded contract.
+    unsafe { exp_body::<S, true>(x) }
+}
+
+/// Upper clamp of [`exp_low_v`]: `n = round(43.6·log₂e) = 63`, the largest `n` that
+/// `ldexp_low` accepts.
+const EXP_LOW_HI: f32 = 43.6;
+
+/// The algorithm of the module docs; `LOW` selects the `x ≤ 43` scaling.
+///
+/// # Safety
+/// The CPU must support `S::ISA`.
+#[inline(always)]
+unsafe fn exp_body<S: SimdF32, const LOW: bool>(x: S::V) -> S::V {
     // SAFETY: forwarded contract; every operation below is a `SimdF32` method.
     unsafe {
-        let x = S::clamp_keep_nan(x, S::splat(EXP_LO), S::splat(EXP_HI));
+        let hi = if LOW { EXP_LOW_HI } else { EXP_HI };
+        let x = S::clamp_keep_nan(x, S::splat(EXP_LO), S::splat(hi));
         let t = S::fmadd(x, S::splat(LOG2E), S::splat(ROUND_MAGIC));
         let n = S::sub(t, S::splat(ROUND_MAGIC));
         let r = S::fmadd(n, S::splat(-LN2_HI), x);
@@ -83,7 +110,11 @@ pub(crate) unsafe fn exp_v<S: SimdF32>(x: S::V) -> S::V {
             let r2 = S::mul(r, r);
             S::add(S::fmadd(p, r2, r), S::splat(1.0))
         };
-        S::ldexp(e, n, t)
+        if LOW {
+            S::ldexp_low(e, n, t)
+        } else {
+            S::ldexp(e, n, t)
+        }
     }
 }
 
@@ -174,6 +205,47 @@ pub(crate) unsafe fn exp_map_body<S: SimdF32>(x: &[f32], y: &mut [f32]) {
         if j < n {
             let k = n - j;
             S::store_tail(yp.add(j), k, exp_v::<S>(S::load_tail(xp.add(j), k)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::softmax::vector::Portable;
+
+    /// `exp_low_v` is `exp_v` bit for bit on `x ≤ 43`, on every supported ISA.
+    fn same_bits<S: SimdF32>() {
+        let mut xs: Vec<f32> =
+            (0..200_000).map(|i| -110.0 + i as f32 * (153.5 / 200_000.0)).collect();
+        xs.extend([f32::NEG_INFINITY, f32::NAN, -0.0, 0.0, 43.0, -103.97, -87.34, 1e-45]);
+        let l = S::LANES;
+        xs.truncate(xs.len() / l * l);
+        for c in xs.chunks(l) {
+            // SAFETY: the caller checked the ISA; `c` has LANES elements, `a`/`b` 16.
+            let (mut a, mut b) = ([0.0f32; 16], [0.0f32; 16]);
+            unsafe {
+                let v = S::load(c.as_ptr());
+                S::store(a.as_mut_ptr(), exp_v::<S>(v));
+                S::store(b.as_mut_ptr(), exp_low_v::<S>(v));
+            }
+            for k in 0..l {
+                assert_eq!(a[k].to_bits(), b[k].to_bits(), "{:?} x = {}", S::ISA, c[k]);
+            }
+        }
+    }
+
+    #[test]
+    fn exp_low_equals_exp() {
+        same_bits::<Portable>();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::Avx2.is_supported() {
+                same_bits::<crate::softmax::vector::Avx2>();
+            }
+            if Isa::Avx512.is_supported() {
+                same_bits::<crate::softmax::vector::Avx512>();
+            }
         }
     }
 }

@@ -36,13 +36,15 @@
 //! Flash attention fuses softmax pieces into its own loops; it uses, and may rely on:
 //! - `row_max(isa, &[f32]) -> f32`: the max of a contiguous row, NaN skipped, `−∞` if empty;
 //! - `exp_sub_sum(isa, &mut [f32], m) -> f32`: `x_j ← exp(x_j − m)` in place, returns the f32
-//!   sum of the new values (for finite `m`; `m = −∞` follows IEEE and gives NaN/∞);
+//!   sum of the new values; needs a finite `m ≥ max_j x_j − 43` (the row max, or a running
+//!   max that only grows): it uses the `x ≤ 43` exp (`exp_low_v`, same bits as `exp_v` there);
 //! - `scale_row(isa, &mut [f32], s)`: `x_j ← s·x_j`;
 //! - the vector exp itself, 1 ULP (see [`exp`]): `exp_ps_avx512(__m512)`, `exp_ps_avx2(__m256)`
 //!   (`unsafe`, `#[inline(always)]`: call them from inside a function compiled with
 //!   `#[target_feature(enable = "avx512f")]` / `"avx2,fma"` on a CPU that has it), the safe
 //!   `exp_f32x8(wide::f32x8)`, and the generic `exp_v::<S: SimdF32>(S::V)` for code written
-//!   over the [`SimdF32`] trait (`Avx512`, `Avx2`, `Portable` implement it).
+//!   over the [`SimdF32`] trait (`Avx512`, `Avx2`, `Portable` implement it), with
+//!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`).
 //!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
 //! [`arch::selected`](crate::arch::selected) or checked with [`Isa::require`]; an unsupported
@@ -55,7 +57,7 @@ mod vector;
 pub use exp::{exp_slice, exp_slice_with_isa, EXP_MAX_ULP};
 
 #[allow(unused_imports)] // the attention kernel's API (module docs)
-pub(crate) use exp::{exp_f32x8, exp_v};
+pub(crate) use exp::{exp_f32x8, exp_low_v, exp_v};
 #[cfg(target_arch = "x86_64")]
 #[allow(unused_imports)]
 pub(crate) use exp::{exp_ps_avx2, exp_ps_avx512};
@@ -257,6 +259,9 @@ struct Scratch {
 /// contiguous, else a copy in `buf`.
 fn gather<'a>(t: &TensorRef<'a>, r: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
     let (start, cols, stride) = row_span(&t.layout, r);
+    if cols == 0 {
+        return &[];
+    }
     if stride == 1 || cols <= 1 {
         &t.data[start..start + cols]
     } else {
@@ -274,6 +279,9 @@ fn gather_mask<'a, T: Copy>(
     buf: &'a mut Vec<T>,
 ) -> &'a [T] {
     let (start, cols, stride) = row_span(layout, r);
+    if cols == 0 {
+        return &[];
+    }
     if stride == 1 || cols <= 1 {
         &data[start..start + cols]
     } else {
@@ -304,6 +312,14 @@ where
         Some(l) => l.iter_mut().map(Some).collect(),
         None => Vec::new(),
     };
+    if cols == 0 {
+        // Nothing to index: an empty view's offset and strides need not lie inside its slice.
+        let mut scratch = Scratch::default();
+        for r in 0..nrows {
+            f(&mut scratch, r, &mut [], take_slot(&mut slots, r));
+        }
+        return;
+    }
     let contiguous = y.layout.strides[3] == 1 || cols <= 1;
     if contiguous && use_threads(par, nrows.saturating_mul(cols)) {
         if let Some(mut jobs) = split_rows(y.data, &y.layout) {
@@ -381,6 +397,11 @@ struct Ctx<'a, 'm> {
 }
 
 impl Ctx<'_, '_> {
+    /// Rows over all batches and heads.
+    fn rows(&self) -> usize {
+        self.dims[0] * self.dims[1] * self.dims[2]
+    }
+
     fn run(&self, y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism) {
         let [_, _, rows, cols] = self.dims;
         let stream =
@@ -429,6 +450,15 @@ impl Ctx<'_, '_> {
         } else {
             None
         };
-        row::softmax_row(self.isa, RowJob { src, y, visible, mask, scale: self.scale, stage })
+        // Out of cache, the next row of this thread (usually r + 1) is prefetched meanwhile.
+        let next = match &self.x {
+            Some(x) if stream && x.layout.strides[3] == 1 && r + 1 < self.rows() => {
+                let (start, cols, _) = row_span(&x.layout, r + 1);
+                x.data.get(start..start + cols)
+            }
+            _ => None,
+        };
+        let job = RowJob { src, y, visible, mask, scale: self.scale, stage, next };
+        row::softmax_row(self.isa, job)
     }
 }

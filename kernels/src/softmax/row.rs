@@ -14,7 +14,7 @@
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
-use super::exp::{exp_map_body, exp_v};
+use super::exp::{exp_low_v, exp_map_body};
 use super::vector::{Portable, SimdF32};
 use crate::arch::Isa;
 
@@ -45,6 +45,9 @@ pub(crate) struct RowJob<'a> {
     /// When given (length ≥ `visible`), pass B writes here and pass C writes `y` with
     /// non-temporal stores: `y` is then written once and never read.
     pub stage: Option<&'a mut [f32]>,
+    /// The input row this thread handles next, prefetched during pass B so that its memory
+    /// traffic overlaps this row's exp (out-of-cache calls only).
+    pub next: Option<&'a [f32]>,
 }
 
 /// How the logits `z_j` of a row are formed from the input and the mask, one vector at a time.
@@ -155,53 +158,51 @@ unsafe fn max_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> f32 {
 }
 
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `w` is not null), returns `Σ w_j`.
+/// Prefetches `next[..next_len]` along the way, one vector's span per iteration.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits; `w` null or valid for `n` writes (it may be
-/// the input row itself: each vector is read before it is written).
+/// the input row itself: each vector is read before it is written). `next` is only
+/// prefetched, never read.
 #[inline(always)]
-unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize, m: f32, w: *mut f32) -> f32 {
+unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(
+    z: &L,
+    n: usize,
+    m: f32,
+    w: *mut f32,
+    next: *const f32,
+    next_len: usize,
+) -> f32 {
     let l = S::LANES;
     // SAFETY: as in `max_pass`; `w` written at the same indices.
     unsafe {
+        // One vector per iteration and one accumulator: the exp has ample instruction-level
+        // parallelism across iterations, and with 16 AVX2 registers a second chain only spills.
         let mv = S::splat(m);
-        let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
+        let mut s = S::splat(0.0);
         let mut j = 0;
-        while j + 2 * l <= n {
-            let e0 = exp_v::<S>(S::sub(z.vec(j), mv));
-            let e1 = exp_v::<S>(S::sub(z.vec(j + l), mv));
-            if !w.is_null() {
-                S::store(w.add(j), e0);
-                S::store(w.add(j + l), e1);
+        while j + l <= n {
+            if j < next_len {
+                S::prefetch(next.wrapping_add(j));
             }
-            s0 = S::add(s0, e0);
-            s1 = S::add(s1, e1);
-            j += 2 * l;
-        }
-        if j + l <= n {
-            let e = exp_v::<S>(S::sub(z.vec(j), mv));
+            let e = exp_low_v::<S>(S::sub(z.vec(j), mv));
             if !w.is_null() {
                 S::store(w.add(j), e);
             }
-            s0 = S::add(s0, e);
+            s = S::add(s, e);
             j += l;
         }
         if j < n {
             let k = n - j;
-            // Padding lanes are −∞, so they add exp(−∞) = 0.
-            let e = exp_v::<S>(S::sub(z.tail(j, k), mv));
+            // Padding lanes are −∞, so they add exp(−∞) = 0 (and a padded row sums in the same
+            // order as the unpadded one).
+            let e = exp_low_v::<S>(S::sub(z.tail(j, k), mv));
             if !w.is_null() {
                 S::store_tail(w.add(j), k, e);
             }
-            // Vector number j/LANES goes to accumulator (j/LANES) mod 2, as in the loops above,
-            // so a row and the same row padded with masked columns sum in the same order.
-            if (j / l) % 2 == 0 {
-                s0 = S::add(s0, e);
-            } else {
-                s1 = S::add(s1, e);
-            }
+            s = S::add(s, e);
         }
-        S::reduce_add(S::add(s0, s1))
+        S::reduce_add(s)
     }
 }
 
@@ -318,6 +319,7 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
     y: *mut f32,
     total: usize,
     stage: *mut f32,
+    next: &[f32],
 ) -> f32 {
     // SAFETY: forwarded contract.
     unsafe {
@@ -327,7 +329,7 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
         }
         let stream = !stage.is_null();
         let w = if stream { stage } else { y };
-        let s = exp_sum_pass::<S, L>(z, n, m, w);
+        let s = exp_sum_pass::<S, L>(z, n, m, w, next.as_ptr(), next.len());
         if s.is_nan() {
             // A NaN logit: with a finite max nothing else makes the sum NaN.
             std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
@@ -346,7 +348,8 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
 /// `S::ISA` supported; the job's lengths validated by [`softmax_row`].
 #[inline(always)]
 unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
-    let RowJob { src, y, visible: n, mask, scale, stage } = job;
+    let RowJob { src, y, visible: n, mask, scale, stage, next } = job;
+    let next = next.unwrap_or(&[]);
     let total = y.len();
     let yp = y.as_mut_ptr();
     let x = src.map_or(yp as *const f32, <[f32]>::as_ptr);
@@ -356,7 +359,7 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
         let sc = S::splat(scale);
         match mask {
             RowMask::None => {
-                softmax_row_body::<S, _>(&Plain::<S> { x, scale: sc }, n, yp, total, stage)
+                softmax_row_body::<S, _>(&Plain::<S> { x, scale: sc }, n, yp, total, stage, next)
             }
             RowMask::Keep(k) => softmax_row_body::<S, _>(
                 &Keep::<S> { x, keep: k.as_ptr(), scale: sc },
@@ -364,6 +367,7 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
                 yp,
                 total,
                 stage,
+                next,
             ),
             RowMask::Bias(b) => softmax_row_body::<S, _>(
                 &Bias::<S> { x, bias: b.as_ptr(), scale: sc },
@@ -371,6 +375,7 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
                 yp,
                 total,
                 stage,
+                next,
             ),
         }
     }
@@ -388,7 +393,7 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
         let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
         let m = max_pass::<S, _>(&z, n);
         let lse = if m.is_finite() {
-            let s = exp_sum_pass::<S, _>(&z, n, m, std::ptr::null_mut());
+            let s = exp_sum_pass::<S, _>(&z, n, m, std::ptr::null_mut(), std::ptr::null(), 0);
             (f64::from(m) + f64::from(s).ln()) as f32
         } else if x.iter().any(|v| v.is_nan()) {
             f32::NAN
@@ -433,7 +438,10 @@ unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
 unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     let p = x.as_mut_ptr();
     // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
-    unsafe { exp_sum_pass::<S, _>(&Plain::<S> { x: p, scale: S::splat(1.0) }, x.len(), m, p) }
+    unsafe {
+        let z = Plain::<S> { x: p, scale: S::splat(1.0) };
+        exp_sum_pass::<S, _>(&z, x.len(), m, p, std::ptr::null(), 0)
+    }
 }
 
 /// `x_j ← x_j · s`.
@@ -558,8 +566,9 @@ pub(crate) fn row_max(isa: Isa, x: &[f32]) -> f32 {
     dispatch!(isa, row_max(x))
 }
 
-/// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES × 2`
-/// partial sums). Pass a finite `m` (usually [`row_max`]); IEEE rules apply otherwise.
+/// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES`
+/// partial sums). Needs a finite `m ≥ max_j x_j − 43` (usually [`row_max`]); larger
+/// differences are clamped (see `exp_low_v`).
 #[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn exp_sub_sum(isa: Isa, x: &mut [f32], m: f32) -> f32 {
     dispatch!(isa, exp_sub_sum(x, m))

@@ -16,6 +16,9 @@
 
 use crate::arch::Isa;
 
+/// `2^−64`, the fixed second factor of [`SimdF32::ldexp_low`].
+const TWO_POW_M64: f32 = f32::from_bits((127 - 64) << 23);
+
 /// An f32 SIMD instruction set: vector type, lane mask type, and the handful of operations the
 /// softmax needs. See the module docs for the safety contract shared by all methods.
 pub(crate) trait SimdF32: Copy + 'static {
@@ -48,6 +51,9 @@ pub(crate) trait SimdF32: Copy + 'static {
     unsafe fn stream(p: *mut f32, v: Self::V);
     /// Orders earlier non-temporal stores before later stores (no-op without them).
     unsafe fn store_fence();
+    /// Hints that the cache line holding `p` will be read soon. Any address is allowed: a
+    /// prefetch never faults. No-op on `Portable`.
+    unsafe fn prefetch(p: *const f32);
 
     /// `a + b`.
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
@@ -72,6 +78,13 @@ pub(crate) trait SimdF32: Copy + 'static {
     /// bits hold `n`). Must round once, so results in the subnormal range are right and
     /// `p · 2^128` overflows to `+∞` exactly when it should. NaN `p` gives NaN.
     unsafe fn ldexp(p: Self::V, n: Self::V, t: Self::V) -> Self::V;
+    /// [`ldexp`](Self::ldexp) for `n ∈ [−150, 63]` only (the exp of `x ≤ 43`): one scaling by
+    /// `2^(n+64)` (exact, normal) and one by `2^−64` (the only rounding), so the result is the
+    /// same, bit for bit, for three fewer integer operations.
+    unsafe fn ldexp_low(p: Self::V, n: Self::V, t: Self::V) -> Self::V {
+        // SAFETY: forwarded contract.
+        unsafe { Self::ldexp(p, n, t) }
+    }
 
     /// Lanes `< k` set.
     unsafe fn first(k: usize) -> Self::M;
@@ -89,7 +102,7 @@ pub(crate) trait SimdF32: Copy + 'static {
 pub(crate) struct Portable;
 
 mod portable {
-    use super::{Isa, Portable, SimdF32};
+    use super::{Isa, Portable, SimdF32, TWO_POW_M64};
     use wide::{f32x8, i32x8};
 
     /// `exp::ROUND_MAGIC.to_bits()` (1.5·2^23).
@@ -147,6 +160,8 @@ mod portable {
         #[inline(always)]
         unsafe fn store_fence() {}
         #[inline(always)]
+        unsafe fn prefetch(_p: *const f32) {}
+        #[inline(always)]
         unsafe fn add(a: f32x8, b: f32x8) -> f32x8 {
             a + b
         }
@@ -193,6 +208,12 @@ mod portable {
             (p * s1) * s2
         }
         #[inline(always)]
+        unsafe fn ldexp_low(p: f32x8, _n: f32x8, t: f32x8) -> f32x8 {
+            // bits(2^(n+64)) = (n + 127 + 64) << 23 with n = bits(t) − bits(magic).
+            let s = from_i32((to_i32(t) + i32x8::splat(191 - ROUND_MAGIC_BITS)) << 23);
+            (p * s) * f32x8::splat(TWO_POW_M64)
+        }
+        #[inline(always)]
         unsafe fn first(k: usize) -> f32x8 {
             let idx = f32x8::new([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]);
             idx.simd_lt(f32x8::splat(k as f32))
@@ -225,7 +246,7 @@ pub(crate) struct Avx2;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Avx2, Isa, SimdF32};
+    use super::{Avx2, Isa, SimdF32, TWO_POW_M64};
     use std::arch::x86_64::*;
 
     /// `exp::ROUND_MAGIC.to_bits()` (1.5·2^23).
@@ -291,6 +312,10 @@ mod avx2 {
             unsafe { _mm_sfence() }
         }
         #[inline(always)]
+        unsafe fn prefetch(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        }
+        #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_add_ps(a, b) }
         }
@@ -346,6 +371,18 @@ mod avx2 {
                 let s1 = _mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23);
                 let s2 = _mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23);
                 _mm256_mul_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(s1)), _mm256_castsi256_ps(s2))
+            }
+        }
+        #[inline(always)]
+        unsafe fn ldexp_low(p: __m256, _n: __m256, t: __m256) -> __m256 {
+            // bits(2^(n+64)) = (n + 127 + 64) << 23 with n = bits(t) − bits(magic).
+            unsafe {
+                let b = _mm256_add_epi32(
+                    _mm256_castps_si256(t),
+                    _mm256_set1_epi32(191 - ROUND_MAGIC_BITS),
+                );
+                let s = _mm256_castsi256_ps(_mm256_slli_epi32(b, 23));
+                _mm256_mul_ps(_mm256_mul_ps(p, s), _mm256_set1_ps(TWO_POW_M64))
             }
         }
         #[inline(always)]
@@ -435,6 +472,10 @@ mod avx512 {
         #[inline(always)]
         unsafe fn store_fence() {
             unsafe { _mm_sfence() }
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
         }
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
