@@ -397,6 +397,11 @@ struct Ctx<'a, 'm> {
 }
 
 impl Ctx<'_, '_> {
+    /// Rows over all batches and heads.
+    fn rows(&self) -> usize {
+        self.dims[0] * self.dims[1] * self.dims[2]
+    }
+
     fn run(&self, y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism) {
         let [_, _, rows, cols] = self.dims;
         let stream =
@@ -445,6 +450,15 @@ impl Ctx<'_, '_> {
         } else {
             None
         };
-        row::softmax_row(self.isa, RowJob { src, y, visible, mask, scale: self.scale, stage })
+        // Out of cache, the next row of this thread (usually r + 1) is prefetched meanwhile.
+        let next = match &self.x {
+            Some(x) if stream && x.layout.strides[3] == 1 && r + 1 < self.rows() => {
+                let (start, cols, _) = row_span(&x.layout, r + 1);
+                x.data.get(start..start + cols)
+            }
+            _ => None,
+        };
+        let job = RowJob { src, y, visible, mask, scale: self.scale, stage, next };
+        row::softmax_row(self.isa, job)
     }
 }

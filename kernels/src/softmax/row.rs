@@ -45,6 +45,9 @@ pub(crate) struct RowJob<'a> {
     /// When given (length ≥ `visible`), pass B writes here and pass C writes `y` with
     /// non-temporal stores: `y` is then written once and never read.
     pub stage: Option<&'a mut [f32]>,
+    /// The input row this thread handles next, prefetched during pass B so that its memory
+    /// traffic overlaps this row's exp (out-of-cache calls only).
+    pub next: Option<&'a [f32]>,
 }
 
 /// How the logits `z_j` of a row are formed from the input and the mask, one vector at a time.
@@ -155,12 +158,21 @@ unsafe fn max_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> f32 {
 }
 
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `w` is not null), returns `Σ w_j`.
+/// Prefetches `next[..next_len]` along the way, one vector's span per iteration.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits; `w` null or valid for `n` writes (it may be
-/// the input row itself: each vector is read before it is written).
+/// the input row itself: each vector is read before it is written). `next` is only
+/// prefetched, never read.
 #[inline(always)]
-unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize, m: f32, w: *mut f32) -> f32 {
+unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(
+    z: &L,
+    n: usize,
+    m: f32,
+    w: *mut f32,
+    next: *const f32,
+    next_len: usize,
+) -> f32 {
     let l = S::LANES;
     // SAFETY: as in `max_pass`; `w` written at the same indices.
     unsafe {
@@ -170,6 +182,9 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize, m: f32, w: *mu
         let mut s = S::splat(0.0);
         let mut j = 0;
         while j + l <= n {
+            if j < next_len {
+                S::prefetch(next.wrapping_add(j));
+            }
             let e = exp_low_v::<S>(S::sub(z.vec(j), mv));
             if !w.is_null() {
                 S::store(w.add(j), e);
@@ -304,6 +319,7 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
     y: *mut f32,
     total: usize,
     stage: *mut f32,
+    next: &[f32],
 ) -> f32 {
     // SAFETY: forwarded contract.
     unsafe {
@@ -313,7 +329,7 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
         }
         let stream = !stage.is_null();
         let w = if stream { stage } else { y };
-        let s = exp_sum_pass::<S, L>(z, n, m, w);
+        let s = exp_sum_pass::<S, L>(z, n, m, w, next.as_ptr(), next.len());
         if s.is_nan() {
             // A NaN logit: with a finite max nothing else makes the sum NaN.
             std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
@@ -332,7 +348,8 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
 /// `S::ISA` supported; the job's lengths validated by [`softmax_row`].
 #[inline(always)]
 unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
-    let RowJob { src, y, visible: n, mask, scale, stage } = job;
+    let RowJob { src, y, visible: n, mask, scale, stage, next } = job;
+    let next = next.unwrap_or(&[]);
     let total = y.len();
     let yp = y.as_mut_ptr();
     let x = src.map_or(yp as *const f32, <[f32]>::as_ptr);
@@ -342,7 +359,7 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
         let sc = S::splat(scale);
         match mask {
             RowMask::None => {
-                softmax_row_body::<S, _>(&Plain::<S> { x, scale: sc }, n, yp, total, stage)
+                softmax_row_body::<S, _>(&Plain::<S> { x, scale: sc }, n, yp, total, stage, next)
             }
             RowMask::Keep(k) => softmax_row_body::<S, _>(
                 &Keep::<S> { x, keep: k.as_ptr(), scale: sc },
@@ -350,6 +367,7 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
                 yp,
                 total,
                 stage,
+                next,
             ),
             RowMask::Bias(b) => softmax_row_body::<S, _>(
                 &Bias::<S> { x, bias: b.as_ptr(), scale: sc },
@@ -357,6 +375,7 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
                 yp,
                 total,
                 stage,
+                next,
             ),
         }
     }
@@ -374,7 +393,7 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
         let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
         let m = max_pass::<S, _>(&z, n);
         let lse = if m.is_finite() {
-            let s = exp_sum_pass::<S, _>(&z, n, m, std::ptr::null_mut());
+            let s = exp_sum_pass::<S, _>(&z, n, m, std::ptr::null_mut(), std::ptr::null(), 0);
             (f64::from(m) + f64::from(s).ln()) as f32
         } else if x.iter().any(|v| v.is_nan()) {
             f32::NAN
@@ -419,7 +438,10 @@ unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
 unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     let p = x.as_mut_ptr();
     // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
-    unsafe { exp_sum_pass::<S, _>(&Plain::<S> { x: p, scale: S::splat(1.0) }, x.len(), m, p) }
+    unsafe {
+        let z = Plain::<S> { x: p, scale: S::splat(1.0) };
+        exp_sum_pass::<S, _>(&z, x.len(), m, p, std::ptr::null(), 0)
+    }
 }
 
 /// `x_j ← x_j · s`.

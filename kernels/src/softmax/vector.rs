@@ -51,6 +51,9 @@ pub(crate) trait SimdF32: Copy + 'static {
     unsafe fn stream(p: *mut f32, v: Self::V);
     /// Orders earlier non-temporal stores before later stores (no-op without them).
     unsafe fn store_fence();
+    /// Hints that the cache line holding `p` will be read soon. Any address is allowed: a
+    /// prefetch never faults. No-op on `Portable`.
+    unsafe fn prefetch(p: *const f32);
 
     /// `a + b`.
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
@@ -156,6 +159,8 @@ mod portable {
         }
         #[inline(always)]
         unsafe fn store_fence() {}
+        #[inline(always)]
+        unsafe fn prefetch(_p: *const f32) {}
         #[inline(always)]
         unsafe fn add(a: f32x8, b: f32x8) -> f32x8 {
             a + b
@@ -305,6 +310,10 @@ mod avx2 {
         #[inline(always)]
         unsafe fn store_fence() {
             unsafe { _mm_sfence() }
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
         }
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
@@ -463,6 +472,10 @@ mod avx512 {
         #[inline(always)]
         unsafe fn store_fence() {
             unsafe { _mm_sfence() }
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
         }
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {

@@ -1,0 +1,229 @@
+//! Correctness checks: deterministic test data, and the error bounds each implementation is
+//! held to against `attn-reference` (which accumulates in f64 and rounds once).
+//!
+//! Bounds come from first-order error analysis with unit roundoff u = 2⁻²⁴, never from a fixed
+//! tolerance; each function below derives its own. A check passes when every element is within
+//! its bound; the record keeps the largest error and the largest error/bound ratio.
+
+use attn_reference::{MatLayout, MatMut, MatRef, TensorRef};
+
+/// Unit roundoff of f32.
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+/// Slack on the dot-product bound γ·k·u: the classic bound is k·u for any summation order
+/// (blocked and pairwise orders do better); 2 covers the FMA-vs-separate rounding difference.
+pub const GAMMA: f64 = 2.0;
+/// Error of a vectorised `exp`, in units of u, that the softmax and attention bounds allow.
+/// Polynomial exps in SIMD kernels are typically within 1–3 ULP; 8 leaves margin without
+/// hiding a real bug (a wrong mask or a lost rescale is off by far more than 8 ULP).
+pub const EXP_ULPS: f64 = 8.0;
+/// Absolute slack for results that underflow f32 (a probability below the smallest normal may
+/// flush to zero or keep a few subnormal bits).
+pub const TINY: f64 = 2.0 * f32::MIN_POSITIVE as f64;
+
+/// A small deterministic generator (SplitMix64) of test data: values uniform in [−1, 1).
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub const fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// `n` values uniform in [−1, 1).
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| (self.next_u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0).collect()
+    }
+}
+
+/// The outcome of an element-wise comparison.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Verdict {
+    /// Largest |got − want|.
+    pub max_err: f64,
+    /// The bound at the element with the largest error/bound ratio.
+    pub bound: f64,
+    /// Largest error/bound (∞ for a NaN or an error where the bound is 0).
+    pub ratio: f64,
+}
+
+/// Compares `got` with `want` element by element against `bound`.
+pub fn compare(got: &[f32], want: &[f32], bound: &[f64]) -> Verdict {
+    let mut v = Verdict { max_err: 0.0, bound: 0.0, ratio: 0.0 };
+    if got.len() != want.len() || want.len() != bound.len() {
+        return Verdict { max_err: f64::INFINITY, bound: 0.0, ratio: f64::INFINITY };
+    }
+    for ((&g, &w), &b) in got.iter().zip(want).zip(bound) {
+        // Equal values (including equal infinities, whose difference would be NaN) and NaN
+        // where the reference has NaN are exact.
+        let err = if g == w || (g.is_nan() && w.is_nan()) {
+            0.0
+        } else {
+            (f64::from(g) - f64::from(w)).abs()
+        };
+        let ratio = if err == 0.0 {
+            0.0
+        } else if b > 0.0 && err.is_finite() {
+            err / b
+        } else {
+            f64::INFINITY
+        };
+        v.max_err = if err.is_nan() { f64::INFINITY } else { v.max_err.max(err) };
+        if ratio > v.ratio || (ratio.is_nan() && !v.ratio.is_nan()) {
+            v.ratio = if ratio.is_nan() { f64::INFINITY } else { ratio };
+            v.bound = b;
+        }
+    }
+    v
+}
+
+/// Σ_p |a_ip|·|b_pj| for every (i, j), row-major `m × n`, in f64.
+fn abs_products(a: &MatRef<'_>, b: &MatRef<'_>) -> Vec<f64> {
+    let (m, k, n) = (a.layout.rows, a.layout.cols, b.layout.cols);
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] =
+                (0..k).map(|p| f64::from(a.at(i, p).abs()) * f64::from(b.at(p, j).abs())).sum();
+        }
+    }
+    out
+}
+
+/// Bound for `C = A·B` (α = 1, β = 0), row-major `m × n`: the dot product of length k is off by
+/// at most γ·k·u·Σ|a||b|, and the reference's own rounding to f32 adds u·|c| ≤ u·Σ|a||b|.
+pub fn gemm_bound(a: &MatRef<'_>, b: &MatRef<'_>) -> Vec<f64> {
+    let k = a.layout.cols as f64;
+    abs_products(a, b).into_iter().map(|s| (GAMMA * k + 1.0) * U * s).collect()
+}
+
+/// Bound for `y = softmax(scale·x + mask)` (mask: none or causal, so its terms are 0), given the
+/// reference probabilities `p` (row-major, `rows × cols` per head, heads in order).
+///
+/// Per element: the argument `scale·x_j − max` carries an absolute error of at most
+/// 3u·(|scale·x_j| + |max|) (scaling, subtraction, and an FMA-or-not difference), which becomes
+/// a relative error of the exponential, to which `exp` adds [`EXP_ULPS`]·u: call the row's
+/// worst η. The row sum then has relative error ≤ η + (cols − 1)·u·γ, the division one more u,
+/// and the reference's rounding one more: |p̂ − p| ≤ p·(2η + (γ·cols + 2)·u) + [`TINY`].
+pub fn softmax_bound(x: &TensorRef<'_>, scale: f32, p: &[f32]) -> Vec<f64> {
+    let [batch, heads, rows, cols] = x.layout.dims;
+    let mut out = Vec::with_capacity(p.len());
+    for b in 0..batch {
+        for h in 0..heads {
+            for i in 0..rows {
+                let mag = (0..cols)
+                    .map(|j| (f64::from(scale) * f64::from(x.at(b, h, i, j))).abs())
+                    .fold(0.0, f64::max);
+                let eta = EXP_ULPS * U + 3.0 * U * 2.0 * mag;
+                let rel = 2.0 * eta + (GAMMA * cols as f64 + 2.0) * U;
+                let base = ((b * heads + h) * rows + i) * cols;
+                out.extend(p[base..base + cols].iter().map(|&pj| f64::from(pj) * rel + TINY));
+            }
+        }
+    }
+    out
+}
+
+/// Bound for attention `O = softmax(scale·QKᵀ + mask)·V` (mask none or causal), given
+/// `w[b,h,i,d] = Σ_j p_ij·|v_jd|` (the reference attention of |V|, row-major `[b, hq, nq, dv]`).
+///
+/// Per query row i: each score `scale·q_i·k_j` is off by at most (γ·dk + 1)·u·scale·Σ|q||k|
+/// (a dot product, then the scale); with the max subtraction and `exp` that gives a relative
+/// error η_i ≤ [`EXP_ULPS`]·u + (γ·dk + 4)·u·M_i of each weight, M_i = max_j scale·Σ|q_i||k_j|.
+/// The normaliser adds η_i + γ·nk·u; an online (flash) softmax rescales its running sums once
+/// per key block, each rescale an `exp` and a multiply, so at most nk·([`EXP_ULPS`] + 2)·u more;
+/// the weighted sum of V is a dot product of length nk: γ·nk·u·Σ p|v|. Hence
+/// |ô − o| ≤ w·(2η_i + (2γ + EXP_ULPS + 2)·nk·u + 4u) + [`TINY`].
+pub fn attention_bound(q: &TensorRef<'_>, k: &TensorRef<'_>, scale: f32, w: &[f32]) -> Vec<f64> {
+    let [batch, hq, nq, dk] = q.layout.dims;
+    let [_, hkv, nk, _] = k.layout.dims;
+    let dv = w.len().checked_div(nq * hq * batch).unwrap_or(0);
+    let group = (hq / hkv.max(1)).max(1);
+    let mut out = Vec::with_capacity(w.len());
+    for b in 0..batch {
+        for h in 0..hq {
+            let kh = h / group;
+            for i in 0..nq {
+                let m_i = (0..nk)
+                    .map(|j| {
+                        (0..dk)
+                            .map(|d| {
+                                f64::from(q.at(b, h, i, d).abs())
+                                    * f64::from(k.at(b, kh, j, d).abs())
+                            })
+                            .sum::<f64>()
+                            * f64::from(scale.abs())
+                    })
+                    .fold(0.0, f64::max);
+                let eta = EXP_ULPS * U + (GAMMA * dk as f64 + 4.0) * U * m_i;
+                let rel = 2.0 * eta + (2.0 * GAMMA + EXP_ULPS + 2.0) * nk as f64 * U + 4.0 * U;
+                let base = ((b * hq + h) * nq + i) * dv;
+                out.extend(w[base..base + dv].iter().map(|&wd| f64::from(wd) * rel + TINY));
+            }
+        }
+    }
+    out
+}
+
+/// A row-major `rows × cols` matrix view of `data`, or of `data` read transposed when `t`
+/// (then `data` holds `cols × rows` row-major).
+pub fn mat(data: &[f32], rows: usize, cols: usize, t: bool) -> MatRef<'_> {
+    let layout = if t {
+        MatLayout::row_major(cols, rows).transposed()
+    } else {
+        MatLayout::row_major(rows, cols)
+    };
+    MatRef::new(data, layout)
+}
+
+/// A row-major `rows × cols` output view.
+pub fn mat_mut(data: &mut [f32], rows: usize, cols: usize) -> MatMut<'_> {
+    MatMut::row_major(data, rows, cols)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_flags_nan_and_zero_bound() {
+        let v = compare(&[1.0, f32::NAN], &[1.0, 2.0], &[0.0, 1.0]);
+        assert_eq!(v.ratio, f64::INFINITY);
+        let v = compare(&[1.0, 2.5], &[1.0, 2.0], &[0.0, 1.0]);
+        assert_eq!((v.max_err, v.ratio, v.bound), (0.5, 0.5, 1.0));
+        let v = compare(&[1.0], &[1.5], &[0.0]);
+        assert_eq!(v.ratio, f64::INFINITY);
+        let v = compare(&[f32::INFINITY], &[f32::INFINITY], &[0.0]);
+        assert_eq!(v.ratio, 0.0);
+    }
+
+    #[test]
+    fn rng_is_in_range_and_deterministic() {
+        let a = Rng::new(7).vec(1000);
+        assert_eq!(a, Rng::new(7).vec(1000));
+        assert!(a.iter().all(|&x| (-1.0..1.0).contains(&x)));
+        assert!(a.iter().any(|&x| x < -0.9) && a.iter().any(|&x| x > 0.9));
+    }
+
+    #[test]
+    fn gemm_bound_catches_a_one_ulp_per_term_bias_only_beyond_it() {
+        // Exact small-integer products: the reference and an exact f32 product agree bit for
+        // bit, and the bound is positive.
+        let a: Vec<f32> = (0..12).map(|i| (i % 5) as f32 - 2.0).collect();
+        let b: Vec<f32> = (0..20).map(|i| (i % 3) as f32 - 1.0).collect();
+        let (am, bm) = (mat(&a, 3, 4, false), mat(&b, 4, 5, false));
+        let bound = gemm_bound(&am, &bm);
+        let want = attn_reference::matmul::matmul_rm(&a, &b, 3, 4, 5).unwrap();
+        assert_eq!(compare(&want, &want, &bound).ratio, 0.0);
+        let mut off = want.clone();
+        off[7] += 0.5;
+        assert!(compare(&off, &want, &bound).ratio > 1.0);
+    }
+}

@@ -1,0 +1,222 @@
+//! Fused scale-mask-softmax over score rows, against the same operation written the way an
+//! eager framework runs it (one pass over the tensor per elementary operation) and against the
+//! reference. The rate is elements per second; the bandwidth (one read and one write of every
+//! element) is compared with the copy bandwidth for that working set, since a fused softmax is
+//! memory-bound once the rows leave cache.
+
+use attn_kernels::Parallelism;
+use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
+use rayon::prelude::*;
+
+use super::{Ctx, Work};
+use crate::check::{compare, softmax_bound, Rng};
+use crate::record::Shape;
+
+const OP: &str = "softmax";
+/// The score scale used throughout (1/√64, as for d_k = 64).
+const SCALE: f32 = 0.125;
+/// The reference is timed only up to this many elements.
+const REFERENCE_MAX_ELEMS: usize = 1 << 17;
+
+/// `(rows, cols, causal)`: one head of `rows` query rows over `cols` keys.
+type Case = (usize, usize, bool);
+
+fn grid(quick: bool) -> Vec<Case> {
+    if quick {
+        vec![(64, 256, true), (512, 1024, false)]
+    } else {
+        vec![(64, 1024, true), (64, 1024, false), (8192, 4096, false)]
+    }
+}
+
+/// One implementation: `y = softmax(scale·x + mask)` over `[batch, heads, rows, cols]`.
+struct Impl {
+    name: &'static str,
+    threaded: bool,
+    call: fn(TensorRef<'_>, &Mask<'_>, TensorMut<'_>, usize) -> Result<()>,
+}
+
+const IMPLS: &[Impl] = &[
+    Impl {
+        name: "attn-kernels",
+        threaded: true,
+        call: |x, mask, y, t| {
+            attn_kernels::softmax::scale_mask_softmax(
+                x,
+                SCALE,
+                mask,
+                y,
+                None,
+                Parallelism::threads(t),
+            )
+        },
+    },
+    Impl { name: "unfused", threaded: true, call: |x, mask, y, t| unfused(x, SCALE, mask, y, t) },
+    Impl {
+        name: "reference",
+        threaded: false,
+        call: |x, mask, y, _| attn_reference::softmax::scale_mask_softmax(x, SCALE, mask, y, None),
+    },
+];
+
+/// The unfused chain: scale, mask, row max, exp, row sum, divide, each a separate pass over the
+/// whole tensor through a temporary, the way an eager framework without a fused kernel runs it
+/// (plain Rust, `f32::exp`; rows split over threads). Contiguous `[batch, heads, rows, cols]`
+/// tensors with a `None` or causal mask only; it follows the fully-masked-row convention.
+pub fn unfused(
+    x: TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    threads: usize,
+) -> Result<()> {
+    let [batch, heads, rows, cols] = x.layout.dims;
+    let contiguous = Tensor4Layout::bhsd(batch, heads, rows, cols);
+    if x.layout != contiguous || y.layout != contiguous {
+        return Err(attn_reference::Error::InvalidParameter {
+            arg: "x",
+            requirement: "unfused: contiguous tensors only",
+        });
+    }
+    let offset = match *mask {
+        Mask::None => None,
+        Mask::Causal { offset } => Some(Mask::causal_offset(offset, rows, cols)),
+        _ => {
+            return Err(attn_reference::Error::InvalidParameter {
+                arg: "mask",
+                requirement: "unfused: none or causal",
+            })
+        }
+    };
+    x.check("x")?;
+    y.check("y")?;
+    let n = x.layout.len();
+    let (x, y) = (&x.data[..n], &mut y.data[..n]);
+    if cols == 0 {
+        return Ok(());
+    }
+    let n_rows = n / cols;
+    let mut t = vec![0.0f32; n];
+    let mut max = vec![0.0f32; n_rows];
+    let mut sum = vec![0.0f32; n_rows];
+    Parallelism::threads(threads).install(|| {
+        // 1. t = scale·x
+        rows_mut(&mut t, cols, threads, |r, row| {
+            for (o, &v) in row.iter_mut().zip(&x[r * cols..(r + 1) * cols]) {
+                *o = scale * v;
+            }
+        });
+        // 2. masked scores → −∞
+        if let Some(off) = offset {
+            rows_mut(&mut t, cols, threads, |r, row| {
+                let first_hidden =
+                    ((r % rows.max(1)) as isize).saturating_add(off).saturating_add(1);
+                let first_hidden = first_hidden.clamp(0, cols as isize) as usize;
+                row[first_hidden..].fill(f32::NEG_INFINITY);
+            });
+        }
+        // 3. row max
+        rows_mut(&mut max, 1, threads, |r, m| {
+            m[0] = t[r * cols..(r + 1) * cols].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        });
+        // 4. t = exp(t − max); a fully masked row (max = −∞) becomes zeros, not NaN
+        rows_mut(&mut t, cols, threads, |r, row| {
+            let m = max[r];
+            for v in row.iter_mut() {
+                *v = if m == f32::NEG_INFINITY { 0.0 } else { (*v - m).exp() };
+            }
+        });
+        // 5. row sum
+        rows_mut(&mut sum, 1, threads, |r, s| s[0] = t[r * cols..(r + 1) * cols].iter().sum());
+        // 6. y = t / sum
+        rows_mut(y, cols, threads, |r, row| {
+            let s = sum[r];
+            for (o, &v) in row.iter_mut().zip(&t[r * cols..(r + 1) * cols]) {
+                *o = if s > 0.0 { v / s } else { 0.0 };
+            }
+        });
+    });
+    Ok(())
+}
+
+/// Calls `f(r, row)` for each `cols`-wide row of `data`, over rayon's current pool when
+/// `threads > 1`.
+fn rows_mut(data: &mut [f32], cols: usize, threads: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if threads > 1 {
+        data.par_chunks_mut(cols).enumerate().for_each(|(r, row)| f(r, row));
+    } else {
+        data.chunks_mut(cols).enumerate().for_each(|(r, row)| f(r, row));
+    }
+}
+
+fn shape(batch: usize, heads: usize, rows: usize, cols: usize, mask: &'static str) -> Shape {
+    Shape::Attn { batch, heads, kv_heads: 0, nq: rows, nk: cols, dk: 0, dv: 0, mask }
+}
+
+/// Checks every implementation on odd sizes with several heads: no mask, the default causal
+/// mask, and a causal offset of −1, whose first row of every head is fully masked.
+fn checks(ctx: &mut Ctx) {
+    let (batch, heads, rows, cols) = (2, 3, 37, 301);
+    let layout = Tensor4Layout::bhsd(batch, heads, rows, cols);
+    let x = Rng::new(0x50f7).vec(layout.len());
+    let xr = TensorRef::new(&x, layout);
+    let cases: [(Mask<'static>, &'static str); 3] = [
+        (Mask::None, "none"),
+        (Mask::Causal { offset: None }, "causal"),
+        (Mask::Causal { offset: Some(-1) }, "causal, offset -1"),
+    ];
+    for (mask, label) in cases {
+        let mut want = vec![0.0; layout.len()];
+        if let Err(e) = attn_reference::softmax::scale_mask_softmax(
+            xr,
+            SCALE,
+            &mask,
+            TensorMut::new(&mut want, layout),
+            None,
+        ) {
+            ctx.check(
+                OP,
+                "reference",
+                shape(batch, heads, rows, cols, label),
+                1,
+                Err(e.to_string()),
+            );
+            continue;
+        }
+        let bound = softmax_bound(&xr, SCALE, &want);
+        for imp in IMPLS.iter().filter(|i| i.name != "reference") {
+            for &t in ctx.threads.clone().iter().filter(|&&t| t == 1 || imp.threaded) {
+                let mut got = vec![f32::NAN; layout.len()];
+                let r = (imp.call)(xr, &mask, TensorMut::new(&mut got, layout), t);
+                let v = r.map(|()| compare(&got, &want, &bound)).map_err(|e| e.to_string());
+                ctx.check(OP, imp.name, shape(batch, heads, rows, cols, label), t, v);
+            }
+        }
+    }
+}
+
+/// Runs the section.
+pub fn run(ctx: &mut Ctx) {
+    checks(ctx);
+    for (rows, cols, causal) in grid(ctx.quick) {
+        let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
+        let x = Rng::new((rows * cols) as u64).vec(layout.len());
+        let mut y = vec![0.0f32; layout.len()];
+        let (mask, label) =
+            if causal { (Mask::Causal { offset: None }, "causal") } else { (Mask::None, "none") };
+        let elems = (rows * cols) as f64;
+        let work = Work::Elems { elems, bytes: 8.0 * elems };
+        for &t in &ctx.threads.clone() {
+            for imp in IMPLS {
+                if (t > 1 && !imp.threaded)
+                    || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS)
+                {
+                    continue;
+                }
+                ctx.bench(OP, imp.name, shape(1, 1, rows, cols, label), t, work, None, || {
+                    (imp.call)(TensorRef::new(&x, layout), &mask, TensorMut::new(&mut y, layout), t)
+                });
+            }
+        }
+    }
+}
