@@ -1,3 +1,4 @@
 //! Shared helpers for the workspace tests: input generators, tolerance bounds from error
 //! analysis, and guard-banded buffers.
+pub mod fuzz_decode;
 pub mod gemm_support;
