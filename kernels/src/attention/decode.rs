@@ -1,0 +1,184 @@
+//! The decode path (flash-decoding): few queries, many keys.
+//!
+//! For each `(batch, K/V head)` the rows are every query of every query head of the GQA group
+//! (`group · nq` rows share the same keys, so each key/value row is read once for all of
+//! them). The keys are split into chunks; each `(batch, K/V head, chunk)` task runs the online
+//! softmax over its chunk with vectors along the head dimension (one dot product per row and
+//! key, one `axpy` per row and value) and returns its unnormalised partial state `(m, l, O)`.
+//! The partials of a head are then merged by their logsumexp:
+//! `M = max_c m_c`, `L = Σ_c 2^(m_c − M)·l_c`, `O = Σ_c 2^(m_c − M)·O_c / L`.
+
+use rayon::prelude::*;
+
+use attn_reference::{Mask, TensorMut};
+
+use super::blocking::{DECODE_BC, DECODE_CHUNKS_PER_THREAD, DECODE_MIN_CHUNK};
+use super::simd::{axpy, dot, exp2_row, exp2_scalar, vectorize, Kernel, Simd};
+use super::{row_of, Problem};
+use crate::arch::Isa;
+use crate::par::Parallelism;
+
+/// Unnormalised online-softmax state of one chunk: per row the running maximum (log2
+/// domain, `f32::MIN` when nothing was visible), the sum of `2^(s − m)` and the weighted sum
+/// of values (`rows × dv`).
+struct Partial {
+    m: Vec<f32>,
+    l: Vec<f32>,
+    o: Vec<f32>,
+}
+
+/// Runs the decode path and writes `o` and `lse`.
+pub(super) fn run(
+    isa: Isa,
+    p: &Problem<'_>,
+    o: TensorMut<'_>,
+    lse: Option<&mut [f32]>,
+    par: Parallelism,
+) {
+    let heads = p.batch * p.hkv;
+    if heads == 0 || p.nq == 0 {
+        return;
+    }
+    // Chunks per head: enough tasks to keep every thread busy, none shorter than
+    // DECODE_MIN_CHUNK keys.
+    let threads = par.count();
+    let want = threads * DECODE_CHUNKS_PER_THREAD;
+    let chunks = if threads == 1 || heads >= want {
+        1
+    } else {
+        want.div_ceil(heads).min((p.nk / DECODE_MIN_CHUNK).max(1))
+    };
+    let chunk_len = p.nk.div_ceil(chunks).max(1);
+    let task = |t: usize| {
+        let (bk, c) = (t / chunks, t % chunks);
+        let (c0, c1) = ((c * chunk_len).min(p.nk), ((c + 1) * chunk_len).min(p.nk));
+        vectorize(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
+    };
+    let tasks = heads * chunks;
+    let partials: Vec<Partial> = if threads == 1 || tasks == 1 {
+        (0..tasks).map(task).collect()
+    } else {
+        par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect())
+    };
+    merge(p, &partials, chunks, o, lse);
+}
+
+/// Merges the chunks of each head by logsumexp and writes the normalised rows.
+fn merge(
+    p: &Problem<'_>,
+    partials: &[Partial],
+    chunks: usize,
+    o: TensorMut<'_>,
+    mut lse: Option<&mut [f32]>,
+) {
+    let rows = p.group * p.nq;
+    let mut acc = vec![0.0f32; p.dv];
+    for (bk, parts) in partials.chunks(chunks).enumerate() {
+        let (b, kh) = (bk / p.hkv, bk % p.hkv);
+        for r in 0..rows {
+            let (h, i) = (kh * p.group + r / p.nq, r % p.nq);
+            let mx = parts.iter().map(|c| c.m[r]).fold(f32::MIN, f32::max);
+            let mut total = 0.0f32;
+            acc.fill(0.0);
+            for c in parts {
+                // 2^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
+                let w = (f64::from(c.m[r]) - f64::from(mx)).exp2() as f32;
+                total = w.mul_add(c.l[r], total);
+                for (a, x) in acc.iter_mut().zip(&c.o[r * p.dv..(r + 1) * p.dv]) {
+                    *a = w.mul_add(*x, *a);
+                }
+            }
+            // NaN in any chunk must survive the merge (f32::max above skips NaN maxima).
+            if parts.iter().any(|c| c.l[r].is_nan()) {
+                total = f32::NAN;
+            }
+            let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
+            for (d, a) in acc.iter().enumerate() {
+                let idx = o.layout.index(b, h, i, d);
+                o.data[idx] = a * inv;
+            }
+            if let Some(out) = lse.as_deref_mut() {
+                out[(b * p.hq + h) * p.nq + i] = if total == 0.0 {
+                    f32::NEG_INFINITY
+                } else {
+                    (mx + total.log2()) * std::f32::consts::LN_2
+                };
+            }
+        }
+    }
+}
+
+/// One task: keys `c0..c1` of K/V head `kh` of batch `b`, for all rows of the group.
+struct Chunk<'r, 'a> {
+    p: &'r Problem<'a>,
+    b: usize,
+    kh: usize,
+    c0: usize,
+    c1: usize,
+}
+
+impl Kernel for Chunk<'_, '_> {
+    type Output = Partial;
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) -> Partial {
+        let Chunk { p, b, kh, c0, c1 } = self;
+        let (dk, dv, nq) = (p.dk, p.dv, p.nq);
+        let rows = p.group * nq;
+        let mut part =
+            Partial { m: vec![f32::MIN; rows], l: vec![0.0; rows], o: vec![0.0; rows * dv] };
+        // Rows are (head in group, query); every row is pre-scaled by scale·log₂e.
+        let mut qs = vec![0.0f32; rows * dk];
+        for r in 0..rows {
+            let h = kh * p.group + r / nq;
+            p.scaled_query(b, h, r % nq, &mut qs[r * dk..(r + 1) * dk]);
+        }
+        let (keys, values) = (p.keys(b, kh), p.values(b, kh));
+        let c1 = c1.min(p.key_end(nq - 1));
+        let mut sb = vec![0.0f32; rows * DECODE_BC];
+        let (mut ktmp, mut vtmp) = (vec![0.0f32; dk], vec![0.0f32; dv]);
+        let mut j0 = c0;
+        while j0 < c1 {
+            let nb = (c1 - j0).min(DECODE_BC);
+            // Scores: one pass over the key rows, all group rows per key.
+            for j in 0..nb {
+                let krow = row_of(&keys, j0 + j, dk, &mut ktmp);
+                for r in 0..rows {
+                    sb[r * DECODE_BC + j] = dot(s, &qs[r * dk..(r + 1) * dk], krow);
+                }
+            }
+            if !matches!(p.mask, Mask::None) {
+                for r in 0..rows {
+                    let h = kh * p.group + r / nq;
+                    let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
+                    p.apply_mask(b, h, r % nq, 1, j0, nb, 1, srow);
+                }
+            }
+            // Online softmax per row; the output rows are rescaled before accumulating.
+            for r in 0..rows {
+                let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
+                let m_old = part.m[r];
+                let m_new = srow.iter().fold(m_old, |a, &x| if x > a { x } else { a });
+                let sum = exp2_row(s, srow, m_new);
+                let alpha = exp2_scalar(s, m_old - m_new);
+                part.l[r] = alpha.mul_add(part.l[r], sum);
+                part.m[r] = m_new;
+                if alpha != 1.0 {
+                    part.o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= alpha);
+                }
+            }
+            // Values: one pass over the value rows, all group rows per value.
+            for j in 0..nb {
+                let vrow = row_of(&values, j0 + j, dv, &mut vtmp);
+                for r in 0..rows {
+                    let w = sb[r * DECODE_BC + j];
+                    if w != 0.0 {
+                        axpy(s, w, vrow, &mut part.o[r * dv..(r + 1) * dv]);
+                    }
+                }
+            }
+            j0 += nb;
+        }
+        part
+    }
+}

@@ -1,0 +1,676 @@
+//! The ISA layer of the attention kernels: a small vector trait ([`Simd`]) with one
+//! implementation per [`Isa`] (AVX-512F, AVX2+FMA, portable `wide`), the vectorised `exp2`,
+//! and the two register-tile micro-kernels of the flash loop. All of the attention module's
+//! `unsafe` that touches intrinsics or raw pointers lives here, behind safe wrappers that check
+//! the bounds of each block once before entering the hot loops.
+//!
+//! The ISA is a value (a token type that can only be built after the CPU check), and each
+//! algorithm is written once, generic over it, in a [`Kernel`]; [`vectorize`] runs a kernel
+//! inside a `#[target_feature]` wrapper so every `#[inline(always)]` body below is compiled for
+//! that ISA.
+//!
+//! Register tiles keep **queries along the vector lanes**: a tile is `QV` vectors of queries
+//! by `N` columns, and the other operand is broadcast element by element straight from the
+//! key/value rows in place. So K and V are never packed or transposed (any strides, GQA
+//! sharing and both tensor layouts come for free); only the query tile is packed, once per
+//! task, and the probability block is produced directly in the packed layout the P·V tile
+//! reads.
+
+use super::blocking::QV;
+use crate::arch::Isa;
+
+/// A vector ISA: lanes, register-tile width and the handful of operations the attention
+/// kernels use. Implementations exist only for ISAs the CPU supports (the token's constructor
+/// checks), which is what makes the safe methods sound.
+pub(crate) trait Simd: Copy + Send + Sync + 'static {
+    /// f32 lanes per vector.
+    const LANES: usize;
+    /// Register-tile width (see [`super::blocking`]).
+    const NR: usize;
+    /// The vector type.
+    type V: Copy;
+
+    /// All lanes `x`.
+    fn splat(self, x: f32) -> Self::V;
+    /// Loads `LANES` floats.
+    ///
+    /// # Safety
+    /// `p` must be valid for reading `LANES` consecutive f32 (no alignment needed).
+    unsafe fn load(self, p: *const f32) -> Self::V;
+    /// Stores `LANES` floats.
+    ///
+    /// # Safety
+    /// `p` must be valid for writing `LANES` consecutive f32 (no alignment needed).
+    unsafe fn store(self, p: *mut f32, v: Self::V);
+    /// `a + b`.
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a − b`.
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b`.
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b + c` (fused on x86, one rounding).
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// Lane-wise maximum; when either lane is NaN the result is `b`'s lane (the x86 `maxps`
+    /// rule), so `max(c, x)` propagates a NaN `x`.
+    fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Rounds to the nearest integer (ties to even).
+    fn round(self, a: Self::V) -> Self::V;
+    /// `2^n` for integer-valued `n` in `[−127, 0]`; `n = −127` gives exactly `+0.0`.
+    fn pow2i(self, n: Self::V) -> Self::V;
+    /// Sum of the lanes.
+    fn reduce_add(self, a: Self::V) -> f32;
+}
+
+/// A computation written once over any [`Simd`]; [`vectorize`] compiles and runs it for one ISA.
+pub(crate) trait Kernel {
+    /// What the computation returns.
+    type Output;
+    /// The body; implementations mark it `#[inline(always)]` so it is compiled inside the
+    /// `#[target_feature]` wrapper of the ISA.
+    fn run<S: Simd>(self, s: S) -> Self::Output;
+}
+
+/// Runs `k` with the vector code of `isa`, which must be supported (callers obtained it through
+/// [`Isa::require`] or [`crate::arch::selected`]); an unsupported ISA falls back to portable
+/// code rather than executing illegal instructions.
+#[inline]
+pub(crate) fn vectorize<K: Kernel>(isa: Isa, k: K) -> K::Output {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => match x86::Avx512::new() {
+            // SAFETY: the token exists only when the CPU supports AVX-512F.
+            Some(s) => unsafe { x86::Avx512::vectorize(s, k) },
+            None => k.run(Portable),
+        },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => match x86::Avx2::new() {
+            // SAFETY: the token exists only when the CPU supports AVX2 and FMA.
+            Some(s) => unsafe { x86::Avx2::vectorize(s, k) },
+            None => k.run(Portable),
+        },
+        _ => k.run(Portable),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// exp2
+
+/// `2^x` lane-wise for `x ≤ 0` (the only range the online softmax needs: scores minus their
+/// running maximum). `−∞` and anything below −127 give exactly 0, NaN stays NaN (x86).
+///
+/// Range reduction `x = n + f`, `n = round(x)`, `|f| ≤ ½`, then `2^f` by its Taylor polynomial
+/// of degree 7 in `f·ln 2` (truncation error < 1.1e-9 relative, far below one ulp) evaluated by
+/// Horner with FMAs, and `2^n` built from the exponent bits. Measured against f64: ≤ 2 ulp over
+/// [−126, 0] (the test in `tests/tests/attention.rs` sweeps it through the kernels).
+#[inline(always)]
+pub(crate) fn exp2<S: Simd>(s: S, x: S::V) -> S::V {
+    // Taylor coefficients (ln 2)^k / k!.
+    const C: [f32; 8] = [
+        1.0,
+        0.693_147_2,
+        0.240_226_5,
+        0.055_504_11,
+        0.009_618_129,
+        0.001_333_355_8,
+        0.000_154_035_3,
+        0.000_015_252_734,
+    ];
+    let x = s.max(s.splat(-127.0), x);
+    let n = s.round(x);
+    let f = s.sub(x, n);
+    let mut p = s.splat(C[7]);
+    p = s.fma(p, f, s.splat(C[6]));
+    p = s.fma(p, f, s.splat(C[5]));
+    p = s.fma(p, f, s.splat(C[4]));
+    p = s.fma(p, f, s.splat(C[3]));
+    p = s.fma(p, f, s.splat(C[2]));
+    p = s.fma(p, f, s.splat(C[1]));
+    p = s.fma(p, f, s.splat(C[0]));
+    s.mul(p, s.pow2i(n))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flash micro-kernels (raw) and their checked wrappers
+
+/// `S` tile: `s[c·QR + r] = Σ_d qp[d·QR + r] · k[c·k_rs + d·k_cs]` for `c < N`, `r < QR`,
+/// with `QR = QV · LANES`. `qp` is the packed query tile (`dk` rows of `QR` queries), `k`
+/// points at the first of `N` key rows. Overwrites the tile (β = 0).
+///
+/// # Safety
+/// `qp` readable for `dk·QR` floats; every `k[c·k_rs + d·k_cs]` (`c < N`, `d < dk`) readable;
+/// `s` writable for `N·QR` floats.
+#[inline(always)]
+unsafe fn qk_tile<S: Simd, const N: usize>(
+    s: S,
+    dk: usize,
+    qp: *const f32,
+    k: *const f32,
+    k_rs: usize,
+    k_cs: usize,
+    out: *mut f32,
+) {
+    let l = S::LANES;
+    let qr = QV * l;
+    let mut acc = [[s.splat(0.0); QV]; N];
+    let mut kp = [k; N];
+    for (c, p) in kp.iter_mut().enumerate() {
+        // SAFETY: within the rows the caller vouched for.
+        *p = unsafe { k.add(c * k_rs) };
+    }
+    for d in 0..dk {
+        // SAFETY: d < dk, so the two query vectors and the N key elements are in bounds.
+        unsafe {
+            let a0 = s.load(qp.add(d * qr));
+            let a1 = s.load(qp.add(d * qr + l));
+            for c in 0..N {
+                let b = s.splat(*kp[c].add(d * k_cs));
+                acc[c][0] = s.fma(a0, b, acc[c][0]);
+                acc[c][1] = s.fma(a1, b, acc[c][1]);
+            }
+        }
+    }
+    for (c, col) in acc.iter().enumerate() {
+        for (v, x) in col.iter().enumerate() {
+            // SAFETY: c < N, v < QV: inside the N·QR output floats.
+            unsafe { s.store(out.add(c * qr + v * l), *x) };
+        }
+    }
+}
+
+/// P·V tile: `o[c·QR + r] = alpha[r] · o[c·QR + r] + Σ_j p[j·QR + r] · v[j·v_rs + c·v_cs]` for
+/// `c < N`, `r < QR`, `j < nk`. `p` is the probability block in the packed layout `qk_tile`
+/// wrote, `v` points at column `c = 0` of the first value row, `o` at the tile of the output
+/// accumulator (`[column][QR]`). The rescale by `alpha` is the online-softmax correction.
+///
+/// # Safety
+/// `p` readable for `nk·QR` floats, `alpha` for `QR`; every `v[j·v_rs + c·v_cs]` readable;
+/// `o` readable and writable for `N·QR` floats.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pv_tile<S: Simd, const N: usize>(
+    s: S,
+    nk: usize,
+    p: *const f32,
+    v: *const f32,
+    v_rs: usize,
+    v_cs: usize,
+    alpha: *const f32,
+    o: *mut f32,
+) {
+    let l = S::LANES;
+    let qr = QV * l;
+    let mut acc = [[s.splat(0.0); QV]; N];
+    // SAFETY: alpha has QR floats, o has N·QR floats.
+    unsafe {
+        let al = [s.load(alpha), s.load(alpha.add(l))];
+        for (c, col) in acc.iter_mut().enumerate() {
+            for (vv, x) in col.iter_mut().enumerate() {
+                *x = s.mul(al[vv], s.load(o.add(c * qr + vv * l)));
+            }
+        }
+    }
+    let mut vp = v;
+    for j in 0..nk {
+        // SAFETY: j < nk: the probability vectors and the N value elements are in bounds.
+        unsafe {
+            let a0 = s.load(p.add(j * qr));
+            let a1 = s.load(p.add(j * qr + l));
+            for c in 0..N {
+                let b = s.splat(*vp.add(c * v_cs));
+                acc[c][0] = s.fma(a0, b, acc[c][0]);
+                acc[c][1] = s.fma(a1, b, acc[c][1]);
+            }
+            vp = vp.wrapping_add(v_rs);
+        }
+    }
+    for (c, col) in acc.iter().enumerate() {
+        for (vv, x) in col.iter().enumerate() {
+            // SAFETY: inside the N·QR accumulator floats.
+            unsafe { s.store(o.add(c * qr + vv * l), *x) };
+        }
+    }
+}
+
+/// Calls `$f::<S, N>(args)` for a run-time `N ∈ 1..=8`.
+macro_rules! with_width {
+    ($n:expr, $f:ident, $s:ty, ($($arg:expr),*)) => {
+        match $n {
+            1 => $f::<$s, 1>($($arg),*),
+            2 => $f::<$s, 2>($($arg),*),
+            3 => $f::<$s, 3>($($arg),*),
+            4 => $f::<$s, 4>($($arg),*),
+            5 => $f::<$s, 5>($($arg),*),
+            6 => $f::<$s, 6>($($arg),*),
+            7 => $f::<$s, 7>($($arg),*),
+            _ => $f::<$s, 8>($($arg),*),
+        }
+    };
+}
+
+/// A strided matrix operand of the block products: element `(row, col)` of `data` at
+/// `offset + row·rs + col·cs`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Strided<'a> {
+    /// The elements.
+    pub data: &'a [f32],
+    /// Index of element (0, 0).
+    pub offset: usize,
+    /// Row stride.
+    pub rs: usize,
+    /// Column stride.
+    pub cs: usize,
+}
+
+impl Strided<'_> {
+    /// True when rows `r0..r0 + nr` and columns `0..nc` are inside `data` (no overflow).
+    fn covers(&self, r0: usize, nr: usize, nc: usize) -> bool {
+        if nr == 0 || nc == 0 {
+            return true;
+        }
+        let last = (r0 + nr - 1)
+            .checked_mul(self.rs)
+            .and_then(|x| x.checked_add((nc - 1).checked_mul(self.cs)?))
+            .and_then(|x| x.checked_add(self.offset));
+        matches!(last, Some(i) if i < self.data.len())
+    }
+}
+
+/// `s[j·QR + r] = Σ_d qp[d·QR + r] · k(j0 + j, d)` for `j < nb`: the scores of one query tile
+/// against keys `j0..j0 + nb`. Panics (never UB) if a buffer is too small, which the callers'
+/// sizing rules out.
+#[inline(always)]
+pub(crate) fn qk_block<S: Simd>(
+    s: S,
+    qp: &[f32],
+    dk: usize,
+    k: Strided<'_>,
+    j0: usize,
+    nb: usize,
+    out: &mut [f32],
+) {
+    let qr = QV * S::LANES;
+    assert!(qp.len() >= dk * qr && out.len() >= nb * qr && k.covers(j0, nb, dk));
+    let mut j = 0;
+    while j < nb {
+        let n = (nb - j).min(S::NR);
+        // SAFETY: checked above: rows j0+j .. j0+j+n of k (dk columns), qp and out tiles.
+        unsafe {
+            let kp = k.data.as_ptr().add(k.offset + (j0 + j) * k.rs);
+            let op = out.as_mut_ptr().add(j * qr);
+            with_width!(n, qk_tile, S, (s, dk, qp.as_ptr(), kp, k.rs, k.cs, op));
+        }
+        j += n;
+    }
+}
+
+/// `o[c·QR + r] = alpha[r]·o[c·QR + r] + Σ_j p[j·QR + r] · v(j0 + j, c)` for all `dv` columns:
+/// one query tile's output accumulator updated with one block of `nb` value rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pv_block<S: Simd>(
+    s: S,
+    p: &[f32],
+    nb: usize,
+    v: Strided<'_>,
+    j0: usize,
+    dv: usize,
+    alpha: &[f32],
+    o: &mut [f32],
+) {
+    let qr = QV * S::LANES;
+    assert!(p.len() >= nb * qr && alpha.len() >= qr && o.len() >= dv * qr && v.covers(j0, nb, dv));
+    let mut c = 0;
+    while c < dv {
+        let n = (dv - c).min(S::NR);
+        // SAFETY: checked above: rows j0..j0+nb, columns c..c+n of v; p, alpha, o tiles.
+        unsafe {
+            let vp = if nb == 0 {
+                v.data.as_ptr()
+            } else {
+                v.data.as_ptr().add(v.offset + j0 * v.rs + c * v.cs)
+            };
+            let op = o.as_mut_ptr().add(c * qr);
+            with_width!(n, pv_tile, S, (s, nb, p.as_ptr(), vp, v.rs, v.cs, alpha.as_ptr(), op));
+        }
+        c += n;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slice helpers for the decode and unfused paths (vectors along the head dimension)
+
+/// Loads `LANES` floats from the start of `x` (which must hold that many; panics otherwise).
+#[inline(always)]
+pub(crate) fn load<S: Simd>(s: S, x: &[f32]) -> S::V {
+    let x = &x[..S::LANES];
+    // SAFETY: `x` has exactly LANES floats.
+    unsafe { s.load(x.as_ptr()) }
+}
+
+/// Stores `LANES` floats at the start of `x` (which must hold that many; panics otherwise).
+#[inline(always)]
+pub(crate) fn store<S: Simd>(s: S, x: &mut [f32], v: S::V) {
+    let x = &mut x[..S::LANES];
+    // SAFETY: `x` has exactly LANES floats.
+    unsafe { s.store(x.as_mut_ptr(), v) }
+}
+
+/// `Σ_i a_i·b_i` over `min(a.len(), b.len())` elements, in f32 with two vector accumulators.
+#[inline(always)]
+pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let l = S::LANES;
+    let mut acc0 = s.splat(0.0);
+    let mut acc1 = s.splat(0.0);
+    let mut i = 0;
+    while i + 2 * l <= n {
+        acc0 = s.fma(load(s, &a[i..]), load(s, &b[i..]), acc0);
+        acc1 = s.fma(load(s, &a[i + l..]), load(s, &b[i + l..]), acc1);
+        i += 2 * l;
+    }
+    if i + l <= n {
+        acc0 = s.fma(load(s, &a[i..]), load(s, &b[i..]), acc0);
+        i += l;
+    }
+    let mut sum = s.reduce_add(s.add(acc0, acc1));
+    for j in i..n {
+        sum = a[j].mul_add(b[j], sum);
+    }
+    sum
+}
+
+/// `y ← alpha·x + y` over `min(x.len(), y.len())` elements.
+#[inline(always)]
+pub(crate) fn axpy<S: Simd>(s: S, alpha: f32, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    let l = S::LANES;
+    let va = s.splat(alpha);
+    let mut i = 0;
+    while i + l <= n {
+        let r = s.fma(va, load(s, &x[i..]), load(s, &y[i..]));
+        store(s, &mut y[i..], r);
+        i += l;
+    }
+    for j in i..n {
+        y[j] = alpha.mul_add(x[j], y[j]);
+    }
+}
+
+/// Online-softmax step over a row of `x.len()` scores (a multiple of `LANES`) in the log2
+/// domain: returns `(max_j x_j, Σ_j 2^(x_j − m))` with `m = max(max_j x_j, m_floor)` and
+/// overwrites `x` with `2^(x_j − m)`. `m_floor` is the running maximum so far (or
+/// `f32::MIN` for none), so the exponents stay ≤ 0.
+#[inline(always)]
+pub(crate) fn exp2_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
+    let l = S::LANES;
+    let vm = s.splat(m);
+    let mut sum = s.splat(0.0);
+    let mut i = 0;
+    while i + l <= x.len() {
+        let p = exp2(s, s.sub(load(s, &x[i..]), vm));
+        store(s, &mut x[i..], p);
+        sum = s.add(sum, p);
+        i += l;
+    }
+    let mut total = s.reduce_add(sum);
+    if i < x.len() {
+        let mut tail = [f32::NEG_INFINITY; 16];
+        let n = x.len() - i;
+        tail[..n].copy_from_slice(&x[i..]);
+        let mut buf = [0.0f32; 16];
+        for (c, chunk) in tail.chunks_exact(l).enumerate() {
+            let p = exp2(s, s.sub(load(s, chunk), vm));
+            store(s, &mut buf[c * l..], p);
+        }
+        x[i..].copy_from_slice(&buf[..n]);
+        total += buf[..n].iter().sum::<f32>();
+    }
+    total
+}
+
+/// Scalar `2^x` through the vector code (lane 0), for the few per-row corrections.
+#[inline(always)]
+pub(crate) fn exp2_scalar<S: Simd>(s: S, x: f32) -> f32 {
+    let mut buf = [0.0f32; 16];
+    store(s, &mut buf, exp2(s, s.splat(x)));
+    buf[0]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Portable implementation (wide)
+
+/// Portable vectors on `wide::f32x8`; runs on every target.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Portable;
+
+impl Simd for Portable {
+    const LANES: usize = 8;
+    const NR: usize = super::blocking::NR_AVX2;
+    type V = wide::f32x8;
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> Self::V {
+        wide::f32x8::splat(x)
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> Self::V {
+        // SAFETY: the caller guarantees 8 readable floats.
+        wide::f32x8::new(unsafe { std::ptr::read_unaligned(p as *const [f32; 8]) })
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: Self::V) {
+        // SAFETY: the caller guarantees 8 writable floats.
+        unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], v.to_array()) }
+    }
+    #[inline(always)]
+    fn add(self, a: Self::V, b: Self::V) -> Self::V {
+        a + b
+    }
+    #[inline(always)]
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V {
+        a - b
+    }
+    #[inline(always)]
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V {
+        a * b
+    }
+    #[inline(always)]
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        a.mul_add(b, c)
+    }
+    #[inline(always)]
+    fn max(self, a: Self::V, b: Self::V) -> Self::V {
+        // wide's max ignores NaN; keep the x86 rule (NaN in either lane → b).
+        let nan = a.is_nan() | b.is_nan();
+        nan.select(b, a.max(b))
+    }
+    #[inline(always)]
+    fn round(self, a: Self::V) -> Self::V {
+        a.round()
+    }
+    #[inline(always)]
+    fn pow2i(self, n: Self::V) -> Self::V {
+        wide::f32x8::new(n.to_array().map(|x| {
+            // x is an integer in [-127, 0] (or NaN, which maps to 0 here; the polynomial
+            // factor carries the NaN).
+            let e = (x as i32).clamp(-127, 128) + 127;
+            f32::from_bits((e as u32) << 23)
+        }))
+    }
+    #[inline(always)]
+    fn reduce_add(self, a: Self::V) -> f32 {
+        a.reduce_add()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// x86-64 implementations
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Kernel, Simd};
+    use std::arch::x86_64::*;
+
+    /// AVX-512F token: 16 lanes, 32 registers.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Avx512(());
+
+    impl Avx512 {
+        /// The token, when this CPU supports AVX-512F.
+        pub(crate) fn new() -> Option<Self> {
+            is_x86_feature_detected!("avx512f").then_some(Avx512(()))
+        }
+
+        /// Runs `k` compiled for AVX-512F.
+        ///
+        /// # Safety
+        /// The CPU must support AVX-512F (guaranteed by holding the token).
+        #[target_feature(enable = "avx512f")]
+        pub(crate) unsafe fn vectorize<K: Kernel>(self, k: K) -> K::Output {
+            k.run(self)
+        }
+    }
+
+    // SAFETY (for every intrinsic call below): an `Avx512` value exists only after
+    // `is_x86_feature_detected!("avx512f")` returned true.
+    impl Simd for Avx512 {
+        const LANES: usize = 16;
+        const NR: usize = super::super::blocking::NR_AVX512;
+        type V = __m512;
+
+        #[inline(always)]
+        fn splat(self, x: f32) -> __m512 {
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m512 {
+            // SAFETY: the caller guarantees 16 readable floats.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m512) {
+            // SAFETY: the caller guarantees 16 writable floats.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn sub(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn max(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn round(self, a: __m512) -> __m512 {
+            unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+        }
+        #[inline(always)]
+        fn pow2i(self, n: __m512) -> __m512 {
+            unsafe {
+                let e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+                _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
+            }
+        }
+        #[inline(always)]
+        fn reduce_add(self, a: __m512) -> f32 {
+            unsafe { _mm512_reduce_add_ps(a) }
+        }
+    }
+
+    /// AVX2 + FMA token: 8 lanes, 16 registers.
+    #[derive(Clone, Copy, Debug)]
+    pub(crate) struct Avx2(());
+
+    impl Avx2 {
+        /// The token, when this CPU supports AVX2 and FMA.
+        pub(crate) fn new() -> Option<Self> {
+            (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+                .then_some(Avx2(()))
+        }
+
+        /// Runs `k` compiled for AVX2 + FMA.
+        ///
+        /// # Safety
+        /// The CPU must support AVX2 and FMA (guaranteed by holding the token).
+        #[target_feature(enable = "avx2,fma")]
+        pub(crate) unsafe fn vectorize<K: Kernel>(self, k: K) -> K::Output {
+            k.run(self)
+        }
+    }
+
+    // SAFETY (for every intrinsic call below): an `Avx2` value exists only after AVX2 and FMA
+    // were detected.
+    impl Simd for Avx2 {
+        const LANES: usize = 8;
+        const NR: usize = super::super::blocking::NR_AVX2;
+        type V = __m256;
+
+        #[inline(always)]
+        fn splat(self, x: f32) -> __m256 {
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(self, p: *const f32) -> __m256 {
+            // SAFETY: the caller guarantees 8 readable floats.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32, v: __m256) {
+            // SAFETY: the caller guarantees 8 writable floats.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        fn add(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_add_ps(a, b) }
+        }
+        #[inline(always)]
+        fn sub(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_sub_ps(a, b) }
+        }
+        #[inline(always)]
+        fn mul(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        fn max(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_max_ps(a, b) }
+        }
+        #[inline(always)]
+        fn round(self, a: __m256) -> __m256 {
+            unsafe { _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
+        }
+        #[inline(always)]
+        fn pow2i(self, n: __m256) -> __m256 {
+            unsafe {
+                let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))
+            }
+        }
+        #[inline(always)]
+        fn reduce_add(self, a: __m256) -> f32 {
+            unsafe {
+                let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                _mm_cvtss_f32(s)
+            }
+        }
+    }
+}
