@@ -854,14 +854,16 @@ impl SoftmaxCase {
                     if let (Some(lr), Some(lk)) = (&lr, &lk) {
                         let r = (b * heads + h) * rows + i;
                         let at = || format!("lse({b},{h},{i})");
-                        check_value(
-                            "softmax lse",
-                            &at,
-                            lk.slice()[r],
-                            lr[r],
-                            rb.safe,
-                            rb.lse_bound + U * f64::from(lr[r]).abs(),
-                        )?;
+                        if !(POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && lk.slice()[r].is_nan()) {
+                            check_value(
+                                "softmax lse",
+                                &at,
+                                lk.slice()[r],
+                                lr[r],
+                                rb.safe,
+                                rb.lse_bound + U * f64::from(lr[r]).abs(),
+                            )?;
+                        }
                     }
                 }
             }
@@ -933,6 +935,19 @@ pub fn softmax_row_bound(logits: &[Logit]) -> RowBound {
     RowBound { p, rel, rel_sum, lse_bound, safe, has_pos_inf }
 }
 
+/// A documented deviation of the kernels from the reference: a `+∞` logit (a `+∞` bias entry,
+/// or `+∞` data with a positive scale) makes the kernel's row NaN, where the reference gives the
+/// `+∞` positions all the weight (attention module docs: outside the supported range). The
+/// oracles accept NaN or the reference's value in such rows (outputs and logsumexp).
+pub const POS_INF_ROWS_MAY_BE_NAN: bool = true;
+
+/// A known kernel divergence (reported, reproduced by `tests/tests/hostile.rs`): a non-finite
+/// V element at a key of zero weight (masked, or in a fully masked row) leaks into the kernel's
+/// output as `0·∞ = NaN`, where the reference skips zero-weight keys. The attention oracle
+/// accepts NaN in that case so that fuzzing keeps looking for other faults; set to `false` to
+/// fuzz for it.
+pub const MASKED_NONFINITE_V_MAY_LEAK: bool = true;
+
 /// Checks one probability of a softmax row: within `γ·p_j·(rel_j + rel_S + 2u) + u·p_j +
 /// γ·(n + 1)·2⁻¹²⁶`, exactly 0 at masked and −∞ positions (and everywhere in a fully masked
 /// row), `1/count` at +∞ positions; in a row that may overflow, NaN or a value in [0, 1].
@@ -953,6 +968,9 @@ fn check_prob(
             return Err(format!("{what} at {}: kernel {got:e} is not a probability", at()));
         }
         return Ok(());
+    }
+    if POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && got.is_nan() {
+        return Ok(()); // documented kernel deviation, see [`POS_INF_ROWS_MAY_BE_NAN`]
     }
     let pj = rb.p[j];
     let bound = if rb.has_pos_inf {
@@ -1152,12 +1170,14 @@ impl AttentionCase {
                         let idx = lo.index(b, h, i, d);
                         let (mut w, mut werr, mut vsum, mut vmax) =
                             (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+                        let mut zero_weight_nonfinite = false;
                         for (j, logit) in logits.iter().enumerate() {
                             let x = f64::from(v.at(b, kh, j, d)).abs();
                             if logit.is_some() {
                                 vsum += x;
                                 vmax = vmax.max(x);
                             }
+                            zero_weight_nonfinite |= rb.p[j] == 0.0 && !x.is_finite();
                             if rb.p[j] != 0.0 {
                                 w += rb.p[j] * x;
                                 werr += rb.p[j] * x * (rb.rel[j] + (nkf + 1.0) * (U + EXP_REL));
@@ -1177,19 +1197,28 @@ impl AttentionCase {
                                 self.scale
                             )
                         };
-                        check_value("attention", &at, ok.slice()[idx], want, safe, bound)?;
+                        let got = ok.slice()[idx];
+                        let leak = MASKED_NONFINITE_V_MAY_LEAK && zero_weight_nonfinite;
+                        if !((POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf || leak) && got.is_nan()) {
+                            check_value("attention", &at, got, want, safe, bound)?;
+                        }
                     }
                     if let (Some(lr), Some(lk)) = (&lr, &lk) {
                         let at = || format!("lse({b},{h},{i})");
                         let want = lr[lse_at];
-                        check_value(
-                            "attention lse",
-                            &at,
-                            lk.slice()[lse_at],
-                            want,
-                            rb.safe,
-                            rb.lse_bound + U * f64::from(want).abs(),
-                        )?;
+                        if !(POS_INF_ROWS_MAY_BE_NAN
+                            && rb.has_pos_inf
+                            && lk.slice()[lse_at].is_nan())
+                        {
+                            check_value(
+                                "attention lse",
+                                &at,
+                                lk.slice()[lse_at],
+                                want,
+                                rb.safe,
+                                rb.lse_bound + U * f64::from(want).abs(),
+                            )?;
+                        }
                     }
                 }
             }

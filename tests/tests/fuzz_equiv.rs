@@ -190,3 +190,30 @@ fn decoders_reach_every_regime() {
     assert!(ok > 300 && err > 300 && empty > 30 && nan > 300, "{ok} {err} {empty} {nan}");
     assert!(masks.iter().all(|&m| m > 200), "{masks:?}");
 }
+
+fn selected_isa() -> attn_kernels::Isa {
+    attn_kernels::arch::selected()
+}
+
+#[test]
+fn fuzz_attention() {
+    run(512, |b| AttentionCase::decode(b).check(attn_kernels::attention::attention));
+}
+
+#[test]
+fn fuzz_attention_flash() {
+    run(512, |b| {
+        AttentionCase::decode(b).check(|q, k, v, s, m, o, l, p| {
+            attn_kernels::attention::flash(selected_isa(), q, k, v, s, m, o, l, p)
+        })
+    });
+}
+
+#[test]
+fn fuzz_attention_decode() {
+    run(512, |b| {
+        AttentionCase::decode_single_query(b).check(|q, k, v, s, m, o, l, p| {
+            attn_kernels::attention::decode(selected_isa(), q, k, v, s, m, o, l, p)
+        })
+    });
+}
