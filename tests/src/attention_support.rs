@@ -7,7 +7,7 @@
 //! makes three kinds of error, and the bound adds them up per output element:
 //!
 //! 1. **Scores.** A length-`dk` dot product is off by at most `γ·dk·u·Σ_d |q_id||k_jd|`; the
-//!    kernels also round `scale·log₂e` into the query and add the bias in the log2 domain,
+//!    kernels also round `scale` into the query before the dot product,
 //!    which costs a few `u·(|s_ij| + |b_ij|)` more. So
 //!    `δ_i = γ·(dk + 4)·u · max_j (scale·Σ_d |q_id||k_jd| + |b_ij| + |s_ij|)` over visible `j`.
 //! 2. **Probabilities.** A perturbation `δ_i` of the logits moves each `p_ij` by a relative

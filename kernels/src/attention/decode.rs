@@ -6,20 +6,20 @@
 //! softmax over its chunk with vectors along the head dimension (one dot product per row and
 //! key, one `axpy` per row and value) and returns its unnormalised partial state `(m, l, O)`.
 //! The partials of a head are then merged by their logsumexp:
-//! `M = max_c m_c`, `L = Σ_c 2^(m_c − M)·l_c`, `O = Σ_c 2^(m_c − M)·O_c / L`.
+//! `M = max_c m_c`, `L = Σ_c e^(m_c − M)·l_c`, `O = Σ_c e^(m_c − M)·O_c / L`.
 
 use rayon::prelude::*;
 
 use attn_reference::{Mask, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_CHUNKS_PER_THREAD, DECODE_MIN_CHUNK};
-use super::simd::{axpy, dot, exp2_row, exp2_scalar, vectorize, Kernel, Simd};
+use super::simd::{axpy, dot, exp_row, exp_scalar, vectorize, Kernel, Simd};
 use super::{row_of, Problem};
 use crate::arch::Isa;
 use crate::par::Parallelism;
 
-/// Unnormalised online-softmax state of one chunk: per row the running maximum (log2
-/// domain, `f32::MIN` when nothing was visible), the sum of `2^(s − m)` and the weighted sum
+/// Unnormalised online-softmax state of one chunk: per row the running maximum of the
+/// scores (`f32::MIN` when nothing was visible), the sum of `e^(s − m)` and the weighted sum
 /// of values (`rows × dv`).
 struct Partial {
     m: Vec<f32>,
@@ -81,8 +81,8 @@ fn merge(
             let mut total = 0.0f32;
             acc.fill(0.0);
             for c in parts {
-                // 2^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
-                let w = (f64::from(c.m[r]) - f64::from(mx)).exp2() as f32;
+                // e^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
+                let w = (f64::from(c.m[r]) - f64::from(mx)).exp() as f32;
                 total = w.mul_add(c.l[r], total);
                 for (a, x) in acc.iter_mut().zip(&c.o[r * p.dv..(r + 1) * p.dv]) {
                     *a = w.mul_add(*x, *a);
@@ -98,11 +98,8 @@ fn merge(
                 o.data[idx] = a * inv;
             }
             if let Some(out) = lse.as_deref_mut() {
-                out[(b * p.hq + h) * p.nq + i] = if total == 0.0 {
-                    f32::NEG_INFINITY
-                } else {
-                    (mx + total.log2()) * std::f32::consts::LN_2
-                };
+                out[(b * p.hq + h) * p.nq + i] =
+                    if total == 0.0 { f32::NEG_INFINITY } else { mx + total.ln() };
             }
         }
     }
@@ -127,7 +124,7 @@ impl Kernel for Chunk<'_, '_> {
         let rows = p.group * nq;
         let mut part =
             Partial { m: vec![f32::MIN; rows], l: vec![0.0; rows], o: vec![0.0; rows * dv] };
-        // Rows are (head in group, query); every row is pre-scaled by scale·log₂e.
+        // Rows are (head in group, query); every row is pre-scaled by scale.
         let mut qs = vec![0.0f32; rows * dk];
         for r in 0..rows {
             let h = kh * p.group + r / nq;
@@ -159,8 +156,8 @@ impl Kernel for Chunk<'_, '_> {
                 let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
                 let m_old = part.m[r];
                 let m_new = srow.iter().fold(m_old, |a, &x| if x > a { x } else { a });
-                let sum = exp2_row(s, srow, m_new);
-                let alpha = exp2_scalar(s, m_old - m_new);
+                let sum = exp_row(s, srow, m_new);
+                let alpha = exp_scalar(s, m_old - m_new);
                 part.l[r] = alpha.mul_add(part.l[r], sum);
                 part.m[r] = m_new;
                 if alpha != 1.0 {

@@ -2,23 +2,23 @@
 //! of [`BC`] with an online softmax. Written once over the [`Simd`] trait.
 //!
 //! Per task, with `QR = QV·LANES` queries on the vector lanes:
-//! 1. pack the query tile transposed and pre-scaled: `qp[d·QR + r] = scale·log₂e·q(i0 + r, d)`
+//! 1. pack the query tile transposed and pre-scaled: `qp[d·QR + r] = scale·q(i0 + r, d)`
 //!    (padding rows are 0);
 //! 2. for each key block `j0..j0 + nb` (stopping at the causal diagonal of the tile's last
 //!    query, so blocks above it are never computed):
 //!    `S = qp·Kᵀ` (register tiles over the key rows in place), mask, then per query lane
-//!    `m' = max(m, max_j S_j)`, `α = 2^(m − m')`, `P_j = 2^(S_j − m')` (in place),
+//!    `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` (in place),
 //!    `l ← α·l + Σ_j P_j`, and `O ← α·O + P·V` (the rescale is fused into the P·V tile);
-//! 3. write `O/l` (zeros where `l = 0`: fully masked rows) and `lse = ln 2·(m + log₂ l)`.
+//! 3. write `O/l` (zeros where `l = 0`: fully masked rows) and `lse = m + ln l`.
 //!
 //! The running maximum starts at `f32::MIN` rather than −∞, so `m − m'` and `S_j − m'` are never
 //! `−∞ − (−∞)`: a block where everything so far is masked gives `α = 1` on an empty sum and
-//! `P = 2^(−∞) = 0`.
+//! `P = e^(−∞) = 0`.
 
 use rayon::prelude::*;
 
 use super::blocking::{BC, QV};
-use super::simd::{exp2, load, pv_block, qk_block, store, vectorize, Kernel, Simd};
+use super::simd::{load, pv_block, qk_block, store, vectorize, Kernel, Simd};
 use super::sink::Sink;
 use super::Problem;
 use crate::arch::Isa;
@@ -138,11 +138,11 @@ impl Kernel for Tile<'_, '_, '_> {
                 let mut sum = s.splat(0.0);
                 for j in 0..nb {
                     let x = &mut sb[j * qr + at..];
-                    let e = exp2(s, s.sub(load(s, x), m_new));
+                    let e = s.exp(s.sub(load(s, x), m_new));
                     store(s, x, e);
                     sum = s.add(sum, e);
                 }
-                let a = exp2(s, s.sub(m_old, m_new));
+                let a = s.exp(s.sub(m_old, m_new));
                 store(s, &mut alpha[at..], a);
                 store(s, &mut m[at..], m_new);
                 let l_new = s.fma(a, load(s, &lsum[at..]), sum);
@@ -155,11 +155,8 @@ impl Kernel for Tile<'_, '_, '_> {
         // 3. Normalise once and write.
         for r in 0..rows {
             let lr = lsum[r];
-            let (inv, lse) = if lr == 0.0 {
-                (0.0, f32::NEG_INFINITY)
-            } else {
-                (1.0 / lr, (m[r] + lr.log2()) * std::f32::consts::LN_2)
-            };
+            let (inv, lse) =
+                if lr == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / lr, m[r] + lr.ln()) };
             let acc = &*oacc;
             // SAFETY: task t alone owns rows i0..i0 + rows of head (b, h).
             unsafe { sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv) };

@@ -4,7 +4,7 @@
 //! - [`flash`]: the streaming kernel. Each task takes one tile of queries of one head and
 //!   streams the keys in blocks, keeping a running row maximum `m` and sum `l` (online
 //!   softmax): when a block raises the maximum, the partial output is rescaled by
-//!   `2^(m_old − m_new)`; the division by `l` happens once at the end. Memory beyond the
+//!   `e^(m_old − m_new)`; the division by `l` happens once at the end. Memory beyond the
 //!   operands is per-thread scratch (a few tiles), never `Nq × Nk`. Causal blocks entirely above
 //!   the diagonal are never visited. Tasks are `(batch, head, query tile)`, spread over rayon.
 //! - [`decode`]: for a handful of queries over many keys (`Nq ≤ 16`, generation with a KV
@@ -21,13 +21,13 @@
 //! GQA/MQA (query head `h` reads K/V head `h / (H_q / H_kv)`, no copies), every [`Mask`]; a
 //! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine.
 //!
-//! Numerics: scores are computed in the log2 domain (the query tile is packed pre-multiplied
-//! by `scale·log₂e`, so the exponentials are `exp2`); accumulation is f32. A `+∞` bias entry
+//! Numerics: the query tile is packed pre-multiplied by `scale`; accumulation is f32; the
+//! exponential is the softmax module's vectorised exp (1 ULP). A `+∞` bias entry
 //! is outside the supported range (the reference gives such a row all the weight at the `+∞`
 //! positions; here the row becomes NaN).
 //!
 //! Layout of this module: `blocking` (block sizes and thresholds, with their cache
-//! reasoning), `simd` (the ISA layer: vector trait, exp2, register-tile micro-kernels; the only
+//! reasoning), `simd` (the ISA layer: vector trait, register-tile micro-kernels; the only
 //! place with intrinsics), `sink` (the shared row writer of the parallel loops), `flash`,
 //! `decode`, `unfused` (the three algorithms, each written once over the ISA trait).
 
@@ -148,17 +148,16 @@ pub fn attention_unfused(
     let isa = isa.require()?;
     let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
     let sink = sink::Sink::new(o.data, o.layout, lse);
-    unfused::run(isa, &p, &sink, par);
-    Ok(())
+    unfused::run(isa, &p, &sink, par)
 }
 
-/// A checked attention problem: operands, sizes, and the mask in the log2 domain.
+/// A checked attention problem: operands, sizes and mask.
 pub(crate) struct Problem<'a> {
     q: TensorRef<'a>,
     k: TensorRef<'a>,
     v: TensorRef<'a>,
     mask: &'a Mask<'a>,
-    /// `scale · log₂e`: scores are computed in the log2 domain so the kernels use `exp2`.
+    /// The score scale, folded into the packed queries.
     scale2: f32,
     batch: usize,
     hq: usize,
@@ -188,7 +187,7 @@ impl<'a> Problem<'a> {
             k,
             v,
             mask,
-            scale2: scale * std::f32::consts::LOG2_E,
+            scale2: scale,
             batch,
             hq,
             hkv,
@@ -224,10 +223,10 @@ impl<'a> Problem<'a> {
         }
     }
 
-    /// Applies the mask to a score block in the log2 domain: `s[j·stride + r]` holds the score
+    /// Applies the mask to a block of scaled scores: `s[j·stride + r]` holds the score
     /// of query `i0 + r` (`r < rows`) and key `j0 + j` (`j < nb`) of head `(b, h)`. Masked
     /// scores become −∞ (overwritten, so a NaN score at a masked position is dropped as the
-    /// reference drops it), a bias is added times `log₂e`. Rows `rows..stride` are padding and
+    /// reference drops it), a bias is added. Rows `rows..stride` are padding and
     /// may be touched.
     #[allow(clippy::too_many_arguments)]
     fn apply_mask(
@@ -266,15 +265,14 @@ impl<'a> Problem<'a> {
             Mask::Bias { bias, layout } => {
                 for j in 0..nb {
                     for r in 0..rows {
-                        s[j * stride + r] +=
-                            bias[layout.index(b, h, i0 + r, j0 + j)] * std::f32::consts::LOG2_E;
+                        s[j * stride + r] += bias[layout.index(b, h, i0 + r, j0 + j)];
                     }
                 }
             }
         }
     }
 
-    /// Query row `(b, h, i)` times `scale·log₂e`, into `out[..dk]`.
+    /// Query row `(b, h, i)` times `scale`, into `out[..dk]`.
     fn scaled_query(&self, b: usize, h: usize, i: usize, out: &mut [f32]) {
         for (d, x) in out[..self.dk].iter_mut().enumerate() {
             *x = self.q.at(b, h, i, d) * self.scale2;

@@ -1,6 +1,6 @@
 //! The ISA layer of the attention kernels: a small vector trait ([`Simd`]) with one
-//! implementation per [`Isa`] (AVX-512F, AVX2+FMA, portable `wide`), the vectorised `exp2`,
-//! and the two register-tile micro-kernels of the flash loop. All of the attention module's
+//! implementation per [`Isa`] (AVX-512F, AVX2+FMA, portable `wide`; the exp is the softmax
+//! module's), and the two register-tile micro-kernels of the flash loop. All of the attention module's
 //! `unsafe` that touches intrinsics or raw pointers lives here, behind safe wrappers that check
 //! the bounds of each block once before entering the hot loops.
 //!
@@ -53,10 +53,9 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// Lane-wise maximum; when either lane is NaN the result is `b`'s lane (the x86 `maxps`
     /// rule), so `max(c, x)` propagates a NaN `x`.
     fn max(self, a: Self::V, b: Self::V) -> Self::V;
-    /// Rounds to the nearest integer (ties to even).
-    fn round(self, a: Self::V) -> Self::V;
-    /// `2^n` for integer-valued `n` in `[−127, 0]`; `n = −127` gives exactly `+0.0`.
-    fn pow2i(self, n: Self::V) -> Self::V;
+    /// `e^x` lane-wise: the softmax module's vectorised exp (`crate::softmax::exp`: 1 ULP,
+    /// `exp(−∞) = 0`, NaN stays NaN, `exp(0) = 1` exactly).
+    fn exp(self, x: Self::V) -> Self::V;
     /// Sum of the lanes.
     fn reduce_add(self, a: Self::V) -> f32;
 }
@@ -90,43 +89,6 @@ pub(crate) fn vectorize<K: Kernel>(isa: Isa, k: K) -> K::Output {
         },
         _ => k.run(Portable),
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// exp2
-
-/// `2^x` lane-wise for `x ≤ 0` (the only range the online softmax needs: scores minus their
-/// running maximum). `−∞` and anything below −127 give exactly 0, NaN stays NaN (x86).
-///
-/// Range reduction `x = n + f`, `n = round(x)`, `|f| ≤ ½`, then `2^f` by its Taylor polynomial
-/// of degree 7 in `f·ln 2` (truncation error < 1.1e-9 relative, far below one ulp) evaluated by
-/// Horner with FMAs, and `2^n` built from the exponent bits. Measured against f64: ≤ 2 ulp over
-/// [−126, 0] (the test in `tests/tests/attention.rs` sweeps it through the kernels).
-#[inline(always)]
-pub(crate) fn exp2<S: Simd>(s: S, x: S::V) -> S::V {
-    // Taylor coefficients (ln 2)^k / k!.
-    const C: [f32; 8] = [
-        1.0,
-        0.693_147_2,
-        0.240_226_5,
-        0.055_504_11,
-        0.009_618_129,
-        0.001_333_355_8,
-        0.000_154_035_3,
-        0.000_015_252_734,
-    ];
-    let x = s.max(s.splat(-127.0), x);
-    let n = s.round(x);
-    let f = s.sub(x, n);
-    let mut p = s.splat(C[7]);
-    p = s.fma(p, f, s.splat(C[6]));
-    p = s.fma(p, f, s.splat(C[5]));
-    p = s.fma(p, f, s.splat(C[4]));
-    p = s.fma(p, f, s.splat(C[3]));
-    p = s.fma(p, f, s.splat(C[2]));
-    p = s.fma(p, f, s.splat(C[1]));
-    p = s.fma(p, f, s.splat(C[0]));
-    s.mul(p, s.pow2i(n))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -397,18 +359,16 @@ pub(crate) fn axpy<S: Simd>(s: S, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// Online-softmax step over a row of `x.len()` scores (a multiple of `LANES`) in the log2
-/// domain: returns `(max_j x_j, Σ_j 2^(x_j − m))` with `m = max(max_j x_j, m_floor)` and
-/// overwrites `x` with `2^(x_j − m)`. `m_floor` is the running maximum so far (or
-/// `f32::MIN` for none), so the exponents stay ≤ 0.
+/// `x_j ← e^(x_j − m)` in place; returns `Σ_j e^(x_j − m)` (f32). `m` is the row's running
+/// maximum (never below `f32::MIN`), so `−∞` scores give exactly 0.
 #[inline(always)]
-pub(crate) fn exp2_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
+pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
     let l = S::LANES;
     let vm = s.splat(m);
     let mut sum = s.splat(0.0);
     let mut i = 0;
     while i + l <= x.len() {
-        let p = exp2(s, s.sub(load(s, &x[i..]), vm));
+        let p = s.exp(s.sub(load(s, &x[i..]), vm));
         store(s, &mut x[i..], p);
         sum = s.add(sum, p);
         i += l;
@@ -420,7 +380,7 @@ pub(crate) fn exp2_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
         tail[..n].copy_from_slice(&x[i..]);
         let mut buf = [0.0f32; 16];
         for (c, chunk) in tail.chunks_exact(l).enumerate() {
-            let p = exp2(s, s.sub(load(s, chunk), vm));
+            let p = s.exp(s.sub(load(s, chunk), vm));
             store(s, &mut buf[c * l..], p);
         }
         x[i..].copy_from_slice(&buf[..n]);
@@ -429,11 +389,11 @@ pub(crate) fn exp2_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
     total
 }
 
-/// Scalar `2^x` through the vector code (lane 0), for the few per-row corrections.
+/// Scalar `e^x` through the vector code (lane 0), for the few per-row corrections.
 #[inline(always)]
-pub(crate) fn exp2_scalar<S: Simd>(s: S, x: f32) -> f32 {
+pub(crate) fn exp_scalar<S: Simd>(s: S, x: f32) -> f32 {
     let mut buf = [0.0f32; 16];
-    store(s, &mut buf, exp2(s, s.splat(x)));
+    store(s, &mut buf, s.exp(s.splat(x)));
     buf[0]
 }
 
@@ -486,17 +446,8 @@ impl Simd for Portable {
         nan.select(b, a.max(b))
     }
     #[inline(always)]
-    fn round(self, a: Self::V) -> Self::V {
-        a.round()
-    }
-    #[inline(always)]
-    fn pow2i(self, n: Self::V) -> Self::V {
-        wide::f32x8::new(n.to_array().map(|x| {
-            // x is an integer in [-127, 0] (or NaN, which maps to 0 here; the polynomial
-            // factor carries the NaN).
-            let e = (x as i32).clamp(-127, 128) + 127;
-            f32::from_bits((e as u32) << 23)
-        }))
+    fn exp(self, x: Self::V) -> Self::V {
+        crate::softmax::exp_f32x8(x)
     }
     #[inline(always)]
     fn reduce_add(self, a: Self::V) -> f32 {
@@ -574,15 +525,8 @@ mod x86 {
             unsafe { _mm512_max_ps(a, b) }
         }
         #[inline(always)]
-        fn round(self, a: __m512) -> __m512 {
-            unsafe { _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
-        }
-        #[inline(always)]
-        fn pow2i(self, n: __m512) -> __m512 {
-            unsafe {
-                let e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
-                _mm512_castsi512_ps(_mm512_slli_epi32::<23>(e))
-            }
+        fn exp(self, x: __m512) -> __m512 {
+            unsafe { crate::softmax::exp_ps_avx512(x) }
         }
         #[inline(always)]
         fn reduce_add(self, a: __m512) -> f32 {
@@ -653,15 +597,8 @@ mod x86 {
             unsafe { _mm256_max_ps(a, b) }
         }
         #[inline(always)]
-        fn round(self, a: __m256) -> __m256 {
-            unsafe { _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(a) }
-        }
-        #[inline(always)]
-        fn pow2i(self, n: __m256) -> __m256 {
-            unsafe {
-                let e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-                _mm256_castsi256_ps(_mm256_slli_epi32::<23>(e))
-            }
+        fn exp(self, x: __m256) -> __m256 {
+            unsafe { crate::softmax::exp_ps_avx2(x) }
         }
         #[inline(always)]
         fn reduce_add(self, a: __m256) -> f32 {

@@ -1,84 +1,95 @@
 //! The unfused path: per `(batch, query head)`, materialise the scores `S = scale·Q·Kᵀ`
-//! (`Nq × Nk`), apply the mask and a row softmax in place, then `O = P·V`. It needs `Nq·Nk`
-//! floats per thread, which is the point of comparison with the flash path; it is kept for
-//! equivalence tests and benchmarks, not for production use.
+//! (`Nq × Nk`, one SGEMM), apply the mask and a row softmax in place, then `O = P·V` (a second
+//! SGEMM) and divide each row by its sum. It needs `Nq·(Nk + dv)` floats per task, which is the
+//! point of comparison with the flash path; it is kept for equivalence tests and benchmarks,
+//! not for production use.
 
 use rayon::prelude::*;
 
-use super::simd::{axpy, dot, exp2_row, vectorize, Kernel, Simd};
+use attn_reference::{MatLayout, MatMut, MatRef, Result};
+
+use super::simd::{exp_row, vectorize, Kernel, Simd};
 use super::sink::Sink;
-use super::{row_of, Problem};
+use super::Problem;
 use crate::arch::Isa;
+use crate::gemm::sgemm_with_isa;
 use crate::par::Parallelism;
 
-/// Runs the unfused path over all heads, writing through `sink`.
-pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) {
+/// Runs the unfused path over all heads, writing through `sink`. With fewer heads than
+/// threads the SGEMMs get the threads instead.
+pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) -> Result<()> {
     let tasks = p.batch * p.hq;
     if p.nq == 0 || tasks == 0 {
-        return;
+        return Ok(());
     }
-    let task = |t: usize| vectorize(isa, Head { p, sink, b: t / p.hq, h: t % p.hq });
-    if par.count() == 1 || tasks == 1 {
-        (0..tasks).for_each(task);
+    if par.count() == 1 || tasks < par.count() {
+        (0..tasks).try_for_each(|t| head(isa, p, sink, t, par))
     } else {
-        par.install(|| (0..tasks).into_par_iter().with_min_len(1).for_each(task));
+        par.install(|| {
+            (0..tasks)
+                .into_par_iter()
+                .with_min_len(1)
+                .try_for_each(|t| head(isa, p, sink, t, Parallelism::Sequential))
+        })
     }
 }
 
-/// One task: head `h` of batch `b`.
-struct Head<'r, 'p, 'a> {
+/// Head `t mod hq` of batch `t / hq`.
+fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) -> Result<()> {
+    let (b, h) = (t / p.hq, t % p.hq);
+    let kh = h / p.group;
+    let (nq, nk, dv) = (p.nq, p.nk, p.dv);
+    // 1. S = scale·Q·Kᵀ (Kᵀ is K's view transposed: no copy).
+    let mut sc = vec![0.0f32; nq * nk];
+    let q = MatRef::new(p.q.data, p.q.layout.matrix(b, h));
+    let kt = MatRef::new(p.k.data, p.k.layout.matrix(b, kh).transposed());
+    sgemm_with_isa(isa, p.scale2, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
+    // 2. Mask and softmax rows (unnormalised; each row keeps its max and sum).
+    let (maxes, sums) = vectorize(isa, SoftmaxRows { p, b, h, sc: &mut sc });
+    // 3. O = P·V, normalised once per row.
+    let mut o = vec![0.0f32; nq * dv];
+    if nk > 0 {
+        let v = MatRef::new(p.v.data, p.v.layout.matrix(b, kh));
+        let pm = MatRef::new(&sc, MatLayout::row_major(nq, nk));
+        sgemm_with_isa(isa, 1.0, pm, v, 0.0, MatMut::row_major(&mut o, nq, dv), par)?;
+    }
+    for i in 0..nq {
+        let l = sums[i];
+        let (inv, lse) =
+            if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, maxes[i] + l.ln()) };
+        let row = &o[i * dv..(i + 1) * dv];
+        // SAFETY: this task alone owns the rows of head (b, h).
+        unsafe { sink.write_row(b, h, i, lse, |d| row[d] * inv) };
+    }
+    Ok(())
+}
+
+/// Masks each score row of one head and replaces it by `e^(s − max)`; returns the maxima and
+/// the sums.
+struct SoftmaxRows<'r, 'a> {
     p: &'r Problem<'a>,
-    sink: &'r Sink<'p>,
     b: usize,
     h: usize,
+    sc: &'r mut [f32],
 }
 
-impl Kernel for Head<'_, '_, '_> {
-    type Output = ();
+impl Kernel for SoftmaxRows<'_, '_> {
+    type Output = (Vec<f32>, Vec<f32>);
 
     #[inline(always)]
-    fn run<S: Simd>(self, s: S) {
-        let Head { p, sink, b, h } = self;
-        let (nq, nk, dk, dv) = (p.nq, p.nk, p.dk, p.dv);
-        let kh = h / p.group;
-        let (keys, values) = (p.keys(b, kh), p.values(b, kh));
-        let (mut qrow, mut ktmp, mut vtmp) = (vec![0.0; dk], vec![0.0; dk], vec![0.0; dv]);
-        // 1. Scores, in the log2 domain (pre-scaled by scale·log₂e).
-        let mut sc = vec![0.0f32; nq * nk];
-        for i in 0..nq {
-            p.scaled_query(b, h, i, &mut qrow);
-            for j in 0..nk {
-                sc[i * nk + j] = dot(s, &qrow, row_of(&keys, j, dk, &mut ktmp));
-            }
+    fn run<S: Simd>(self, s: S) -> Self::Output {
+        let SoftmaxRows { p, b, h, sc } = self;
+        let (nq, nk) = (p.nq, p.nk);
+        let (mut maxes, mut sums) = (vec![f32::MIN; nq], vec![0.0f32; nq]);
+        if nk == 0 {
+            return (maxes, sums);
         }
-        // 2. Mask and softmax (unnormalised; each row keeps its sum).
-        let mut sums = vec![0.0f32; nq];
-        let mut maxes = vec![f32::MIN; nq];
-        for i in 0..nq {
-            let row = &mut sc[i * nk..(i + 1) * nk];
+        for (i, row) in sc.chunks_exact_mut(nk).enumerate() {
             p.apply_mask(b, h, i, 1, 0, nk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
-            sums[i] = exp2_row(s, row, m);
+            sums[i] = exp_row(s, row, m);
             maxes[i] = m;
         }
-        // 3. O = P·V, normalised once per row.
-        let mut acc = vec![0.0f32; dv];
-        for i in 0..nq {
-            acc.fill(0.0);
-            for j in 0..nk {
-                let w = sc[i * nk + j];
-                if w != 0.0 {
-                    axpy(s, w, row_of(&values, j, dv, &mut vtmp), &mut acc);
-                }
-            }
-            let l = sums[i];
-            let (inv, lse) = if l == 0.0 {
-                (0.0, f32::NEG_INFINITY)
-            } else {
-                (1.0 / l, (maxes[i] + l.log2()) * std::f32::consts::LN_2)
-            };
-            // SAFETY: this task alone owns the rows of head (b, h).
-            unsafe { sink.write_row(b, h, i, lse, |d| acc[d] * inv) };
-        }
+        (maxes, sums)
     }
 }
