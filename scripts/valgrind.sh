@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Memory checking: runs the kernel test suite's release test binaries (release profile, line
+# tables kept for valgrind's stack traces) under `valgrind --tool=memcheck --error-exitcode=1`.
+#
+#   scripts/valgrind.sh                 # bounded default: the fast tests (see DEFAULT_FILTERS)
+#   scripts/valgrind.sh FILTER...       # only tests whose name contains a FILTER
+#   scripts/valgrind.sh --all           # every test (slow: valgrind runs ~50x slower)
+#
+# Valgrind 3.19 does not decode AVX-512 instructions, so the AVX-512 kernels cannot run under it;
+# the script runs every binary once per ISA valgrind supports (ATTN_ISA=avx2, portable) and the
+# AVX-512 code is covered by AddressSanitizer in scripts/fuzz.sh instead. Property tests run with
+# small case counts (PROPTEST_CASES, ATTN_FUZZ_CASES) so the default run stays bounded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Fast, broad tests: reference units, dispatch, guard-band/bad-input tables and small fuzz runs.
+DEFAULT_FILTERS=(reference:: arch:: par:: bad_inputs exact_on_small guard fuzz_ oracle_ hostile determinism)
+
+filters=("$@")
+if [[ ${#filters[@]} -eq 0 ]]; then
+    filters=("${DEFAULT_FILTERS[@]}")
+elif [[ "${filters[0]}" == "--all" ]]; then
+    filters=()
+fi
+
+export PROPTEST_CASES="${PROPTEST_CASES:-4}"
+export ATTN_FUZZ_CASES="${ATTN_FUZZ_CASES:-24}"
+export ATTN_STRESS_SCALE="${ATTN_STRESS_SCALE:-0}"
+
+echo "== building release test binaries"
+mapfile -t bins < <(
+    cargo test --release --workspace --no-run --message-format=json 2>/dev/null \
+        | grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/'
+)
+status=0
+for isa in avx2 portable; do
+    for bin in "${bins[@]}"; do
+        # The list of tests this binary has that match a filter (none: skip it).
+        if [[ ${#filters[@]} -gt 0 ]]; then
+            n=$("$bin" --list "${filters[@]}" 2>/dev/null | grep -c ': test$' || true)
+            [[ "$n" -eq 0 ]] && continue
+        fi
+        echo "== ATTN_ISA=$isa valgrind $(basename "$bin") ${filters[*]}"
+        if ! ATTN_ISA=$isa valgrind --tool=memcheck --error-exitcode=1 --leak-check=no \
+            --quiet "$bin" --test-threads=2 "${filters[@]}" >/tmp/valgrind-test.log 2>&1; then
+            tail -n 60 /tmp/valgrind-test.log
+            status=1
+        else
+            grep -E "^test result" /tmp/valgrind-test.log || true
+        fi
+    done
+done
+if [[ $status -eq 0 ]]; then echo "== valgrind: no errors"; else echo "!! valgrind: errors"; fi
+exit $status
