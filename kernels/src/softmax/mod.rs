@@ -1,5 +1,30 @@
 //! Fused scale-mask-softmax with a vectorised exp, log-softmax and logsumexp.
 //!
+//! [`scale_mask_softmax`] computes `y = softmax(scale·x + mask)` over the last dimension of a
+//! `[batch, heads, rows, cols]` view, with the reference's conventions
+//! ([`attn_reference::softmax::scale_mask_softmax`]) and the same errors:
+//! - logits are formed in f32: `z = scale·x` (one rounding), `z = fma(scale, x, bias)` for a
+//!   bias mask (one rounding; two on the portable ISA without FMA); masked positions are
+//!   skipped, never read into the arithmetic, and get exactly `0`;
+//! - the row is stabilised by its max `m`; `y_j = exp(z_j − m) · (1/Σ)`; logsumexp
+//!   `m + ln Σ` (rounded from f64);
+//! - a row whose every position is masked or `−∞` (or that is empty) is all zeros, lse `−∞`;
+//! - a NaN visible logit makes the whole row NaN (masked positions included) and its lse NaN;
+//! - `+∞` logits share the weight evenly (`1/count` each, 0 elsewhere), lse `+∞`;
+//! - `|z| ≤ 1e30` is ordinary input: `z − m` never overflows to NaN; a logit whose f32 product
+//!   `scale·x` overflows becomes `±∞` and follows the rule above (the f64 reference may keep
+//!   it finite — the one place the two can differ beyond rounding).
+//!
+//! Accuracy, with `u = 2⁻²⁴`, `E = 1` ULP of exp, `n` visible positions:
+//! `ŷ_j = p_j(z̃)·(1 + ε_j)`, `|ε_j| ≤ 2E·u + γ_n + 2u`, where `z̃_j` are the f32 logits and
+//! `z̃_j − m` is rounded once; each row sums to `1 ± (γ_n + 2u)`. The tests build their
+//! tolerances from exactly these terms.
+//!
+//! Passes: the input row is read twice (max, then exp) while it sits in L1/L2, and the output
+//! written once; rows longer than [`STREAM_MIN_BYTES`] in total are staged in a per-thread
+//! buffer and written with non-temporal stores so the output costs no read-for-ownership.
+//! Rows are spread over threads when the call has at least [`PAR_MIN_ELEMENTS`] elements.
+//!
 //! Files: `mod.rs` (public API, argument checks, row iteration and threading), `row.rs` (row
 //! primitives generic over the ISA, with per-ISA `#[target_feature]` wrappers and dispatch),
 //! `exp.rs` (the vectorised exp and its stated accuracy), `vector.rs` (the [`SimdF32`] trait and
@@ -42,4 +67,368 @@ pub(crate) use vector::{Avx2, Avx512};
 #[allow(unused_imports)]
 pub(crate) use vector::{Portable, SimdF32};
 
-use crate::arch::Isa;
+use attn_reference::error::{expect_dim, expect_finite};
+use attn_reference::{MatMut, MatRef, TensorMut, TensorRef};
+use rayon::prelude::*;
+
+use crate::arch::{self, Isa};
+use crate::par::Parallelism;
+use crate::{Mask, Result, Tensor4Layout};
+use row::{RowJob, RowMask};
+
+/// Calls with fewer elements than this run on the calling thread whatever the [`Parallelism`]:
+/// 32 Ki elements are ~10 µs of work at 3 G elements/s, the order of a rayon fork-join.
+pub const PAR_MIN_ELEMENTS: usize = 1 << 15;
+/// Each parallel task gets at least this many elements (whole rows), so that a task outweighs
+/// its scheduling cost.
+const PAR_MIN_TASK_ELEMENTS: usize = 1 << 13;
+/// Outputs at least this large (bytes) are written with non-temporal stores: with the input it
+/// exceeds half of the 32 MiB L3, so it would be evicted before reuse anyway, and skipping the
+/// read-for-ownership saves a third of the memory traffic.
+pub const STREAM_MIN_BYTES: usize = 16 << 20;
+
+/// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
+/// ISA [`arch::selected`] returns. Conventions, accuracy and passes: see the module docs.
+///
+/// `lse`, when given, receives the logsumexp of each row, row-major over `[batch, heads, rows]`.
+/// Errors (as the reference, in its order): `NonFinite` scale; `x` out of bounds; `y` dims
+/// differ from `x`; `y` out of bounds or aliased; mask dims or bounds; `lse` length.
+pub fn scale_mask_softmax(
+    x: TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    lse: Option<&mut [f32]>,
+    par: Parallelism,
+) -> Result<()> {
+    scale_mask_softmax_with_isa(arch::selected(), x, scale, mask, y, lse, par)
+}
+
+/// [`scale_mask_softmax`] on an explicit ISA (`InvalidParameter { arg: "isa" }` when the CPU
+/// lacks it).
+pub fn scale_mask_softmax_with_isa(
+    isa: Isa,
+    x: TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    lse: Option<&mut [f32]>,
+    par: Parallelism,
+) -> Result<()> {
+    isa.require()?;
+    expect_finite("scale", scale)?;
+    x.check("x")?;
+    y.layout.expect_dims("y", x.layout.dims)?;
+    y.check("y")?;
+    let [batch, heads, rows, cols] = x.layout.dims;
+    mask.check(batch, heads, rows, cols)?;
+    check_lse(lse.as_deref(), batch * heads * rows)?;
+    let ctx = Ctx { isa, x: Some(x), scale, mask, dims: x.layout.dims };
+    ctx.run(y, lse, par);
+    Ok(())
+}
+
+/// In-place [`scale_mask_softmax`]: `x ← softmax(scale·x + mask)`. Same results, bit for bit,
+/// as the out-of-place form. Errors as there, with `x` checked as an output (bounds and no
+/// aliasing).
+pub fn scale_mask_softmax_inplace(
+    x: TensorMut<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    lse: Option<&mut [f32]>,
+    par: Parallelism,
+) -> Result<()> {
+    scale_mask_softmax_inplace_with_isa(arch::selected(), x, scale, mask, lse, par)
+}
+
+/// [`scale_mask_softmax_inplace`] on an explicit ISA.
+pub fn scale_mask_softmax_inplace_with_isa(
+    isa: Isa,
+    x: TensorMut<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    lse: Option<&mut [f32]>,
+    par: Parallelism,
+) -> Result<()> {
+    isa.require()?;
+    expect_finite("scale", scale)?;
+    x.check("x")?;
+    let [batch, heads, rows, cols] = x.layout.dims;
+    mask.check(batch, heads, rows, cols)?;
+    check_lse(lse.as_deref(), batch * heads * rows)?;
+    let ctx = Ctx { isa, x: None, scale, mask, dims: x.layout.dims };
+    ctx.run(x, lse, par);
+    Ok(())
+}
+
+/// Softmax over each row of a matrix (no scale, no mask): [`scale_mask_softmax`] on
+/// `Tensor4Layout::from_mat`.
+pub fn softmax(x: MatRef<'_>, y: MatMut<'_>, par: Parallelism) -> Result<()> {
+    scale_mask_softmax(
+        TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout)),
+        1.0,
+        &Mask::None,
+        TensorMut::new(y.data, Tensor4Layout::from_mat(y.layout)),
+        None,
+        par,
+    )
+}
+
+/// Log-softmax over each row: `y_ij = x_ij − lse_i` in f32, `lse_i` as in [`logsumexp`].
+/// Special rows follow IEEE from there (as the reference): an all-`−∞` row gives NaN
+/// (`−∞ − (−∞)`), a row with `+∞` gives NaN there and `−∞` elsewhere, NaN input a NaN row.
+/// Errors (reference order): `y` shape, `y` bounds or aliasing, then `x` bounds.
+pub fn log_softmax(x: MatRef<'_>, y: MatMut<'_>, par: Parallelism) -> Result<()> {
+    log_softmax_with_isa(arch::selected(), x, y, par)
+}
+
+/// [`log_softmax`] on an explicit ISA.
+pub fn log_softmax_with_isa(
+    isa: Isa,
+    x: MatRef<'_>,
+    y: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    isa.require()?;
+    y.layout.expect_shape("y", x.layout.rows, x.layout.cols)?;
+    y.check("y")?;
+    x.check("x")?;
+    let yt = TensorMut::new(y.data, Tensor4Layout::from_mat(y.layout));
+    let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
+    for_each_row(yt, None, par, |scratch, r, yrow, _| {
+        let xrow = gather(&xt, r, &mut scratch.x);
+        row::lse_row(isa, xrow, Some(yrow));
+    });
+    Ok(())
+}
+
+/// `ln Σ_j exp(x_ij)` for each row (`−∞` for an empty or all-`−∞` row, `+∞` if a row holds
+/// `+∞`, NaN if it holds NaN), computed as `m + ln Σ exp(x_j − m)` with the f32 kernel and the
+/// final step in f64. Errors: `x` out of bounds.
+pub fn logsumexp(x: MatRef<'_>, par: Parallelism) -> Result<Vec<f32>> {
+    logsumexp_with_isa(arch::selected(), x, par)
+}
+
+/// [`logsumexp`] on an explicit ISA.
+pub fn logsumexp_with_isa(isa: Isa, x: MatRef<'_>, par: Parallelism) -> Result<Vec<f32>> {
+    isa.require()?;
+    x.check("x")?;
+    let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
+    let rows = x.layout.rows;
+    let f =
+        |scratch: &mut Scratch, r: usize| row::lse_row(isa, gather(&xt, r, &mut scratch.x), None);
+    if use_threads(par, x.layout.len()) {
+        let min = min_rows_per_task(x.layout.cols);
+        Ok(par.install(|| {
+            (0..rows).into_par_iter().with_min_len(min).map_init(Scratch::default, f).collect()
+        }))
+    } else {
+        let mut scratch = Scratch::default();
+        Ok((0..rows).map(|r| f(&mut scratch, r)).collect())
+    }
+}
+
+fn check_lse(lse: Option<&[f32]>, rows: usize) -> Result<()> {
+    match lse {
+        Some(l) => expect_dim("lse", "len", rows, l.len()),
+        None => Ok(()),
+    }
+}
+
+fn use_threads(par: Parallelism, elements: usize) -> bool {
+    par.count() > 1 && elements >= PAR_MIN_ELEMENTS
+}
+
+fn min_rows_per_task(cols: usize) -> usize {
+    PAR_MIN_TASK_ELEMENTS.div_ceil(cols.max(1))
+}
+
+/// Per-thread buffers for gathered (strided) rows and the streaming stage.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    y: Vec<f32>,
+    bias: Vec<f32>,
+    keep: Vec<bool>,
+    stage: Vec<f32>,
+}
+
+/// Row `r` (flat over `[batch, heads, rows]`) of `t`: the slice itself when its columns are
+/// contiguous, else a copy in `buf`.
+fn gather<'a>(t: &TensorRef<'a>, r: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    let (start, cols, stride) = row_span(&t.layout, r);
+    if stride == 1 || cols <= 1 {
+        &t.data[start..start + cols]
+    } else {
+        buf.clear();
+        buf.extend((0..cols).map(|j| t.data[start + j * stride]));
+        buf
+    }
+}
+
+/// Generic gather for mask rows.
+fn gather_mask<'a, T: Copy>(
+    data: &'a [T],
+    layout: &Tensor4Layout,
+    r: usize,
+    buf: &'a mut Vec<T>,
+) -> &'a [T] {
+    let (start, cols, stride) = row_span(layout, r);
+    if stride == 1 || cols <= 1 {
+        &data[start..start + cols]
+    } else {
+        buf.clear();
+        buf.extend((0..cols).map(|j| data[start + j * stride]));
+        buf
+    }
+}
+
+/// (index of element 0, cols, column stride) of flat row `r`.
+fn row_span(l: &Tensor4Layout, r: usize) -> (usize, usize, usize) {
+    let [_, heads, rows, cols] = l.dims;
+    let (bh, i) = (r / rows.max(1), r % rows.max(1));
+    let (b, h) = (bh / heads.max(1), bh % heads.max(1));
+    (l.index(b, h, i, 0), cols, l.strides[3])
+}
+
+/// Runs `f(scratch, flat_row, y_row, lse_slot)` for every row of `y`, where `y_row` is a
+/// contiguous buffer holding the row (the row itself, or a gathered copy scattered back after
+/// `f`). Rows go to rayon tasks when the call is large enough and the rows are contiguous.
+fn for_each_row<F>(mut y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism, f: F)
+where
+    F: Fn(&mut Scratch, usize, &mut [f32], Option<&mut f32>) + Sync,
+{
+    let [batch, heads, rows, cols] = y.layout.dims;
+    let nrows = batch * heads * rows;
+    let mut slots: Vec<Option<&mut f32>> = match lse {
+        Some(l) => l.iter_mut().map(Some).collect(),
+        None => Vec::new(),
+    };
+    let contiguous = y.layout.strides[3] == 1 || cols <= 1;
+    if contiguous && use_threads(par, nrows.saturating_mul(cols)) {
+        if let Some(mut jobs) = split_rows(y.data, &y.layout) {
+            let mut work: Vec<(usize, &mut [f32], Option<&mut f32>)> = Vec::with_capacity(nrows);
+            for (r, row) in jobs.drain(..) {
+                work.push((r, row, take_slot(&mut slots, r)));
+            }
+            let min = min_rows_per_task(cols);
+            par.install(|| {
+                work.into_par_iter()
+                    .with_min_len(min)
+                    .for_each_init(Scratch::default, |s, (r, row, l)| f(s, r, row, l))
+            });
+            return;
+        }
+    }
+    let mut scratch = Scratch::default();
+    for r in 0..nrows {
+        let (start, _, stride) = row_span(&y.layout, r);
+        let l = take_slot(&mut slots, r);
+        if contiguous {
+            f(&mut scratch, r, &mut y.rb().data[start..start + cols], l);
+        } else {
+            let mut buf = std::mem::take(&mut scratch.y);
+            buf.clear();
+            buf.extend((0..cols).map(|j| y.data[start + j * stride]));
+            f(&mut scratch, r, &mut buf, l);
+            for (j, v) in buf.iter().enumerate() {
+                y.data[start + j * stride] = *v;
+            }
+            scratch.y = buf;
+        }
+    }
+}
+
+fn take_slot<'a>(slots: &mut [Option<&'a mut f32>], r: usize) -> Option<&'a mut f32> {
+    slots.get_mut(r).and_then(Option::take)
+}
+
+/// Splits `data` into the disjoint contiguous rows of `layout` (column stride 1), tagged with
+/// their flat row index. `None` if two rows overlap (impossible after `check_output`).
+fn split_rows<'a>(
+    data: &'a mut [f32],
+    layout: &Tensor4Layout,
+) -> Option<Vec<(usize, &'a mut [f32])>> {
+    let [batch, heads, rows, cols] = layout.dims;
+    let nrows = batch * heads * rows;
+    let mut order: Vec<(usize, usize)> = (0..nrows).map(|r| (row_span(layout, r).0, r)).collect();
+    order.sort_unstable();
+    let mut out = Vec::with_capacity(nrows);
+    let mut rest = data;
+    let mut consumed = 0usize;
+    for (start, r) in order {
+        let skip = start.checked_sub(consumed)?;
+        if skip.checked_add(cols)? > rest.len() {
+            return None;
+        }
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
+        let (row, tail) = tail.split_at_mut(cols);
+        out.push((r, row));
+        rest = tail;
+        consumed = start + cols;
+    }
+    Some(out)
+}
+
+/// What a scale-mask-softmax call needs per row, shared read-only by the threads.
+struct Ctx<'a, 'm> {
+    isa: Isa,
+    /// `None`: in place.
+    x: Option<TensorRef<'a>>,
+    scale: f32,
+    mask: &'a Mask<'m>,
+    dims: [usize; 4],
+}
+
+impl Ctx<'_, '_> {
+    fn run(&self, y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism) {
+        let [_, _, rows, cols] = self.dims;
+        let stream =
+            self.isa != Isa::Portable && y.layout.len().saturating_mul(4) >= STREAM_MIN_BYTES;
+        for_each_row(y, lse, par, |scratch, r, yrow, l| {
+            let v = self.row(scratch, r, rows, cols, yrow, stream);
+            if let Some(l) = l {
+                *l = v;
+            }
+        });
+    }
+
+    fn row(
+        &self,
+        scratch: &mut Scratch,
+        r: usize,
+        rows: usize,
+        cols: usize,
+        y: &mut [f32],
+        stream: bool,
+    ) -> f32 {
+        let Scratch { x: xbuf, bias: bbuf, keep: kbuf, stage, .. } = scratch;
+        let i = r % rows.max(1);
+        let (visible, mask) = match self.mask {
+            Mask::None => (cols, RowMask::None),
+            Mask::Causal { offset } => {
+                let off = Mask::causal_offset(*offset, rows, cols);
+                let last = (i as isize).saturating_add(off); // last visible column
+                let visible =
+                    if last < 0 { 0 } else { (last as usize).saturating_add(1).min(cols) };
+                (visible, RowMask::None)
+            }
+            Mask::Keep { keep, layout } => {
+                (cols, RowMask::Keep(gather_mask(keep, layout, r, kbuf)))
+            }
+            Mask::Bias { bias, layout } => {
+                (cols, RowMask::Bias(gather_mask(bias, layout, r, bbuf)))
+            }
+        };
+        let src = self.x.as_ref().map(|x| gather(x, r, xbuf));
+        let stage = if stream {
+            if stage.len() < visible {
+                stage.resize(visible, 0.0);
+            }
+            Some(&mut stage[..visible])
+        } else {
+            None
+        };
+        row::softmax_row(self.isa, RowJob { src, y, visible, mask, scale: self.scale, stage })
+    }
+}

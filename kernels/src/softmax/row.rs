@@ -131,6 +131,7 @@ impl<S: SimdF32> Logits<S> for Bias<S> {
 /// `S::ISA` supported; `z` valid for `n` logits.
 #[inline(always)]
 unsafe fn max_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> f32 {
+    debug_assert!(S::ISA.is_supported());
     let l = S::LANES;
     // SAFETY: indices stay below `n` (full vectors while `j + LANES ≤ n`, then one tail).
     unsafe {
@@ -192,7 +193,13 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize, m: f32, w: *mu
             if !w.is_null() {
                 S::store_tail(w.add(j), k, e);
             }
-            s1 = S::add(s1, e);
+            // Vector number j/LANES goes to accumulator (j/LANES) mod 2, as in the loops above,
+            // so a row and the same row padded with masked columns sum in the same order.
+            if (j / l) % 2 == 0 {
+                s0 = S::add(s0, e);
+            } else {
+                s1 = S::add(s1, e);
+            }
         }
         S::reduce_add(S::add(s0, s1))
     }
@@ -411,6 +418,7 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
 /// # Safety
 /// `S::ISA` supported.
 #[inline(always)]
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
     // SAFETY: forwarded contract.
     unsafe { max_pass::<S, _>(&Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) }, x.len()) }
@@ -421,6 +429,7 @@ unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
 /// # Safety
 /// `S::ISA` supported.
 #[inline(always)]
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     let p = x.as_mut_ptr();
     // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
@@ -432,6 +441,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
 /// # Safety
 /// `S::ISA` supported.
 #[inline(always)]
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn scale_body<S: SimdF32>(x: &mut [f32], s: f32) {
     let p = x.as_mut_ptr();
     // SAFETY: forwarded contract.
@@ -456,16 +466,19 @@ macro_rules! isa_fns {
                 // SAFETY: as above.
                 unsafe { lse_row_body::<$S>(x, y) }
             }
+            #[allow(dead_code)]
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn row_max(x: &[f32]) -> f32 {
                 // SAFETY: as above.
                 unsafe { row_max_body::<$S>(x) }
             }
+            #[allow(dead_code)]
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
                 // SAFETY: as above.
                 unsafe { exp_sub_sum_body::<$S>(x, m) }
             }
+            #[allow(dead_code)]
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn scale(x: &mut [f32], s: f32) {
                 // SAFETY: as above.
@@ -540,17 +553,20 @@ pub(crate) fn exp_map(isa: Isa, x: &[f32], y: &mut [f32]) {
 // ---- The crate-internal row API the attention kernel builds on (see `softmax/mod.rs`). ----
 
 /// `max_j x_j` of a contiguous row; NaN elements are skipped, an empty row gives `−∞`.
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn row_max(isa: Isa, x: &[f32]) -> f32 {
     dispatch!(isa, row_max(x))
 }
 
 /// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES × 2`
 /// partial sums). Pass a finite `m` (usually [`row_max`]); IEEE rules apply otherwise.
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn exp_sub_sum(isa: Isa, x: &mut [f32], m: f32) -> f32 {
     dispatch!(isa, exp_sub_sum(x, m))
 }
 
 /// `x_j ← x_j · s` in place.
+#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn scale(isa: Isa, x: &mut [f32], s: f32) {
     dispatch!(isa, scale(x, s))
 }

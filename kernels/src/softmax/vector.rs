@@ -26,6 +26,8 @@ pub(crate) trait SimdF32: Copy + 'static {
     /// True when [`stream`](Self::stream) is a non-temporal store (needs `LANES × 4`-byte
     /// alignment); false when it is an ordinary store.
     const HAS_STREAM: bool;
+    /// True when [`fmadd`](Self::fmadd) rounds once.
+    const FUSED: bool;
     /// A vector of `LANES` f32.
     type V: Copy;
     /// A per-lane boolean mask.
@@ -79,10 +81,6 @@ pub(crate) trait SimdF32: Copy + 'static {
     unsafe fn keep_tail(p: *const bool, k: usize) -> Self::M;
     /// `m ? a : b` lane-wise.
     unsafe fn select(m: Self::M, a: Self::V, b: Self::V) -> Self::V;
-    /// Bit `j` set where lane `j` of `v` equals `c` (ordered compare).
-    unsafe fn eq_bits(v: Self::V, c: Self::V) -> u32;
-    /// Bit `j` set where lane `j` of `v` is NaN.
-    unsafe fn nan_bits(v: Self::V) -> u32;
 }
 
 /// The portable ISA: `wide::f32x8`, 8 lanes, no `unsafe` needed inside (the methods are
@@ -94,7 +92,8 @@ mod portable {
     use super::{Isa, Portable, SimdF32};
     use wide::{f32x8, i32x8};
 
-    const ROUND_MAGIC_BITS: i32 = super::super::exp::ROUND_MAGIC.to_bits() as i32;
+    /// `exp::ROUND_MAGIC.to_bits()` (1.5·2^23).
+    const ROUND_MAGIC_BITS: i32 = 0x4B40_0000;
 
     fn to_i32(v: f32x8) -> i32x8 {
         wide::bytemuck::cast(v.to_bits())
@@ -107,6 +106,8 @@ mod portable {
         const ISA: Isa = Isa::Portable;
         const LANES: usize = 8;
         const HAS_STREAM: bool = false;
+        // wide fuses `mul_add` only when the build targets AVX and FMA.
+        const FUSED: bool = cfg!(all(target_feature = "avx", target_feature = "fma"));
         type V = f32x8;
         type M = f32x8;
 
@@ -214,14 +215,6 @@ mod portable {
         unsafe fn select(m: f32x8, a: f32x8, b: f32x8) -> f32x8 {
             m.select(a, b)
         }
-        #[inline(always)]
-        unsafe fn eq_bits(v: f32x8, c: f32x8) -> u32 {
-            v.simd_eq(c).to_bitmask()
-        }
-        #[inline(always)]
-        unsafe fn nan_bits(v: f32x8) -> u32 {
-            v.is_nan().to_bitmask()
-        }
     }
 }
 
@@ -235,7 +228,8 @@ mod avx2 {
     use super::{Avx2, Isa, SimdF32};
     use std::arch::x86_64::*;
 
-    const ROUND_MAGIC_BITS: i32 = super::super::exp::ROUND_MAGIC.to_bits() as i32;
+    /// `exp::ROUND_MAGIC.to_bits()` (1.5·2^23).
+    const ROUND_MAGIC_BITS: i32 = 0x4B40_0000;
 
     #[inline(always)]
     unsafe fn tail_mask(k: usize) -> __m256i {
@@ -262,6 +256,7 @@ mod avx2 {
         const ISA: Isa = Isa::Avx2;
         const LANES: usize = 8;
         const HAS_STREAM: bool = true;
+        const FUSED: bool = true;
         type V = __m256;
         type M = __m256;
 
@@ -288,7 +283,7 @@ mod avx2 {
         }
         #[inline(always)]
         unsafe fn stream(p: *mut f32, v: __m256) {
-            debug_assert!(p as usize % 32 == 0);
+            debug_assert!((p as usize).is_multiple_of(32));
             unsafe { _mm256_stream_ps(p, v) }
         }
         #[inline(always)]
@@ -374,14 +369,6 @@ mod avx2 {
         unsafe fn select(m: __m256, a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_blendv_ps(b, a, m) }
         }
-        #[inline(always)]
-        unsafe fn eq_bits(v: __m256, c: __m256) -> u32 {
-            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, c)) as u32 }
-        }
-        #[inline(always)]
-        unsafe fn nan_bits(v: __m256) -> u32 {
-            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_UNORD_Q>(v, v)) as u32 }
-        }
     }
 }
 
@@ -416,6 +403,7 @@ mod avx512 {
         const ISA: Isa = Isa::Avx512;
         const LANES: usize = 16;
         const HAS_STREAM: bool = true;
+        const FUSED: bool = true;
         type V = __m512;
         type M = __mmask16;
 
@@ -441,7 +429,7 @@ mod avx512 {
         }
         #[inline(always)]
         unsafe fn stream(p: *mut f32, v: __m512) {
-            debug_assert!(p as usize % 64 == 0);
+            debug_assert!((p as usize).is_multiple_of(64));
             unsafe { _mm512_stream_ps(p, v) }
         }
         #[inline(always)]
@@ -507,14 +495,6 @@ mod avx512 {
         #[inline(always)]
         unsafe fn select(m: __mmask16, a: __m512, b: __m512) -> __m512 {
             unsafe { _mm512_mask_blend_ps(m, b, a) }
-        }
-        #[inline(always)]
-        unsafe fn eq_bits(v: __m512, c: __m512) -> u32 {
-            unsafe { u32::from(_mm512_cmp_ps_mask::<_CMP_EQ_OQ>(v, c)) }
-        }
-        #[inline(always)]
-        unsafe fn nan_bits(v: __m512) -> u32 {
-            unsafe { u32::from(_mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v)) }
         }
     }
 }
