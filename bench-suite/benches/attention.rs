@@ -43,10 +43,8 @@ fn bench_attention(c: &mut Criterion) {
     for d in [64, 128] {
         for causal in [false, true] {
             for threads in [1, 2] {
-                let name = format!(
-                    "attention/d{d}/{}/{threads}t",
-                    if causal { "causal" } else { "full" }
-                );
+                let name =
+                    format!("attention/d{d}/{}/{threads}t", if causal { "causal" } else { "full" });
                 let mut g = c.benchmark_group(name);
                 g.sample_size(10);
                 let par = Parallelism::threads(threads);
@@ -63,7 +61,8 @@ fn bench_attention(c: &mut Criterion) {
                         v: &'a [f32],
                         o: &'a mut [f32],
                         l: Tensor4Layout,
-                    ) -> (TensorRef<'a>, TensorRef<'a>, TensorRef<'a>, TensorMut<'a>) {
+                    ) -> (TensorRef<'a>, TensorRef<'a>, TensorRef<'a>, TensorMut<'a>)
+                    {
                         (
                             TensorRef::new(q, l),
                             TensorRef::new(k, l),
@@ -71,7 +70,7 @@ fn bench_attention(c: &mut Criterion) {
                             TensorMut::new(o, l),
                         )
                     }
-                    
+
                     g.bench_with_input(BenchmarkId::new("flash", n), &n, |b, _| {
                         b.iter(|| {
                             let (q, k, v, o) = views(&q, &k, &v, &mut o, l);

@@ -192,7 +192,7 @@ fn golden_example() {
     let queries = [1., 0., 2., 2., 2., 2., 2., 1., 3.];
     let keys = [0., 1., 1., 4., 4., 0., 2., 3., 1.];
     let values = [1., 2., 3., 2., 8., 0., 2., 6., 3.];
-    let want1 = [
+    let want1: [f64; 9] = [
         1.936621062,
         6.683105308,
         1.595068407,
@@ -203,7 +203,7 @@ fn golden_example() {
         7.759892255,
         0.358389295,
     ];
-    let want3 = [
+    let want3: [f64; 9] = [
         1.863874202,
         6.319371012,
         1.704188696,
@@ -233,7 +233,10 @@ fn golden_example() {
                 .unwrap();
                 for (x, y) in o.iter().zip(want) {
                     // Scores up to 16 and values up to 8: a few ulp of 8 (2⁻²⁰ each).
-                    assert!((x - y).abs() <= 8.0 * 2f32.powi(-20), "{name}/{isa}: {o:?}");
+                    assert!(
+                        (f64::from(*x) - y).abs() <= 8.0 * 2f64.powi(-20),
+                        "{name}/{isa}: {o:?}"
+                    );
                 }
             }
         }

@@ -124,10 +124,10 @@ unsafe fn qk_tile<S: Simd, const N: usize>(
         unsafe {
             let a0 = s.load(qp.add(d * qr));
             let a1 = s.load(qp.add(d * qr + l));
-            for c in 0..N {
-                let b = s.splat(*kp[c].add(d * k_cs));
-                acc[c][0] = s.fma(a0, b, acc[c][0]);
-                acc[c][1] = s.fma(a1, b, acc[c][1]);
+            for (ac, kc) in acc.iter_mut().zip(&kp) {
+                let b = s.splat(*kc.add(d * k_cs));
+                ac[0] = s.fma(a0, b, ac[0]);
+                ac[1] = s.fma(a1, b, ac[1]);
             }
         }
     }
@@ -177,10 +177,10 @@ unsafe fn pv_tile<S: Simd, const N: usize>(
         unsafe {
             let a0 = s.load(p.add(j * qr));
             let a1 = s.load(p.add(j * qr + l));
-            for c in 0..N {
+            for (c, ac) in acc.iter_mut().enumerate() {
                 let b = s.splat(*vp.add(c * v_cs));
-                acc[c][0] = s.fma(a0, b, acc[c][0]);
-                acc[c][1] = s.fma(a1, b, acc[c][1]);
+                ac[0] = s.fma(a0, b, ac[0]);
+                ac[1] = s.fma(a1, b, ac[1]);
             }
             vp = vp.wrapping_add(v_rs);
         }
