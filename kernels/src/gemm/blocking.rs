@@ -1,18 +1,20 @@
 //! Block sizes of the Goto/BLIS loop nest and the threading threshold: the one place where they
-//! are chosen, with the cache each block is sized for. Tuned for Zen 4 (32 KiB L1d and 1 MiB
-//! L2 per core, 32 MiB shared L3) and sound on any x86-64 with ≥ 256 KiB L2.
+//! are chosen, with the cache each block is sized for. Tuned on this machine's EPYC (32 KiB L1d
+//! and 512 KiB L2 per core, 32 MiB shared L3, AVX2+FMA) and sound on any x86-64 with ≥ 256 KiB
+//! L2 (Zen 4's 1 MiB L2 only leaves more headroom).
 
 /// Depth of a k-block (rows of a packed B block, columns of a packed A block).
 ///
 /// A micro-kernel call streams one A micro-panel (`KC·MR·4` B) and one B micro-panel
-/// (`KC·NR·4` B); with KC = 256 the 12×32 AVX-512 pair is 12 KiB + 32 KiB, i.e. the B
-/// micro-panel that is reused across the A block lives in L1/L2 and the C tile (24 zmm) is
-/// loaded and stored once per 256 rank-1 updates, so the C traffic is < 1 % of the loads.
+/// (`KC·NR·4` B); with KC = 256 the 6×16 AVX2 pair is 6 KiB + 16 KiB, so the B micro-panel
+/// that is reused across the whole A block stays in the 32 KiB L1 with room for the A panel
+/// streaming past it, and the C tile is loaded and stored once per 256 rank-1 updates.
 pub const KC: usize = 256;
 
-/// Target bytes of a packed A block (`MC × KC` floats): half of the 1 MiB L2, leaving the other
-/// half for the B micro-panels and C tiles that stream through it.
-pub const A_BLOCK_BYTES: usize = 512 * 1024;
+/// Target bytes of a packed A block (`MC × KC` floats): half of a 512 KiB L2 (what this
+/// machine's EPYC reports per core; a quarter of Zen 4's 1 MiB), leaving the rest for the B
+/// micro-panel being reused and the C tiles that stream through.
+pub const A_BLOCK_BYTES: usize = 256 * 1024;
 
 /// Target bytes of a packed B block (`KC × NC` floats): 4 MiB, an eighth of the 32 MiB L3
 /// (shared by the cores and the other processes of this machine), reused by every A block.
@@ -22,6 +24,9 @@ pub const B_BLOCK_BYTES: usize = 4 * 1024 * 1024;
 /// [`Parallelism`](crate::par::Parallelism): about 30 µs of work at 100 GFLOP/s, an order of
 /// magnitude above the cost of waking a rayon worker.
 pub const PAR_MIN_MNK: usize = 128 * 128 * 96;
+
+/// Widest C (n) for which A is read in place by the micro-kernels instead of being packed.
+pub const DIRECT_A_MAX_N: usize = 128;
 
 /// Block sizes for one micro-kernel shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,15 +19,17 @@ use attn_reference::MatRef;
 
 use super::blocking::PAR_MIN_MNK;
 use super::pack::{pack_a, pack_b, pack_b_panel, with_buf, Slot};
-use super::ukernel::{macro_kernel, Kernel};
+use super::ukernel::{macro_kernel, ABlock, Kernel};
 use super::PackedPanels;
 use crate::par::Parallelism;
 
 /// Where the A operand comes from: a strided view packed block by block, or already packed.
 #[derive(Clone, Copy)]
 pub(crate) enum ASrc<'a> {
-    /// A checked `m × k` view.
+    /// A checked `m × k` view, packed block by block.
     View(MatRef<'a>),
+    /// A checked `m × k` view read in place by the micro-kernels (no packing).
+    Direct(MatRef<'a>),
     /// Packed with the same kernel, `m × k`.
     Packed(&'a PackedPanels),
 }
@@ -179,7 +181,7 @@ unsafe fn row_range(
     let c = pb.c;
     for ic in (i_lo..i_hi).step_by(mc_step) {
         let mc = mc_step.min(i_hi - ic);
-        let go = |apack: *const f32| {
+        let go = |ablock: ABlock| {
             // SAFETY: A block (ic, mc, pc, kc) and B panels from j_lo are packed and sized;
             // the C sub-view rows ic.., columns jc + j_lo.. lies inside the caller's view.
             unsafe {
@@ -189,7 +191,7 @@ unsafe fn row_range(
                     j_hi - j_lo,
                     kc,
                     pb.alpha,
-                    apack,
+                    ablock,
                     bpack.as_ptr().add(j_lo * kc),
                     beta,
                     c.ptr.add(ic * c.rs + (jc + j_lo) * c.cs),
@@ -199,12 +201,18 @@ unsafe fn row_range(
             }
         };
         match pb.a {
-            ASrc::Packed(p) => go(p.block(pc, kc, ic, mc).as_ptr()),
+            ASrc::Packed(p) => go(ABlock::Packed(p.block(pc, kc, ic, mc).as_ptr())),
+            ASrc::Direct(a) => go(ABlock::Strided {
+                // SAFETY: (ic, pc) is an element of the checked view.
+                ptr: unsafe { a.data.as_ptr().add(a.layout.index(ic, pc)) },
+                rs: a.layout.row_stride,
+                cs: a.layout.col_stride,
+            }),
             ASrc::View(a) => with_buf(Slot::A, |buf| {
                 let dst = buf.get(mc.div_ceil(mr) * mr * kc);
                 // SAFETY: the view was checked and the block is inside it; dst is sized.
                 unsafe { pack_a(mr, &a, ic, mc, pc, kc, dst) };
-                go(dst.as_ptr())
+                go(ABlock::Packed(dst.as_ptr()))
             }),
         }
     }

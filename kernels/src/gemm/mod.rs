@@ -127,7 +127,7 @@ pub fn sgemm_with_isa(
         k,
         alpha,
         beta,
-        a: ASrc::View(a),
+        a: a_source(a, cl.cols),
         b: BSrc::View(b),
         // SAFETY: the view was checked against the slice; `offset` is in bounds (m, n > 0).
         c: CPtr {
@@ -171,7 +171,7 @@ pub fn sgemm_packed_b(
         k,
         alpha,
         beta,
-        a: ASrc::View(a),
+        a: a_source(a, n),
         b: BSrc::Packed(&b.p),
         // SAFETY: as in `sgemm_with_isa`.
         c: CPtr {
@@ -404,6 +404,18 @@ impl PackedPanels {
         let all = self.buf.view(padded * self.k);
         let start = p0 * padded + d0 * kc;
         &all[start..start + len.div_ceil(self.width()) * self.width() * kc]
+    }
+}
+
+/// Packs A unless reading it in place is cheaper: packing costs a pass over A per NC block,
+/// which a wide C amortises but a narrow one does not; reading in place needs a unit stride so
+/// each of the MR rows (or each step) is a contiguous stream.
+fn a_source(a: MatRef<'_>, n: usize) -> ASrc<'_> {
+    let unit = a.layout.row_stride == 1 || a.layout.col_stride == 1;
+    if unit && n <= blocking::DIRECT_A_MAX_N {
+        ASrc::Direct(a)
+    } else {
+        ASrc::View(a)
     }
 }
 

@@ -98,9 +98,26 @@ pub(crate) unsafe fn pack_a(
         // SAFETY (all reads): (i, p) with i < rows, p < kc is inside the checked view.
         if rs == 1 && rows == mr {
             // Column-major A: each step is MR contiguous values.
-            for (p, out) in panel.chunks_exact_mut(mr).enumerate() {
-                let s = unsafe { core::slice::from_raw_parts(src.add(base + p * cs), mr) };
-                out.copy_from_slice(s);
+            match mr {
+                4 => unsafe { copy_rows::<4>(panel, src, base, cs) },
+                6 => unsafe { copy_rows::<6>(panel, src, base, cs) },
+                12 => unsafe { copy_rows::<12>(panel, src, base, cs) },
+                _ => {
+                    for (p, out) in panel.chunks_exact_mut(mr).enumerate() {
+                        let s = unsafe { core::slice::from_raw_parts(src.add(base + p * cs), mr) };
+                        out.copy_from_slice(s);
+                    }
+                }
+            }
+        } else if rows == mr && matches!(mr, 4 | 6 | 12) {
+            // Row-major (or general) A, full panel: gather MR rows per step with the panel
+            // height known at compile time, so each step is MR loads and one fixed-size store.
+            unsafe {
+                match mr {
+                    4 => gather_lines::<4>(panel, src, base, rs, cs),
+                    6 => gather_lines::<6>(panel, src, base, rs, cs),
+                    _ => gather_lines::<12>(panel, src, base, rs, cs),
+                }
             }
         } else {
             if rows < mr {
@@ -165,9 +182,24 @@ pub(crate) unsafe fn pack_b_panel(
     // SAFETY (all reads): (p, jj) with p < kc, jj < cols is inside the checked view.
     if cs == 1 && cols == nr {
         // Row-major B: each step is NR contiguous values.
-        for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
-            let s = unsafe { core::slice::from_raw_parts(src.add(base + p * rs), nr) };
-            out.copy_from_slice(s);
+        match nr {
+            16 => unsafe { copy_rows::<16>(panel, src, base, rs) },
+            32 => unsafe { copy_rows::<32>(panel, src, base, rs) },
+            _ => {
+                for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
+                    let s = unsafe { core::slice::from_raw_parts(src.add(base + p * rs), nr) };
+                    out.copy_from_slice(s);
+                }
+            }
+        }
+    } else if cols == nr && matches!(nr, 16 | 32) {
+        // Column-major / transposed B (e.g. Kᵀ from a row-major K), full panel: NR column
+        // streams, one fixed-size store per step.
+        unsafe {
+            match nr {
+                16 => gather_lines::<16>(panel, src, base, cs, rs),
+                _ => gather_lines::<32>(panel, src, base, cs, rs),
+            }
         }
     } else {
         if cols < nr {
@@ -181,5 +213,43 @@ pub(crate) unsafe fn pack_b_panel(
                 panel[p * nr + jj] = unsafe { *src.add(col + p * rs) };
             }
         }
+    }
+}
+
+/// Copies `N` contiguous values from `src + base + p·stride` to `dst[p·N ..]` for every `p`,
+/// as fixed-size moves (a runtime-length `copy_from_slice` would call `memcpy` per row).
+///
+/// # Safety
+///
+/// `src + base + p·stride .. + N` is readable for every `p < dst.len() / N`.
+#[inline(always)]
+unsafe fn copy_rows<const N: usize>(dst: &mut [f32], src: *const f32, base: usize, stride: usize) {
+    for (p, out) in dst.chunks_exact_mut(N).enumerate() {
+        // SAFETY: the caller guarantees the N values are readable.
+        let row = unsafe { src.add(base + p * stride).cast::<[f32; N]>().read_unaligned() };
+        out.copy_from_slice(&row);
+    }
+}
+
+/// Interleaves `N` strided lines: `dst[p·N + i] = src[base + i·line + p·step]` for every
+/// `p < dst.len() / N`, `i < N` (a transposing gather: lines are A's rows or B's columns).
+///
+/// # Safety
+///
+/// Every `src + base + i·line + p·step` above is readable.
+#[inline(always)]
+unsafe fn gather_lines<const N: usize>(
+    dst: &mut [f32],
+    src: *const f32,
+    base: usize,
+    line: usize,
+    step: usize,
+) {
+    // SAFETY: the caller guarantees the line starts and all their steps are readable.
+    let lines: [*const f32; N] = core::array::from_fn(|i| unsafe { src.add(base + i * line) });
+    for (p, out) in dst.chunks_exact_mut(N).enumerate() {
+        // SAFETY: as above.
+        let v: [f32; N] = core::array::from_fn(|i| unsafe { *lines[i].add(p * step) });
+        out.copy_from_slice(&v);
     }
 }

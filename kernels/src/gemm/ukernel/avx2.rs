@@ -6,9 +6,8 @@
 
 use core::arch::x86_64::*;
 
-use super::{sgemm_body, Kernel, Simd};
+use super::Simd;
 use crate::arch::Isa;
-use crate::gemm::blocking::Blocking;
 
 /// The AVX2+FMA vector ops (ymm, 8 lanes).
 #[derive(Clone, Copy)]
@@ -40,41 +39,19 @@ unsafe impl Simd for Avx2 {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        // SAFETY: a prefetch is a hint and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) }
+    }
+    #[inline(always)]
     unsafe fn mul(a: __m256, b: __m256) -> __m256 {
         unsafe { _mm256_mul_ps(a, b) }
     }
 }
 
-const MR: usize = 6;
-const NV: usize = 2;
-
-/// `C[6×16] ← α·Ã·B̃ + β·C` (see the `ukernel` module docs for the contract).
-///
-/// # Safety
-///
-/// The CPU supports AVX2 and FMA; `a` valid for `k·6` reads, `b` for `k·16` reads, `c` for
-/// reads (unless β = 0) and writes of `c[i·rs_c + j]`, `i < 6`, `j < 16`.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn sgemm_6x16_avx2(
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    b: *const f32,
-    beta: f32,
-    c: *mut f32,
-    rs_c: usize,
-) {
-    debug_assert!(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"));
-    // SAFETY: forwarded contract.
-    unsafe { sgemm_body::<Avx2, MR, NV>(k, alpha, a, b, beta, c, rs_c) }
-}
-
-/// The AVX2 entry of the kernel table.
-pub(crate) static KERNEL: Kernel = Kernel {
-    isa: Isa::Avx2,
+super::define_kernels! {
+    isa: Isa::Avx2, simd: Avx2, mr: 6, nv: 2,
+    packed: sgemm_6x16_avx2, strided: sgemm_6x16_avx2_strided_a, rows: [1, 2, 3, 4, 5],
     name: "sgemm_6x16_avx2",
-    mr: MR,
-    nr: NV * 8,
-    ukr: sgemm_6x16_avx2,
-    blocking: Blocking::for_tile(MR, NV * 8),
-};
+    #[target_feature(enable = "avx2,fma")]
+}

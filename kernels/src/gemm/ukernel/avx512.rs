@@ -9,9 +9,8 @@
 
 use core::arch::x86_64::*;
 
-use super::{sgemm_body, Kernel, Simd};
+use super::Simd;
 use crate::arch::Isa;
-use crate::gemm::blocking::Blocking;
 
 /// The AVX-512F vector ops (zmm, 16 lanes).
 #[derive(Clone, Copy)]
@@ -43,41 +42,19 @@ unsafe impl Simd for Avx512 {
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn prefetch(p: *const f32) {
+        // SAFETY: a prefetch is a hint and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>()) }
+    }
+    #[inline(always)]
     unsafe fn mul(a: __m512, b: __m512) -> __m512 {
         unsafe { _mm512_mul_ps(a, b) }
     }
 }
 
-const MR: usize = 12;
-const NV: usize = 2;
-
-/// `C[12×32] ← α·Ã·B̃ + β·C` (see the `ukernel` module docs for the contract).
-///
-/// # Safety
-///
-/// The CPU supports AVX-512F; `a` valid for `k·12` reads, `b` for `k·32` reads, `c` for
-/// reads (unless β = 0) and writes of `c[i·rs_c + j]`, `i < 12`, `j < 32`.
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn sgemm_12x32_avx512(
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    b: *const f32,
-    beta: f32,
-    c: *mut f32,
-    rs_c: usize,
-) {
-    debug_assert!(is_x86_feature_detected!("avx512f"));
-    // SAFETY: forwarded contract.
-    unsafe { sgemm_body::<Avx512, MR, NV>(k, alpha, a, b, beta, c, rs_c) }
-}
-
-/// The AVX-512 entry of the kernel table.
-pub(crate) static KERNEL: Kernel = Kernel {
-    isa: Isa::Avx512,
+super::define_kernels! {
+    isa: Isa::Avx512, simd: Avx512, mr: 12, nv: 2,
+    packed: sgemm_12x32_avx512, strided: sgemm_12x32_avx512_strided_a, rows: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
     name: "sgemm_12x32_avx512",
-    mr: MR,
-    nr: NV * 16,
-    ukr: sgemm_12x32_avx512,
-    blocking: Blocking::for_tile(MR, NV * 16),
-};
+    #[target_feature(enable = "avx512f")]
+}

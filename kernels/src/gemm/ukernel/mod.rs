@@ -60,6 +60,9 @@ pub(crate) unsafe trait Simd: Copy {
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `a · b`.
     unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// Hints that the cache line at `p` is about to be accessed (no-op where unsupported).
+    /// Never faults, whatever `p` is.
+    unsafe fn prefetch(p: *const f32);
 }
 
 /// The one micro-kernel body: an `MR × (NV·LANES)` tile held in `MR·NV` vector registers.
@@ -71,36 +74,54 @@ pub(crate) unsafe trait Simd: Copy {
 ///  ...                 (MR rows)
 /// ```
 ///
+/// With `PACKED_A`, Ã is a packed micro-panel (row `i` of step `p` at `a[p·MR + i]`, the
+/// strides arguments are ignored); without, it is read in place from the caller's matrix, row
+/// `i` of step `p` at `a[i·a_rs + p·a_cs]` (used when A has a unit stride and packing would
+/// cost more than it saves).
+///
 /// # Safety
 ///
-/// `a` valid for `k·MR` reads, `b` for `k·NV·LANES` reads, `c` for reads (unless β = 0) and
-/// writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`; the CPU supports `S`'s ISA.
+/// `a` valid for the `MR × k` reads just described, `b` for `k·NV·LANES` reads, `c` for reads
+/// (unless β = 0) and writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`; the CPU supports
+/// `S`'s ISA.
 #[inline(always)]
-pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize>(
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const PACKED_A: bool>(
     k: usize,
     alpha: f32,
     a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
     b: *const f32,
     beta: f32,
     c: *mut f32,
     rs_c: usize,
 ) {
     let nr = NV * S::LANES;
+    let (a_rs, a_cs) = if PACKED_A { (1, MR) } else { (a_rs, a_cs) };
     // SAFETY (whole body): the caller guarantees the panel and tile extents stated above; every
     // offset below stays inside them.
     unsafe {
+        // Start fetching the C tile now, so its lines are in L1 when the k loop ends.
+        for i in 0..MR {
+            S::prefetch(c.add(i * rs_c));
+            S::prefetch(c.add(i * rs_c + nr - 1));
+        }
         let mut acc = [[S::zero(); NV]; MR];
         let mut a = a;
         let mut b = b;
-        for _ in 0..k {
-            let bv: [S::V; NV] = core::array::from_fn(|v| S::load(b.add(v * S::LANES)));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let av = S::splat(*a.add(i));
-                for (acc_v, &b_v) in row.iter_mut().zip(bv.iter()) {
-                    *acc_v = S::fmadd(av, b_v, *acc_v);
-                }
+        // Unrolled by 4 so the loop counter and pointer bumps are a small share of the
+        // front-end bandwidth next to the MR·NV FMAs.
+        for _ in 0..k / 4 {
+            for u in 0..4 {
+                rank1::<S, MR, NV>(&mut acc, a.add(u * a_cs), a_rs, b.add(u * nr));
             }
-            a = a.add(MR);
+            a = a.add(4 * a_cs);
+            b = b.add(4 * nr);
+        }
+        for _ in 0..k % 4 {
+            rank1::<S, MR, NV>(&mut acc, a, a_rs, b);
+            a = a.add(a_cs);
             b = b.add(nr);
         }
         let alpha_v = S::splat(alpha);
@@ -122,16 +143,133 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize>(
     }
 }
 
-/// Signature of every micro-kernel (see the module docs for the contract).
+/// One rank-1 update of the register tile: `NV` vector loads of B̃ row `p`, `MR` broadcasts of
+/// Ã column `p` (`a[i·a_rs]`). A function rather than a closure: a closure would not inherit
+/// the caller's `#[target_feature]`s and could not be inlined into the micro-kernel.
+///
+/// # Safety
+///
+/// `a[i·a_rs]` valid for `i < MR`, `b` for `NV·LANES` reads; the CPU supports `S`'s ISA.
+#[inline(always)]
+unsafe fn rank1<S: Simd, const MR: usize, const NV: usize>(
+    acc: &mut [[S::V; NV]; MR],
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let bv: [S::V; NV] = core::array::from_fn(|v| S::load(b.add(v * S::LANES)));
+        for (i, row) in acc.iter_mut().enumerate() {
+            let av = S::splat(*a.add(i * a_rs));
+            for (acc_v, &b_v) in row.iter_mut().zip(bv.iter()) {
+                *acc_v = S::fmadd(av, b_v, *acc_v);
+            }
+        }
+    }
+}
+
+/// Signature of every micro-kernel (see the module docs and [`sgemm_body`] for the contract).
 pub(crate) type UkrFn = unsafe fn(
     k: usize,
     alpha: f32,
     a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
     b: *const f32,
     beta: f32,
     c: *mut f32,
     rs_c: usize,
 );
+
+/// Defines an ISA's two micro-kernels (packed A, and A read in place) as thin wrappers around
+/// [`sgemm_body`] carrying the ISA's `#[target_feature]`, and its [`Kernel`] table entry.
+macro_rules! define_kernels {
+    (
+        isa: $isa:expr, simd: $simd:ty, mr: $mr:expr, nv: $nv:expr,
+        packed: $packed:ident, strided: $strided:ident, rows: [$($r:literal),*],
+        name: $name:expr,
+        $(#[$attr:meta])*
+    ) => {
+        /// The micro-kernel for a partial row panel: `R < MR` rows of A read through
+        /// strides (a packed panel is `a_rs = 1, a_cs = MR`), an `R × NR` tile of C.
+        ///
+        /// # Safety
+        ///
+        /// The CPU supports this ISA; as [`sgemm_body`](super::sgemm_body) with `MR = R`,
+        /// without `PACKED_A`.
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn partial_rows<const R: usize>(
+            k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
+            b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
+        ) {
+            debug_assert!($isa.is_supported());
+            // SAFETY: forwarded contract.
+            unsafe {
+                super::sgemm_body::<$simd, R, { $nv }, false>(
+                    k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                )
+            }
+        }
+
+        /// The packed-A micro-kernel (see the `ukernel` module docs for the contract).
+        ///
+        /// # Safety
+        ///
+        /// The CPU supports this ISA; as [`sgemm_body`](super::sgemm_body) with `PACKED_A`.
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $packed(
+            k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
+            b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
+        ) {
+            debug_assert!($isa.is_supported());
+            // SAFETY: forwarded contract.
+            unsafe {
+                super::sgemm_body::<$simd, { $mr }, { $nv }, true>(
+                    k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                )
+            }
+        }
+
+        /// The micro-kernel reading A in place through its strides.
+        ///
+        /// # Safety
+        ///
+        /// The CPU supports this ISA; as [`sgemm_body`](super::sgemm_body) without `PACKED_A`.
+        $(#[$attr])*
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $strided(
+            k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
+            b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
+        ) {
+            debug_assert!($isa.is_supported());
+            // SAFETY: forwarded contract.
+            unsafe {
+                super::sgemm_body::<$simd, { $mr }, { $nv }, false>(
+                    k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                )
+            }
+        }
+
+        /// This ISA's entry of the kernel table.
+        pub(crate) static KERNEL: super::Kernel = super::Kernel {
+            isa: $isa,
+            name: $name,
+            mr: $mr,
+            nr: $nv * <$simd as super::Simd>::LANES,
+            ukr: $packed,
+            ukr_strided_a: $strided,
+            ukr_rows: &[$(partial_rows::<$r>),*],
+            blocking: crate::gemm::blocking::Blocking::for_tile(
+                $mr,
+                $nv * <$simd as super::Simd>::LANES,
+            ),
+        };
+    };
+}
+pub(crate) use define_kernels;
 
 /// A micro-kernel with its shape and the block sizes tuned for it: everything the loop nest
 /// needs to know about an ISA.
@@ -145,8 +283,12 @@ pub(crate) struct Kernel {
     pub mr: usize,
     /// Columns of the register tile (B micro-panel width).
     pub nr: usize,
-    /// The micro-kernel.
+    /// The micro-kernel on a packed A micro-panel.
     pub ukr: UkrFn,
+    /// The micro-kernel reading A in place through its strides.
+    pub ukr_strided_a: UkrFn,
+    /// `ukr_rows[r - 1]`: the kernel for a partial panel of `r < MR` rows (A through strides).
+    pub ukr_rows: &'static [UkrFn],
     /// KC / MC / NC for this tile shape.
     pub blocking: Blocking,
 }
@@ -162,21 +304,39 @@ pub(crate) fn kernel_for(isa: Isa) -> &'static Kernel {
     }
 }
 
-/// The macro-kernel: `C[0..mc, 0..nc] ← α · Ã · B̃ + β · C` over a packed A block (`mc` rows in
-/// `MR`-row micro-panels of `kc` steps, panel `r` at `a + r·MR·kc`) and a packed B block (`nc`
-/// columns in `NR`-column micro-panels, panel `s` at `b + s·NR·kc`).
+/// How the macro-kernel reads A.
+#[derive(Clone, Copy)]
+pub(crate) enum ABlock {
+    /// A packed block: `MR`-row micro-panels of `kc` steps, panel `r` at `ptr + r·MR·kc`.
+    Packed(*const f32),
+    /// The caller's matrix in place: element `(i, p)` of the block at `ptr + i·rs + p·cs`.
+    Strided {
+        /// Element `(0, 0)` of the block.
+        ptr: *const f32,
+        /// Row stride.
+        rs: usize,
+        /// Column stride.
+        cs: usize,
+    },
+}
+
+/// The macro-kernel: `C[0..mc, 0..nc] ← α · Ã · B̃ + β · C` over an A block (packed or in place,
+/// see [`ABlock`]) and a packed B block (`nc` columns in `NR`-column micro-panels, panel `s`
+/// at `b + s·NR·kc`).
 ///
 /// Loop order: B micro-panels outer (each one stays in L1 while every A micro-panel of the
 /// L2-resident A block streams past it), A micro-panels inner. Full tiles of a C with unit
-/// column stride go straight to the micro-kernel; the rest through a zeroed bounce tile that is
+/// column stride go straight to the micro-kernel, and so do partial row panels, through a
+/// kernel instance with fewer rows (`ukr_rows`: no wasted FMAs, nothing read past A's last
+/// row); partial column panels and non-unit column strides go through a bounce tile that is
 /// filled from C only when β ≠ 0, so nothing outside `C[0..mc, 0..nc]` is read or written.
 ///
 /// # Safety
 ///
-/// `kern` runs on this CPU; `a` is valid for `ceil(mc/MR)·MR·kc` reads, `b` for
-/// `ceil(nc/NR)·NR·kc` reads (64-byte aligned panels); `c + i·rs_c + j·cs_c` is valid for reads
-/// and writes for `i < mc`, `j < nc`, distinct for distinct `(i, j)`, and not accessed by anyone
-/// else during the call.
+/// `kern` runs on this CPU; `a` is valid for `mc × kc` reads (packed: the padded
+/// panels); `b` for `ceil(nc/NR)·NR·kc` reads (64-byte aligned panels);
+/// `c + i·rs_c + j·cs_c` is valid for reads and writes for `i < mc`, `j < nc`, distinct for
+/// distinct `(i, j)`, and not accessed by anyone else during the call.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn macro_kernel(
     kern: &Kernel,
@@ -184,7 +344,7 @@ pub(crate) unsafe fn macro_kernel(
     nc: usize,
     kc: usize,
     alpha: f32,
-    a: *const f32,
+    a: ABlock,
     b: *const f32,
     beta: f32,
     c: *mut f32,
@@ -192,21 +352,38 @@ pub(crate) unsafe fn macro_kernel(
     cs_c: usize,
 ) {
     let (mr, nr) = (kern.mr, kern.nr);
-    debug_assert!(mr * nr <= MAX_TILE);
+    debug_assert!(mr * nr <= MAX_TILE && kern.ukr_rows.len() == mr - 1);
     debug_assert!((b as usize).is_multiple_of(64) || kc == 0, "B panels must be 64-byte aligned");
+    // The bounce tile, zeroed once per call (its padding lanes are computed but never stored).
+    let mut tile = [0.0f32; MAX_TILE];
     for jr in (0..nc).step_by(nr) {
         let nr_eff = nr.min(nc - jr);
         // SAFETY: panel jr/nr of the packed B block, inside the extent the caller guarantees.
         let bp = unsafe { b.add(jr * kc) };
         for ir in (0..mc).step_by(mr) {
             let mr_eff = mr.min(mc - ir);
-            // SAFETY: as above for A; the C offset addresses element (ir, jr) of the view.
-            let (ap, cp) = unsafe { (a.add(ir * kc), c.add(ir * rs_c + jr * cs_c)) };
-            if mr_eff == mr && nr_eff == nr && cs_c == 1 {
-                // SAFETY: a full tile with unit column stride lies inside the caller's view.
-                unsafe { (kern.ukr)(kc, alpha, ap, bp, beta, cp, rs_c) };
+            // SAFETY: the A panel offsets address rows ir.. of the block (or the local tail
+            // panel, fully written above); the C offset addresses element (ir, jr) of the view.
+            // SAFETY: the A offsets address rows ir.. of the block; the C offset addresses
+            // element (ir, jr) of the view.
+            let (ukr, ap, a_rs, a_cs, cp) = unsafe {
+                let (ukr, ap, a_rs, a_cs) = match a {
+                    ABlock::Packed(p) if mr_eff == mr => (kern.ukr, p.add(ir * kc), 1, mr),
+                    ABlock::Packed(p) => (kern.ukr_rows[mr_eff - 1], p.add(ir * kc), 1, mr),
+                    ABlock::Strided { ptr, rs, cs } if mr_eff == mr => {
+                        (kern.ukr_strided_a, ptr.add(ir * rs), rs, cs)
+                    }
+                    ABlock::Strided { ptr, rs, cs } => {
+                        (kern.ukr_rows[mr_eff - 1], ptr.add(ir * rs), rs, cs)
+                    }
+                };
+                (ukr, ap, a_rs, a_cs, c.add(ir * rs_c + jr * cs_c))
+            };
+            if nr_eff == nr && cs_c == 1 {
+                // SAFETY: `mr_eff` full-width rows with unit column stride lie inside the
+                // caller's view, and the kernel chosen above writes exactly `mr_eff` rows.
+                unsafe { ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, cp, rs_c) };
             } else {
-                let mut tile = [0.0f32; MAX_TILE];
                 // SAFETY: only the `mr_eff × nr_eff` valid part of C is touched; the kernel
                 // works on the local tile (row stride nr), which holds MR × NR elements.
                 unsafe {
@@ -217,7 +394,7 @@ pub(crate) unsafe fn macro_kernel(
                             }
                         }
                     }
-                    (kern.ukr)(kc, alpha, ap, bp, beta, tile.as_mut_ptr(), nr);
+                    ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, tile.as_mut_ptr(), nr);
                     for i in 0..mr_eff {
                         for j in 0..nr_eff {
                             *cp.add(i * rs_c + j * cs_c) = tile[i * nr + j];

@@ -7,9 +7,8 @@
 
 use wide::f32x8;
 
-use super::{sgemm_body, Kernel, Simd};
+use super::Simd;
 use crate::arch::Isa;
-use crate::gemm::blocking::Blocking;
 
 /// The `wide` vector ops (8 lanes).
 #[derive(Clone, Copy)]
@@ -42,39 +41,16 @@ unsafe impl Simd for Portable {
         a.mul_add(b, c)
     }
     #[inline(always)]
+    unsafe fn prefetch(_p: *const f32) {}
+    #[inline(always)]
     unsafe fn mul(a: f32x8, b: f32x8) -> f32x8 {
         a * b
     }
 }
 
-const MR: usize = 4;
-const NV: usize = 2;
-
-/// `C[4×16] ← α·Ã·B̃ + β·C` (see the `ukernel` module docs for the contract).
-///
-/// # Safety
-///
-/// `a` valid for `k·4` reads, `b` for `k·16` reads, `c` for reads (unless β = 0) and writes
-/// of `c[i·rs_c + j]`, `i < 4`, `j < 16`.
-pub(crate) unsafe fn sgemm_4x16_portable(
-    k: usize,
-    alpha: f32,
-    a: *const f32,
-    b: *const f32,
-    beta: f32,
-    c: *mut f32,
-    rs_c: usize,
-) {
-    // SAFETY: forwarded contract.
-    unsafe { sgemm_body::<Portable, MR, NV>(k, alpha, a, b, beta, c, rs_c) }
-}
-
-/// The portable entry of the kernel table.
-pub(crate) static KERNEL: Kernel = Kernel {
-    isa: Isa::Portable,
+super::define_kernels! {
+    isa: Isa::Portable, simd: Portable, mr: 4, nv: 2,
+    packed: sgemm_4x16_portable, strided: sgemm_4x16_portable_strided_a, rows: [1, 2, 3],
     name: "sgemm_4x16_portable",
-    mr: MR,
-    nr: NV * 8,
-    ukr: sgemm_4x16_portable,
-    blocking: Blocking::for_tile(MR, NV * 8),
-};
+
+}
