@@ -236,3 +236,24 @@ fn nonfinite_values_at_masked_keys_do_not_leak() {
         assert!(o.iter().all(|&x| x == 0.0), "{path}: {o:?}");
     }
 }
+
+/// Softmax over rows of zero length (`cols = 0`, empty slices) with `rows ≥ 2`: the kernel
+/// sliced `y.data[start..start]` with `start` = the row offset past the empty slice and panicked
+/// (`range start index 1 out of range for slice of length 0`, softmax/mod.rs `for_each_row`).
+/// Expected: nothing to write, lse −∞ for every row.
+#[test]
+fn softmax_zero_length_rows_do_not_panic() {
+    let x: Vec<f32> = vec![];
+    let mut y: Vec<f32> = vec![];
+    let mut lse = vec![0.0; 2];
+    attn_kernels::softmax::scale_mask_softmax(
+        TensorRef::new(&x, Tensor4Layout::bhsd(1, 1, 2, 0)),
+        1.0,
+        &Mask::None,
+        TensorMut::new(&mut y, Tensor4Layout::bhsd(1, 1, 2, 0)),
+        Some(&mut lse),
+        Parallelism::Sequential,
+    )
+    .unwrap();
+    assert!(lse.iter().all(|&l| l == f32::NEG_INFINITY), "{lse:?}");
+}
