@@ -257,3 +257,30 @@ fn softmax_zero_length_rows_do_not_panic() {
     .unwrap();
     assert!(lse.iter().all(|&l| l == f32::NEG_INFINITY), "{lse:?}");
 }
+
+/// dk = 0 with a K view whose (irrelevant) row stride is huge: the view is empty, so it is valid,
+/// but the flash path computed `(j0 + j) * k.rs` for the key pointer (attention/simd.rs
+/// `qk_block`): an overflow panic with overflow checks, and a wild `ptr.add` (undefined
+/// behaviour even if never dereferenced) without. Found by the proptest-driven fuzz run
+/// (20 000 cases). Expected: logits 0 for every key, lse = ln 5.
+#[test]
+fn zero_width_keys_with_huge_stride() {
+    let k = TensorOperand {
+        data: vec![],
+        layout: Tensor4Layout::strided([1, 1, 5, 0], [5, 5, usize::MAX / 3, 1], 0),
+    };
+    for path in ["flash", "attention"] {
+        let c = AttentionCase {
+            q: t(vec![], [1, 1, 17, 0]),
+            k: k.clone(),
+            v: t(vec![], [1, 1, 5, 0]),
+            scale: 1.0,
+            mask: MaskSpec::None,
+            o: t(vec![], [1, 1, 17, 0]),
+            lse: Some(17),
+            par: Parallelism::Sequential,
+        };
+        let (_, lse) = run(&c, path);
+        assert!(lse.iter().all(|&l| (l - 5f32.ln()).abs() < 1e-6), "{path}: {lse:?}");
+    }
+}
