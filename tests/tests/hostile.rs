@@ -176,7 +176,11 @@ fn zero_width_keys_do_not_panic() {
     for (path, nq) in PATHS {
         let c = AttentionCase {
             q: t(vec![], [1, 1, nq, 0]),
-            k: t(vec![], [1, 1, 2, 0]),
+            // a row stride of 1 over zero-width rows: valid (the view is empty), start index 1
+            k: TensorOperand {
+                data: vec![],
+                layout: Tensor4Layout::strided([1, 1, 2, 0], [2, 2, 1, 1], 0),
+            },
             v: t(vec![1.0, 3.0], [1, 1, 2, 1]),
             scale: 1.0,
             mask: MaskSpec::None,
@@ -247,10 +251,10 @@ fn softmax_zero_length_rows_do_not_panic() {
     let mut y: Vec<f32> = vec![];
     let mut lse = vec![0.0; 2];
     attn_kernels::softmax::scale_mask_softmax(
-        TensorRef::new(&x, Tensor4Layout::bhsd(1, 1, 2, 0)),
+        TensorRef::new(&x, Tensor4Layout::strided([1, 1, 2, 0], [2, 2, 1, 1], 0)),
         1.0,
         &Mask::None,
-        TensorMut::new(&mut y, Tensor4Layout::bhsd(1, 1, 2, 0)),
+        TensorMut::new(&mut y, Tensor4Layout::strided([1, 1, 2, 0], [2, 2, 1, 1], 0)),
         Some(&mut lse),
         Parallelism::Sequential,
     )
