@@ -1,0 +1,15 @@
+//! The decode (split keys, logsumexp merge) attention path on single-query calls over long key
+//! sequences, against the reference.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let case = attn_tests::fuzz_decode::AttentionCase::decode_single_query(data);
+    let isa = attn_kernels::arch::selected();
+    if let Err(e) = case.check(|q, k, v, s, m, o, l, p| {
+        attn_kernels::attention::decode(isa, q, k, v, s, m, o, l, p)
+    }) {
+        panic!("{e}");
+    }
+});

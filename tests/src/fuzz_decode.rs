@@ -1,0 +1,1250 @@
+//! Byte decoders and oracles for fuzzed equivalence, shared by the cargo-fuzz targets in `fuzz/`
+//! and by the proptest-driven runs of the same decoders (`tests/tests/fuzz_equiv.rs`, and
+//! `scripts/fuzz.sh --proptest` for long runs), so one set of checks runs in both.
+//!
+//! A decoder turns arbitrary bytes into a *case*: shapes (0 and edge sizes included), strides
+//! (contiguous, transposed, padded, general, broadcast, overlapping, overflowing), offsets, slices
+//! that are exactly long enough / longer / one element short, masks of every kind (fully masked
+//! rows, broadcast key-padding, ±∞/NaN biases, extreme causal offsets), scales (0, huge, denormal,
+//! non-finite) and data (small integers, mixed magnitudes, NaN, ±∞, denormals, ±1e38). Bytes past
+//! the end of the input read as 0 (the simplest choice); element values past the end come from a
+//! generator seeded by the input, so short inputs still give full operands.
+//!
+//! A check runs the reference and the kernel on the same case and requires:
+//! - the same `Result`: both `Ok`, or both `Err` with the same [`attn_reference::Error`] (the kernels promise the
+//!   reference's errors), and on `Err` no element of the output slice, its guard bands or `lse`
+//!   is changed;
+//! - on `Ok`, nothing outside the output view is written: the output slice sits between guard
+//!   bands of [`GUARD`] sentinel NaNs and every non-view element (padding, offset prefix, tail,
+//!   guards) must keep its exact bit pattern;
+//! - every output element equal to the reference within a bound derived from error analysis
+//!   (see each check), with non-finite data handled as: where the reference is NaN the kernel
+//!   must be NaN; where the reference is ±∞ the kernel must be the same ∞; where an f32
+//!   intermediate can overflow although the f64 reference does not (documented below) the value
+//!   is unconstrained except for NaN-ness and range.
+//!
+//! Input padding (slice elements outside an input view) is filled with NaN, so a kernel that
+//! reads outside its views turns the result into NaN and fails the bound.
+
+use attn_kernels::Parallelism;
+use attn_reference::softmax::softmax_row;
+use attn_reference::{Mask, MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+
+/// Unit roundoff of f32 (shared with the GEMM bound).
+pub use crate::gemm_support::U;
+
+/// Sentinel elements on each side of every output slice.
+pub const GUARD: usize = 16;
+
+/// The bit pattern of the sentinel NaN written around and between output views. A quiet NaN with
+/// a payload no arithmetic produces, compared bit for bit.
+pub const SENTINEL_BITS: u32 = 0x7fe5_a5a5;
+
+/// Largest number of elements a decoded slice may have (keeps every case fast).
+const MAX_SLICE: usize = 1 << 18;
+
+/// Largest `m·n·k` (GEMM) or `rows · work per row` (softmax, attention) a case may ask for, so
+/// the f64 reference stays fast.
+const MAX_WORK: usize = 1 << 18;
+
+/// Constant γ of the bounds: covers the second-order terms and the two roundings per term of an
+/// unfused multiply-add.
+const GAMMA: f64 = 2.0;
+
+/// Relative error allowed for the kernels' vectorised exp: 2 ULP (the softmax kernel states 1).
+pub const EXP_REL: f64 = 4.0 * U;
+
+/// Magnitude above which an f32 intermediate may overflow (half of `f32::MAX`, leaving room for
+/// the rounding of the value itself and one more addition).
+const OVERFLOW: f64 = f32::MAX as f64 / 2.0;
+
+/// Smallest positive subnormal f32, the absolute rounding error of results that underflow.
+const TINY: f64 = 1.401_298_464_324_817e-45;
+
+/// Smallest positive normal f32: the error of an exp that flushes its subnormal results to 0.
+const MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;
+
+/// Sizes that hit the edges of every blocking: 0, 1, MR±1, NR±1 (MR ∈ {4, 6, 12}, NR ∈ {16, 32}),
+/// vector widths 4/8/16 ±1, 17, 63, 64, 65, 127–129, 257.
+pub const EDGE_SIZES: [usize; 32] = [
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 15, 16, 17, 23, 24, 25, 31, 32, 33, 47, 48, 49, 63,
+    64, 65, 127, 128, 129, 257,
+];
+
+/// Special values the data decoders mix in.
+pub const SPECIALS: [f32; 24] = [
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    0.0,
+    -0.0,
+    1.0,
+    -1.0,
+    f32::MAX,
+    -f32::MAX,
+    1e38,
+    -1e38,
+    1e30,
+    -1e30,
+    1e-30,
+    f32::MIN_POSITIVE,
+    -f32::MIN_POSITIVE,
+    1e-40,  // subnormal
+    -1e-45, // smallest subnormal
+    1e4,
+    -1e4,
+    65504.0,
+    88.0,   // exp overflows near 88.7
+    -104.0, // exp underflows to 0 near −103.9
+    0.5,
+];
+
+/// Scales the decoders pick (the first is replaced by `1/√d` where a width is known).
+const SCALES: [f32; 16] = [
+    0.125,
+    1.0,
+    0.0,
+    -0.0,
+    -1.0,
+    0.5,
+    1e-30,
+    1e-40,
+    1e30,
+    f32::MAX,
+    f32::NAN,
+    f32::INFINITY,
+    f32::NEG_INFINITY,
+    3.0,
+    -0.25,
+    1e4,
+];
+
+/// A reader of fuzz bytes: header fields come from the bytes (0 once exhausted), element values
+/// from the bytes and then from a generator seeded by them.
+#[derive(Clone, Debug)]
+pub struct Bytes<'a> {
+    data: &'a [u8],
+    pos: usize,
+    rng: u64,
+}
+
+impl<'a> Bytes<'a> {
+    /// A reader over `data`.
+    pub fn new(data: &'a [u8]) -> Self {
+        // FNV-1a of the input seeds the value generator.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in data {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Bytes { data, pos: 0, rng: h | 1 }
+    }
+
+    /// True when every byte has been read.
+    pub fn exhausted(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+
+    /// The next byte, or 0 past the end.
+    pub fn u8(&mut self) -> u8 {
+        match self.data.get(self.pos) {
+            Some(&b) => {
+                self.pos += 1;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    /// The next two bytes, little-endian.
+    pub fn u16(&mut self) -> u16 {
+        u16::from(self.u8()) | (u16::from(self.u8()) << 8)
+    }
+
+    /// A byte from the input while there is one, else from the generator.
+    fn byte_or_rng(&mut self) -> u8 {
+        if self.exhausted() {
+            (self.next_rng() >> 56) as u8
+        } else {
+            self.u8()
+        }
+    }
+
+    fn next_rng(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1) from the generator.
+    fn unit(&mut self) -> f32 {
+        ((self.next_rng() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// A size in `0..=max`: mostly an edge size, sometimes any value.
+    pub fn size(&mut self, max: usize) -> usize {
+        let b = self.u8();
+        let s = if b < 192 {
+            EDGE_SIZES[usize::from(b) % EDGE_SIZES.len()]
+        } else {
+            usize::from(self.u8()) % (max + 1)
+        };
+        s.min(max)
+    }
+
+    /// A scale: a special value, `1/√d`, or a random one.
+    pub fn scale(&mut self, d: usize) -> f32 {
+        let b = self.u8();
+        match b {
+            0..=95 => attn_reference::attention::default_scale(d),
+            96..=223 => SCALES[usize::from(b) % SCALES.len()],
+            _ => self.unit() * 4.0,
+        }
+    }
+
+    /// A parallelism: mostly sequential, sometimes 2 or 3 threads.
+    pub fn par(&mut self) -> Parallelism {
+        match self.u8() % 4 {
+            0 | 1 => Parallelism::Sequential,
+            2 => Parallelism::threads(2),
+            _ => Parallelism::threads(3),
+        }
+    }
+
+    /// `n` element values in one of several regimes chosen by a byte.
+    pub fn values(&mut self, n: usize) -> Vec<f32> {
+        let mode = self.u8() % 8;
+        (0..n)
+            .map(|_| match mode {
+                // small integers: products and short sums are exact
+                0 => f32::from(self.byte_or_rng() % 9) - 4.0,
+                1 | 2 => self.unit(),
+                // mixed magnitudes 2^-30 .. 2^30
+                3 => {
+                    let e = i32::from(self.byte_or_rng() % 61) - 30;
+                    self.unit() * 2f32.powi(e)
+                }
+                // special values sprinkled among ordinary ones, placed by the input bytes
+                4 | 5 => {
+                    let b = self.byte_or_rng();
+                    if b >= 232 {
+                        SPECIALS[usize::from(b - 232) % SPECIALS.len()]
+                    } else {
+                        self.unit()
+                    }
+                }
+                // huge: overflow of f32 intermediates
+                6 => self.unit() * 1e38,
+                // tiny: subnormal results
+                _ => self.unit() * 1e-38,
+            })
+            .collect()
+    }
+}
+
+/// An operand: the exact slice passed to the call (view elements and NaN padding) and its view.
+#[derive(Clone, Debug)]
+pub struct MatOperand {
+    /// The slice.
+    pub data: Vec<f32>,
+    /// The view.
+    pub layout: MatLayout,
+}
+
+/// A 4-D operand: the exact slice passed to the call and its view.
+#[derive(Clone, Debug)]
+pub struct TensorOperand {
+    /// The slice.
+    pub data: Vec<f32>,
+    /// The view.
+    pub layout: Tensor4Layout,
+}
+
+/// The slice length for a view: exact, with a tail, or one short (an out-of-bounds view); a small
+/// length when the view's extent overflows or is too large to allocate.
+fn slice_len(bytes: &mut Bytes<'_>, required: Option<usize>) -> usize {
+    let b = bytes.u8();
+    match required {
+        Some(r) if r <= MAX_SLICE => match b % 16 {
+            15 if r > 0 => r - 1,
+            1..=3 => r + usize::from(b % 5),
+            _ => r,
+        },
+        _ => usize::from(b % 16),
+    }
+}
+
+/// Strides of a nested layout: dimensions are laid out innermost first in `order`, each padded
+/// by `pads[i]` elements. Saturates instead of overflowing (the view check rejects the result).
+fn nested_strides<const N: usize>(
+    dims: [usize; N],
+    order: [usize; N],
+    pads: [usize; N],
+) -> [usize; N] {
+    let mut strides = [0usize; N];
+    let mut next = 1usize;
+    for &d in &order {
+        strides[d] = next;
+        next = next.saturating_mul(dims[d].max(1)).saturating_add(pads[d]);
+    }
+    strides
+}
+
+/// Applies one of the unusual stride patterns to `strides` (or none): a zero stride (broadcast;
+/// aliasing for an output), a stride smaller than the extent it steps over (overlap), or one
+/// large enough to overflow `usize` in the view check.
+fn perturb_strides<const N: usize>(bytes: &mut Bytes<'_>, strides: &mut [usize; N]) {
+    let b = bytes.u8();
+    let d = usize::from(b >> 4) % N;
+    match b % 16 {
+        0 => strides[d] = 0,
+        1 => strides[d] /= 2,
+        2 => strides[d] = usize::MAX / 3,
+        3 => strides[d] = strides[d].saturating_mul(3),
+        _ => {}
+    }
+}
+
+/// Decodes a `rows × cols` matrix view and its slice. Input padding is NaN; `values` fills the
+/// view (for an output, the values C holds before the call).
+pub fn decode_mat(bytes: &mut Bytes<'_>, rows: usize, cols: usize) -> MatOperand {
+    let kind = bytes.u8();
+    let order = if kind & 1 == 0 { [1, 0] } else { [0, 1] };
+    let pads = if kind & 2 == 0 {
+        [0, 0]
+    } else {
+        [usize::from(bytes.u8() % 9), usize::from(bytes.u8() % 9)]
+    };
+    let mut strides = nested_strides([rows, cols], order, pads);
+    if kind & 4 != 0 {
+        perturb_strides(bytes, &mut strides);
+    }
+    let offset = if kind & 8 != 0 { usize::from(bytes.u8() % 13) } else { 0 };
+    let layout = MatLayout::strided(rows, cols, strides[0], strides[1], offset);
+    let len = slice_len(bytes, layout.required_len());
+    let mut data = vec![f32::NAN; len];
+    let vals = bytes.values(rows.saturating_mul(cols).min(MAX_SLICE));
+    if layout.check("x", len).is_ok() {
+        let mut it = vals.into_iter();
+        for i in 0..rows {
+            for j in 0..cols {
+                data[layout.index(i, j)] = it.next().unwrap_or(0.0);
+            }
+        }
+    }
+    MatOperand { data, layout }
+}
+
+/// Decodes a `[batch, heads, seq, dim]` view and its slice (see [`decode_mat`]).
+pub fn decode_tensor(bytes: &mut Bytes<'_>, dims: [usize; 4]) -> TensorOperand {
+    let kind = bytes.u8();
+    // Storage orders, innermost first: bhsd, bshd, and the transposed-matrix variants.
+    const ORDERS: [[usize; 4]; 4] = [[3, 2, 1, 0], [3, 1, 2, 0], [2, 3, 1, 0], [2, 1, 3, 0]];
+    let order = ORDERS[usize::from(kind) % 4];
+    let pads =
+        if kind & 4 == 0 { [0; 4] } else { std::array::from_fn(|_| usize::from(bytes.u8() % 5)) };
+    let mut strides = nested_strides(dims, order, pads);
+    if kind & 8 != 0 {
+        perturb_strides(bytes, &mut strides);
+    }
+    let offset = if kind & 16 != 0 { usize::from(bytes.u8() % 13) } else { 0 };
+    let layout = Tensor4Layout::strided(dims, strides, offset);
+    let len = slice_len(bytes, layout.required_len());
+    let mut data = vec![f32::NAN; len];
+    let vals = bytes.values(layout.len().min(MAX_SLICE));
+    if layout.check("x", len).is_ok() {
+        let mut it = vals.into_iter();
+        for_each_index(&layout, |idx| data[idx] = it.next().unwrap_or(0.0));
+    }
+    TensorOperand { data, layout }
+}
+
+/// Calls `f` with the slice index of every element of a checked 4-D view, row-major.
+fn for_each_index(l: &Tensor4Layout, mut f: impl FnMut(usize)) {
+    let [nb, nh, ns, nd] = l.dims;
+    for b in 0..nb {
+        for h in 0..nh {
+            for s in 0..ns {
+                for d in 0..nd {
+                    f(l.index(b, h, s, d));
+                }
+            }
+        }
+    }
+}
+
+/// An owned mask, turned into a [`Mask`] with [`MaskSpec::mask`].
+#[derive(Clone, Debug)]
+pub enum MaskSpec {
+    /// [`Mask::None`].
+    None,
+    /// [`Mask::Causal`].
+    Causal(Option<isize>),
+    /// [`Mask::Keep`].
+    Keep(Vec<bool>, Tensor4Layout),
+    /// [`Mask::Bias`].
+    Bias(Vec<f32>, Tensor4Layout),
+}
+
+impl MaskSpec {
+    /// The borrowed mask.
+    pub fn mask(&self) -> Mask<'_> {
+        match self {
+            MaskSpec::None => Mask::None,
+            MaskSpec::Causal(offset) => Mask::Causal { offset: *offset },
+            MaskSpec::Keep(keep, layout) => Mask::Keep { keep, layout: *layout },
+            MaskSpec::Bias(bias, layout) => Mask::Bias { bias, layout: *layout },
+        }
+    }
+}
+
+/// Decodes a mask over a `[batch, heads, nq, nk]` score tensor: none; causal with the default,
+/// a small or an extreme offset; a boolean keep-mask or an additive bias, either full or broadcast
+/// over batch/heads/queries by zero strides, sometimes with a wrong dimension or a short slice.
+/// Keep-masks range from all-true through random densities to all-false (fully masked rows);
+/// biases include −∞ rows (fully masked), +∞, NaN and huge values.
+pub fn decode_mask(bytes: &mut Bytes<'_>, dims: [usize; 4]) -> MaskSpec {
+    let kind = bytes.u8();
+    match kind % 6 {
+        0 => MaskSpec::None,
+        1 | 2 => {
+            let (nq, nk) = (dims[2] as isize, dims[3] as isize);
+            let off = match bytes.u8() % 10 {
+                0..=3 => None,
+                4 => Some(0),
+                5 => Some(-1 - nq),
+                6 => Some(isize::MIN),
+                7 => Some(isize::MAX),
+                8 => Some(nk),
+                _ => Some(isize::from(bytes.u8() as i8) % 8),
+            };
+            MaskSpec::Causal(off)
+        }
+        k => {
+            let mut mdims = dims;
+            // key padding: one row per batch, broadcast over heads and queries
+            let mut strides = match bytes.u8() % 4 {
+                0 => [dims[3], 0, 0, 1],
+                1 => [0, 0, dims[3], 1],
+                _ => nested_strides(dims, [3, 2, 1, 0], [0; 4]),
+            };
+            let b = bytes.u8();
+            if b.is_multiple_of(32) {
+                let d = usize::from(b >> 5) % 4;
+                mdims[d] += 1; // wrong shape
+            } else if b % 32 == 1 {
+                perturb_strides(bytes, &mut strides);
+            }
+            let layout = Tensor4Layout::strided(mdims, strides, 0);
+            let len = slice_len(bytes, layout.required_len());
+            if k == 3 || k == 4 {
+                let density = bytes.u8();
+                let keep = (0..len)
+                    .map(|_| match density % 5 {
+                        0 => true,
+                        1 => false,
+                        // exactly one key per row would need the layout; a sparse mask gives
+                        // rows with none and rows with one
+                        2 => bytes.byte_or_rng() < 8,
+                        _ => bytes.byte_or_rng() < density,
+                    })
+                    .collect();
+                MaskSpec::Keep(keep, layout)
+            } else {
+                let mut bias = bytes.values(len);
+                if bytes.u8().is_multiple_of(4) {
+                    // mask most positions with −∞, as an engine's additive mask does
+                    for (i, v) in bias.iter_mut().enumerate() {
+                        if i % 3 != 0 {
+                            *v = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                MaskSpec::Bias(bias, layout)
+            }
+        }
+    }
+}
+
+/// A slice between guard bands of sentinel NaNs, for outputs.
+#[derive(Clone, Debug)]
+pub struct Guarded {
+    buf: Vec<f32>,
+    before: Vec<u32>,
+}
+
+impl Guarded {
+    /// `data` between two guard bands of [`GUARD`] sentinels.
+    pub fn new(data: &[f32]) -> Self {
+        let s = f32::from_bits(SENTINEL_BITS);
+        let mut buf = vec![s; GUARD];
+        buf.extend_from_slice(data);
+        buf.extend(std::iter::repeat_n(s, GUARD));
+        let before = buf.iter().map(|v| v.to_bits()).collect();
+        Guarded { buf, before }
+    }
+
+    /// The slice the call sees.
+    pub fn slice_mut(&mut self) -> &mut [f32] {
+        let n = self.buf.len();
+        &mut self.buf[GUARD..n - GUARD]
+    }
+
+    /// The slice after the call.
+    pub fn slice(&self) -> &[f32] {
+        &self.buf[GUARD..self.buf.len() - GUARD]
+    }
+
+    /// Positions (in the whole buffer, guards included) whose bits changed.
+    fn changed(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.buf.len()).filter(|&i| self.buf[i].to_bits() != self.before[i])
+    }
+
+    /// `Err` naming the first changed element, if any.
+    pub fn untouched(&self, what: &str) -> Result<(), String> {
+        match self.changed().next() {
+            None => Ok(()),
+            Some(i) => Err(format!(
+                "{what}: element {} of the buffer changed on error",
+                i as isize - GUARD as isize
+            )),
+        }
+    }
+
+    /// `Err` when an element outside `inside` (slice indices of the view) changed.
+    pub fn only_view_written(&self, what: &str, inside: &[bool]) -> Result<(), String> {
+        for i in self.changed() {
+            let in_view = i >= GUARD && inside.get(i - GUARD).copied().unwrap_or(false);
+            if !in_view {
+                return Err(format!(
+                    "{what}: wrote outside its view at slice index {}",
+                    i as isize - GUARD as isize
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which slice elements a checked 2-D view covers.
+fn mat_inside(l: &MatLayout, len: usize) -> Vec<bool> {
+    let mut inside = vec![false; len];
+    for i in 0..l.rows {
+        for j in 0..l.cols {
+            inside[l.index(i, j)] = true;
+        }
+    }
+    inside
+}
+
+/// Which slice elements a checked 4-D view covers.
+fn tensor_inside(l: &Tensor4Layout, len: usize) -> Vec<bool> {
+    let mut inside = vec![false; len];
+    for_each_index(l, |i| inside[i] = true);
+    inside
+}
+
+/// Compares the two `Result`s; `Ok(true)` when both succeeded and elements must be compared.
+fn same_outcome(
+    what: &str,
+    reference: &attn_reference::Result<()>,
+    kernel: &attn_reference::Result<()>,
+) -> Result<bool, String> {
+    match (reference, kernel) {
+        (Ok(()), Ok(())) => Ok(true),
+        // compared as text: `NonFinite` carries the value, and NaN ≠ NaN
+        (Err(r), Err(k)) if format!("{r:?}") == format!("{k:?}") => Ok(false),
+        (r, k) => Err(format!("{what}: reference returned {r:?}, kernel returned {k:?}")),
+    }
+}
+
+/// Element check shared by every oracle. `reference` is the f32 reference value; `safe` says the
+/// f32 computation cannot overflow where the f64 one does not, and `bound` is the derived error
+/// bound for finite values (the reference's own rounding included by the caller).
+fn check_value(
+    what: &str,
+    at: &dyn Fn() -> String,
+    kernel: f32,
+    reference: f32,
+    safe: bool,
+    bound: f64,
+) -> Result<(), String> {
+    let fail = |why: &str| {
+        Err(format!("{what} at {}: kernel {kernel:e}, reference {reference:e}: {why}", at()))
+    };
+    if reference.is_nan() {
+        return if kernel.is_nan() { Ok(()) } else { fail("reference is NaN, kernel is not") };
+    }
+    if !safe {
+        return Ok(());
+    }
+    if reference.is_infinite() {
+        return if kernel == reference { Ok(()) } else { fail("reference is infinite") };
+    }
+    if !kernel.is_finite() {
+        return fail("kernel is not finite");
+    }
+    let err = (f64::from(kernel) - f64::from(reference)).abs();
+    if err <= bound {
+        Ok(())
+    } else {
+        fail(&format!("error {err:e} exceeds bound {bound:e}"))
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// SGEMM
+// ------------------------------------------------------------------------------------------
+
+/// A decoded `C ← α·A·B + β·C` call.
+#[derive(Clone, Debug)]
+pub struct GemmCase {
+    /// α.
+    pub alpha: f32,
+    /// β.
+    pub beta: f32,
+    /// A (`m × k`).
+    pub a: MatOperand,
+    /// B (`k × n`, sometimes with a wrong row count).
+    pub b: MatOperand,
+    /// C (`m × n` before the call, sometimes with a wrong shape).
+    pub c: MatOperand,
+    /// Threads.
+    pub par: Parallelism,
+}
+
+const ALPHAS: [f32; 12] =
+    [1.0, 1.0, -1.0, 0.0, 0.5, 3.0, 1e-30, 1e30, f32::NAN, f32::INFINITY, -0.0, 1e-40];
+const BETAS: [f32; 12] =
+    [0.0, 0.0, 1.0, -1.0, 0.5, 2.0, -0.0, 1e-30, 1e30, f32::NAN, f32::NEG_INFINITY, 1e-40];
+
+impl GemmCase {
+    /// Decodes a case from fuzz bytes.
+    pub fn decode(data: &[u8]) -> Self {
+        let mut bytes = Bytes::new(data);
+        let mut m = bytes.size(257);
+        let mut n = bytes.size(257);
+        let mut k = bytes.size(257);
+        while m.saturating_mul(n).saturating_mul(k) > MAX_WORK {
+            m /= 2;
+            n /= 2;
+            k /= 2;
+        }
+        let alpha = ALPHAS[usize::from(bytes.u8()) % ALPHAS.len()];
+        let beta = BETAS[usize::from(bytes.u8()) % BETAS.len()];
+        let wrong = bytes.u8();
+        let kb = if wrong == 1 { k + 1 } else { k };
+        let (mc, nc) = if wrong == 2 {
+            (m + 1, n)
+        } else if wrong == 3 {
+            (m, n.saturating_sub(1))
+        } else {
+            (m, n)
+        };
+        let par = bytes.par();
+        let a = decode_mat(&mut bytes, m, k);
+        let b = decode_mat(&mut bytes, kb, n);
+        let c = decode_mat(&mut bytes, mc, nc);
+        GemmCase { alpha, beta, a, b, c, par }
+    }
+
+    /// Runs the reference and `kernel` and compares them (see the module docs). Per element, with
+    /// `S = Σ_p |a_ip||b_pj|`: `|ĉ − c| ≤ γ·(k + 3)·u·(|α|·S + |β·c_ij|) + u·|c| + γ·(k + 3)·(1 + |α|)·2⁻¹⁴⁹`
+    /// (the gemm tests' bound, the reference's own rounding, and subnormal underflow). The f32
+    /// computation is overflow-safe when `S`, `|α|·S`, `|α|·max|a|`, `|α|·max|b|` and `|β·c|`
+    /// are all below `f32::MAX / 2`; otherwise only NaN-ness is compared. `α = 0` or `k = 0`
+    /// gives exactly `β·C` (BLAS convention, documented by the kernel: A and B are not read),
+    /// where the reference would propagate a NaN from A·B.
+    pub fn check(
+        &self,
+        kernel: impl FnOnce(
+            f32,
+            MatRef<'_>,
+            MatRef<'_>,
+            f32,
+            MatMut<'_>,
+            Parallelism,
+        ) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
+        let (a, b) =
+            (MatRef::new(&self.a.data, self.a.layout), MatRef::new(&self.b.data, self.b.layout));
+        let mut cr = self.c.data.clone();
+        let rr = attn_reference::matmul::matmul(
+            self.alpha,
+            a,
+            b,
+            self.beta,
+            MatMut::new(&mut cr, self.c.layout),
+        );
+        let mut ck = Guarded::new(&self.c.data);
+        let kr = kernel(
+            self.alpha,
+            a,
+            b,
+            self.beta,
+            MatMut::new(ck.slice_mut(), self.c.layout),
+            self.par,
+        );
+        if !same_outcome("sgemm", &rr, &kr)? {
+            return ck.untouched("sgemm c");
+        }
+        let lc = self.c.layout;
+        ck.only_view_written("sgemm c", &mat_inside(&lc, self.c.data.len()))?;
+        let kk = self.a.layout.cols;
+        for i in 0..lc.rows {
+            for j in 0..lc.cols {
+                let idx = lc.index(i, j);
+                let c_old = self.c.data[idx];
+                let got = ck.slice()[idx];
+                let at = || format!("c({i},{j}) of {}x{}x{kk}", lc.rows, lc.cols);
+                let beta_c =
+                    if self.beta == 0.0 { 0.0 } else { f64::from(self.beta) * f64::from(c_old) };
+                if self.alpha == 0.0 || kk == 0 {
+                    let want = beta_c as f32;
+                    if !(got == want || got.is_nan() && want.is_nan()) {
+                        return Err(format!("sgemm {}: kernel {got:e}, want β·c = {want:e}", at()));
+                    }
+                    continue;
+                }
+                let want = cr[idx];
+                let (mut s, mut max_a, mut max_b) = (0.0f64, 0.0f64, 0.0f64);
+                for p in 0..kk {
+                    let (x, y) = (f64::from(a.at(i, p)), f64::from(b.at(p, j)));
+                    s += (x * y).abs();
+                    max_a = max_a.max(x.abs());
+                    max_b = max_b.max(y.abs());
+                }
+                let al = f64::from(self.alpha).abs();
+                // NaN magnitudes (NaN data) make `safe` false, which is right: NaN-ness only.
+                let safe = [s, al * s, al * max_a, al * max_b, beta_c.abs()]
+                    .iter()
+                    .all(|&v| v <= OVERFLOW);
+                let bound = GAMMA * (kk as f64 + 3.0) * U * (al * s + beta_c.abs())
+                    + U * f64::from(want).abs()
+                    + GAMMA * (kk as f64 + 3.0) * (1.0 + al) * TINY;
+                check_value("sgemm", &at, got, want, safe, bound)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Scale-mask-softmax
+// ------------------------------------------------------------------------------------------
+
+/// A decoded `y = softmax(scale·x + mask)` call.
+#[derive(Clone, Debug)]
+pub struct SoftmaxCase {
+    /// x, `[batch, heads, rows, cols]`.
+    pub x: TensorOperand,
+    /// The scale.
+    pub scale: f32,
+    /// The mask.
+    pub mask: MaskSpec,
+    /// y before the call (sometimes with a wrong shape).
+    pub y: TensorOperand,
+    /// Length of the lse output, when one is passed (sometimes wrong).
+    pub lse: Option<usize>,
+    /// Threads.
+    pub par: Parallelism,
+}
+
+impl SoftmaxCase {
+    /// Decodes a case from fuzz bytes.
+    pub fn decode(data: &[u8]) -> Self {
+        let mut bytes = Bytes::new(data);
+        let batch = usize::from(bytes.u8() % 3);
+        let heads = usize::from(bytes.u8() % 3) + usize::from(batch > 0);
+        let mut rows = bytes.size(257);
+        let mut cols = bytes.size(1100);
+        while batch * heads * rows * cols.max(1) > MAX_WORK / 4 {
+            rows /= 2;
+            cols /= 2;
+        }
+        let dims = [batch, heads, rows, cols];
+        let scale = bytes.scale(cols);
+        let par = bytes.par();
+        let wrong = bytes.u8();
+        let mut ydims = dims;
+        if wrong % 32 == 1 {
+            ydims[usize::from(wrong >> 5) % 4] += 1;
+        }
+        let rowsn = batch * heads * rows;
+        let lse = match bytes.u8() % 8 {
+            0..=3 => None,
+            4 if rowsn > 0 => Some(rowsn - 1),
+            5 => Some(rowsn + 1),
+            _ => Some(rowsn),
+        };
+        let mask = decode_mask(&mut bytes, dims);
+        let x = decode_tensor(&mut bytes, dims);
+        let y = decode_tensor(&mut bytes, ydims);
+        SoftmaxCase { x, scale, mask, y, lse, par }
+    }
+
+    /// Runs the reference and `kernel` and compares them (see the module docs and
+    /// [`softmax_row_bound`]). `lse` passed to the kernel is guard-banded too.
+    pub fn check(
+        &self,
+        kernel: impl FnOnce(
+            TensorRef<'_>,
+            f32,
+            &Mask<'_>,
+            TensorMut<'_>,
+            Option<&mut [f32]>,
+            Parallelism,
+        ) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
+        let mask = self.mask.mask();
+        let x = TensorRef::new(&self.x.data, self.x.layout);
+        let mut yr = self.y.data.clone();
+        let mut lr = self.lse.map(|n| vec![f32::from_bits(SENTINEL_BITS); n]);
+        let rr = attn_reference::softmax::scale_mask_softmax(
+            x,
+            self.scale,
+            &mask,
+            TensorMut::new(&mut yr, self.y.layout),
+            lr.as_deref_mut(),
+        );
+        let mut yk = Guarded::new(&self.y.data);
+        let mut lk =
+            lr.as_ref().map(|l| Guarded::new(&vec![f32::from_bits(SENTINEL_BITS); l.len()]));
+        let kr = kernel(
+            x,
+            self.scale,
+            &mask,
+            TensorMut::new(yk.slice_mut(), self.y.layout),
+            lk.as_mut().map(|g| g.slice_mut()),
+            self.par,
+        );
+        if !same_outcome("softmax", &rr, &kr)? {
+            yk.untouched("softmax y")?;
+            return lk.map_or(Ok(()), |g| g.untouched("softmax lse"));
+        }
+        let ly = self.y.layout;
+        yk.only_view_written("softmax y", &tensor_inside(&ly, self.y.data.len()))?;
+        if let Some(g) = &lk {
+            g.only_view_written("softmax lse", &vec![true; g.slice().len()])?;
+        }
+        let [batch, heads, rows, cols] = self.x.layout.dims;
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in 0..rows {
+                    let logits: Vec<Logit> = (0..cols)
+                        .map(|j| {
+                            mask.term(b, h, i, j, rows, cols).map(|t| {
+                                let sx = f64::from(self.scale) * f64::from(x.at(b, h, i, j));
+                                let t = f64::from(t);
+                                (sx + t, finite_abs(sx) + finite_abs(t))
+                            })
+                        })
+                        .collect();
+                    let rb = softmax_row_bound(&logits);
+                    for j in 0..cols {
+                        let idx = ly.index(b, h, i, j);
+                        let at = || {
+                            format!(
+                                "y({b},{h},{i},{j}) of {:?}, scale {}",
+                                self.x.layout.dims, self.scale
+                            )
+                        };
+                        check_prob("softmax", &at, yk.slice()[idx], yr[idx], &rb, j)?;
+                    }
+                    if let (Some(lr), Some(lk)) = (&lr, &lk) {
+                        let r = (b * heads + h) * rows + i;
+                        let at = || format!("lse({b},{h},{i})");
+                        if !(POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && lk.slice()[r].is_nan()) {
+                            check_value(
+                                "softmax lse",
+                                &at,
+                                lk.slice()[r],
+                                lr[r],
+                                rb.safe,
+                                rb.lse_bound + U * f64::from(lr[r]).abs(),
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `|x|` for finite `x`, else 0: infinite ingredients are exact in f32 and f64 alike; only the
+/// finite ones carry rounding error or can overflow.
+fn finite_abs(x: f64) -> f64 {
+    if x.is_finite() {
+        x.abs()
+    } else {
+        0.0
+    }
+}
+
+/// One logit of a row: `None` when masked, else `(value, magnitude)` where `value` is the f64
+/// logit and `magnitude` the sum of the absolute values of its ingredients (`|scale·x| + |bias|`
+/// for softmax, `(d + 2)·|scale|·Σ|q||k| + |bias|` for attention), the size its f32 rounding
+/// error scales with.
+pub type Logit = Option<(f64, f64)>;
+
+/// What the oracle knows about a softmax row: the f64 probabilities, the relative error bound of
+/// each unnormalised weight, the relative error of their sum, and the logsumexp bound.
+#[derive(Clone, Debug)]
+pub struct RowBound {
+    /// Probabilities from [`softmax_row`] (masked → 0).
+    pub p: Vec<f64>,
+    /// Relative error bound of each `exp(t_j − m)` as the kernel computes it.
+    pub rel: Vec<f64>,
+    /// Relative error bound of `Σ exp(t_j − m)`.
+    pub rel_sum: f64,
+    /// Absolute bound for the logsumexp (without the reference's rounding).
+    pub lse_bound: f64,
+    /// True when no f32 intermediate can overflow (every finite ingredient below f32::MAX / 2)
+    /// and every logit is known to within 1/2 (else f32 cannot resolve the row).
+    pub safe: bool,
+    /// True when some logit is +∞ (the +∞ positions share the weight).
+    pub has_pos_inf: bool,
+}
+
+/// Derives the row bound. For logits `t_j` with ingredient magnitudes `A_j` and `A = max A_j`,
+/// the kernel's `t̂_j − m̂` is off by `δ_j = γ·u·(A_j + A + |t_j − m|)` (rounding of `t_j`, of the
+/// max, and of the subtraction), so `exp` is off by the relative `e^δ_j − 1 + ε_exp`; the sum of `n`
+/// weights adds `n·u`, and `p_j = e_j / S` is off by `rel_j + rel_S + 2u` relative plus
+/// `γ·(n + 1)·2⁻¹²⁶` absolute for exp results flushed below the normal range.
+/// `lse = m + ln S` is off by `γ·u·A + rel_S + γ·u·|lse|`.
+pub fn softmax_row_bound(logits: &[Logit]) -> RowBound {
+    let vals: Vec<Option<f64>> = logits.iter().map(|l| l.map(|(v, _)| v)).collect();
+    let (p, lse) = softmax_row(&vals);
+    let n = logits.len() as f64;
+    let finite = || logits.iter().flatten().filter(|(v, _)| v.is_finite());
+    let amax = finite().map(|&(_, a)| a).fold(0.0, f64::max);
+    let m = finite().map(|&(v, _)| v).fold(f64::NEG_INFINITY, f64::max);
+    // Every finite ingredient must stay representable: a finite f64 logit whose f32
+    // ingredients overflow becomes ∞ in the kernel, and ∞ − ∞ a NaN.
+    let fits = logits.iter().flatten().all(|&(_, a)| a <= OVERFLOW);
+    // Logit errors δ_j; exp turns them into the relative error e^δ − 1 (not δ: the kernel may
+    // give weight to a key the f64 reference underflows to 0 only if δ is large).
+    let delta: Vec<f64> = logits
+        .iter()
+        .map(|l| match l {
+            Some((v, a)) if v.is_finite() => GAMMA * U * (a + amax + (v - m).abs()),
+            _ => 0.0,
+        })
+        .collect();
+    // When a logit is uncertain by more than 1/2, f32 cannot resolve the row (e.g. logits of
+    // 1e37 that differ by 1e27): like an overflow, only NaN-ness and ranges are checked.
+    let conditioned = delta.iter().all(|&d| d <= 0.5);
+    let safe = fits && conditioned;
+    let rel: Vec<f64> = logits
+        .iter()
+        .zip(&delta)
+        .map(|(l, d)| match l {
+            Some((v, _)) if v.is_finite() => d.exp_m1() + EXP_REL,
+            _ => 0.0,
+        })
+        .collect();
+    let rel_sum = p.iter().zip(&rel).map(|(p, r)| p * r).sum::<f64>() + n * U;
+    let lse_bound = GAMMA * U * amax + GAMMA * rel_sum + GAMMA * U * lse.abs() + GAMMA * EXP_REL;
+    let has_pos_inf = vals.contains(&Some(f64::INFINITY));
+    RowBound { p, rel, rel_sum, lse_bound, safe, has_pos_inf }
+}
+
+/// A documented deviation of the kernels from the reference: a `+∞` logit (a `+∞` bias entry,
+/// or `+∞` data with a positive scale) makes the kernel's row NaN, where the reference gives the
+/// `+∞` positions all the weight (attention module docs: outside the supported range). The
+/// oracles accept NaN or the reference's value in such rows (outputs and logsumexp).
+pub const POS_INF_ROWS_MAY_BE_NAN: bool = true;
+
+/// A known kernel divergence (reported, reproduced by `tests/tests/hostile.rs`): a non-finite
+/// V element at a key of zero weight (masked, or in a fully masked row) leaks into the kernel's
+/// output as `0·∞ = NaN`, where the reference skips zero-weight keys. The attention oracle
+/// accepts NaN in that case so that fuzzing keeps looking for other faults; set to `false` to
+/// fuzz for it.
+pub const MASKED_NONFINITE_V_MAY_LEAK: bool = true;
+
+/// Checks one probability of a softmax row: within `γ·p_j·(rel_j + rel_S + 2u) + u·p_j +
+/// γ·(n + 1)·2⁻¹²⁶`, exactly 0 at masked and −∞ positions (and everywhere in a fully masked
+/// row), `1/count` at +∞ positions; in a row that may overflow, NaN or a value in [0, 1].
+fn check_prob(
+    what: &str,
+    at: &dyn Fn() -> String,
+    got: f32,
+    want: f32,
+    rb: &RowBound,
+    j: usize,
+) -> Result<(), String> {
+    let n = rb.p.len() as f64;
+    if !rb.safe {
+        if want.is_nan() && !got.is_nan() {
+            return Err(format!("{what} at {}: kernel {got:e}, reference NaN", at()));
+        }
+        if !got.is_nan() && !(0.0..=1.0).contains(&got) {
+            return Err(format!("{what} at {}: kernel {got:e} is not a probability", at()));
+        }
+        return Ok(());
+    }
+    if POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && got.is_nan() {
+        return Ok(()); // documented kernel deviation, see [`POS_INF_ROWS_MAY_BE_NAN`]
+    }
+    let pj = rb.p[j];
+    let bound = if rb.has_pos_inf {
+        2.0 * U * pj
+    } else {
+        GAMMA * pj * (rb.rel[j] + rb.rel_sum + 2.0 * U) + U * pj + GAMMA * (n + 1.0) * MIN_NORMAL
+    };
+    if pj == 0.0 && !want.is_nan() && got != 0.0 && rb.rel[j] == 0.0 {
+        return Err(format!(
+            "{what} at {}: kernel {got:e} at a masked position (want exactly 0)",
+            at()
+        ));
+    }
+    check_value(what, at, got, want, true, bound)
+}
+
+// ------------------------------------------------------------------------------------------
+// Attention
+// ------------------------------------------------------------------------------------------
+
+/// A decoded `O = softmax(scale·Q·Kᵀ + mask)·V` call.
+#[derive(Clone, Debug)]
+pub struct AttentionCase {
+    /// Q `[batch, hq, nq, dk]`.
+    pub q: TensorOperand,
+    /// K `[batch, hkv, nk, dk]`.
+    pub k: TensorOperand,
+    /// V `[batch, hkv, nk, dv]`.
+    pub v: TensorOperand,
+    /// The scale.
+    pub scale: f32,
+    /// The mask over `[batch, hq, nq, nk]`.
+    pub mask: MaskSpec,
+    /// O before the call `[batch, hq, nq, dv]`.
+    pub o: TensorOperand,
+    /// Length of the lse output, when one is passed.
+    pub lse: Option<usize>,
+    /// Threads.
+    pub par: Parallelism,
+}
+
+impl AttentionCase {
+    /// Decodes a general case: any `nq`, GQA/MQA head ratios (and non-dividing ones), `dk ≠ dv`.
+    pub fn decode(data: &[u8]) -> Self {
+        Self::decode_with(data, false)
+    }
+
+    /// Decodes a decode-step case: one query per head (`nq = 1`), long key sequences.
+    pub fn decode_single_query(data: &[u8]) -> Self {
+        Self::decode_with(data, true)
+    }
+
+    fn decode_with(data: &[u8], decode_step: bool) -> Self {
+        let mut bytes = Bytes::new(data);
+        let batch = usize::from(bytes.u8() % 3);
+        let hkv = usize::from(bytes.u8() % 3);
+        let hq = match bytes.u8() % 6 {
+            0 => hkv,
+            1 => 2 * hkv,
+            2 => 4 * hkv,
+            3 => 3,
+            4 => 0,
+            _ => 1,
+        };
+        let mut nq = if decode_step { 1 } else { bytes.size(257) };
+        let mut nk = bytes.size(if decode_step { 1100 } else { 300 });
+        let dk = bytes.size(129);
+        let dv = if bytes.u8().is_multiple_of(2) { dk } else { bytes.size(129) };
+        while batch * hq * nq * nk * (dk + dv).max(1) > MAX_WORK {
+            nq = nq.div_ceil(2).min(nq.saturating_sub(1)).max(usize::from(decode_step));
+            nk /= 2;
+        }
+        let scale = bytes.scale(dk);
+        let par = bytes.par();
+        let wrong = bytes.u8();
+        let mut kd = [batch, hkv, nk, dk];
+        let mut vd = [batch, hkv, nk, dv];
+        let mut od = [batch, hq, nq, dv];
+        match wrong {
+            1 => kd[3] += 1,
+            2 => vd[2] += 1,
+            3 => od[3] += 1,
+            4 => vd[0] += 1,
+            _ => {}
+        }
+        let rowsn = batch * hq * nq;
+        let lse = match bytes.u8() % 8 {
+            0..=3 => None,
+            4 if rowsn > 0 => Some(rowsn - 1),
+            _ => Some(rowsn),
+        };
+        let mask = decode_mask(&mut bytes, [batch, hq, nq, nk]);
+        let q = decode_tensor(&mut bytes, [batch, hq, nq, dk]);
+        let k = decode_tensor(&mut bytes, kd);
+        let v = decode_tensor(&mut bytes, vd);
+        let o = decode_tensor(&mut bytes, od);
+        AttentionCase { q, k, v, scale, mask, o, lse, par }
+    }
+
+    /// Runs the reference and `kernel` and compares them. Per row the logits are
+    /// `t_j = scale·q·k_j + bias_j` with ingredient magnitude `(dk + 2)·|scale|·Σ|q||k_j| + |bias_j|`
+    /// (the dot product's rounding, [`softmax_row_bound`]); per output element, with
+    /// `W = Σ_j p_j·|v_jd|`: `|ô − o| ≤ γ·(Σ_j p_j·|v_jd|·(rel_j + (nk + 1)·(u + ε_exp)) + rel_S·W)
+    /// + 2u·|o| + γ·nk·(2⁻¹²⁶·max|v_d| + 2⁻¹⁴⁹)` — the weights' error, the rescaling and
+    /// accumulation of a streaming (flash) kernel over at most `nk` blocks, the reference's
+    /// rounding, and exp results flushed below the normal range. The f32 computation is
+    /// overflow-safe when every ingredient and `Σ_j |v_jd|` (the unnormalised accumulator of a
+    /// streaming kernel, whose weights are ≤ 1) stay below `f32::MAX / 2`.
+    pub fn check(
+        &self,
+        kernel: impl FnOnce(
+            TensorRef<'_>,
+            TensorRef<'_>,
+            TensorRef<'_>,
+            f32,
+            &Mask<'_>,
+            TensorMut<'_>,
+            Option<&mut [f32]>,
+            Parallelism,
+        ) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
+        let mask = self.mask.mask();
+        let q = TensorRef::new(&self.q.data, self.q.layout);
+        let k = TensorRef::new(&self.k.data, self.k.layout);
+        let v = TensorRef::new(&self.v.data, self.v.layout);
+        let mut or = self.o.data.clone();
+        let mut lr = self.lse.map(|n| vec![f32::from_bits(SENTINEL_BITS); n]);
+        let rr = attn_reference::attention::attention(
+            q,
+            k,
+            v,
+            self.scale,
+            &mask,
+            TensorMut::new(&mut or, self.o.layout),
+            lr.as_deref_mut(),
+        );
+        let mut ok = Guarded::new(&self.o.data);
+        let mut lk =
+            lr.as_ref().map(|l| Guarded::new(&vec![f32::from_bits(SENTINEL_BITS); l.len()]));
+        let kr = kernel(
+            q,
+            k,
+            v,
+            self.scale,
+            &mask,
+            TensorMut::new(ok.slice_mut(), self.o.layout),
+            lk.as_mut().map(|g| g.slice_mut()),
+            self.par,
+        );
+        if !same_outcome("attention", &rr, &kr)? {
+            ok.untouched("attention o")?;
+            return lk.map_or(Ok(()), |g| g.untouched("attention lse"));
+        }
+        let lo = self.o.layout;
+        ok.only_view_written("attention o", &tensor_inside(&lo, self.o.data.len()))?;
+        if let Some(g) = &lk {
+            g.only_view_written("attention lse", &vec![true; g.slice().len()])?;
+        }
+        let [batch, hq, nq, dk] = self.q.layout.dims;
+        let [_, hkv, nk, _] = self.k.layout.dims;
+        let dv = self.v.layout.dims[3];
+        let group = hq / hkv;
+        let sc = f64::from(self.scale);
+        let nkf = nk as f64;
+        for b in 0..batch {
+            for h in 0..hq {
+                let kh = h / group;
+                for i in 0..nq {
+                    let mut qmax = 0.0f64;
+                    for d in 0..dk {
+                        qmax = qmax.max(f64::from(q.at(b, h, i, d)).abs());
+                    }
+                    let logits: Vec<Logit> = (0..nk)
+                        .map(|j| {
+                            mask.term(b, h, i, j, nq, nk).map(|t| {
+                                let (mut dot, mut mag) = (0.0f64, 0.0f64);
+                                for d in 0..dk {
+                                    let (x, y) =
+                                        (f64::from(q.at(b, h, i, d)), f64::from(k.at(b, kh, j, d)));
+                                    dot += x * y;
+                                    mag += finite_abs(x * y);
+                                }
+                                let t = f64::from(t);
+                                // The kernel may scale Q first, or the dot product after, so
+                                // |scale|·max|q| and the unscaled Σ|q||k| must fit as well.
+                                let fits = mag <= OVERFLOW && sc.abs() * qmax <= OVERFLOW;
+                                let a = (dk as f64 + 2.0) * sc.abs() * mag
+                                    + finite_abs(t)
+                                    + (dk as f64) * TINY;
+                                (sc * dot + t, if fits { a } else { f64::INFINITY })
+                            })
+                        })
+                        .collect();
+                    let rb = softmax_row_bound(&logits);
+                    let lse_at = (b * hq + h) * nq + i;
+                    for d in 0..dv {
+                        let idx = lo.index(b, h, i, d);
+                        let (mut w, mut werr, mut vsum, mut vmax) =
+                            (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+                        let (mut zero_weight_nonfinite, mut tiny_weight_nonfinite) = (false, false);
+                        for (j, logit) in logits.iter().enumerate() {
+                            let x = f64::from(v.at(b, kh, j, d)).abs();
+                            if logit.is_some() {
+                                vsum += x;
+                                vmax = vmax.max(x);
+                            }
+                            zero_weight_nonfinite |= rb.p[j] == 0.0 && !x.is_finite();
+                            // a weight below the f32 normal range may be flushed to 0 by the
+                            // kernel's exp, dropping a NaN/∞ value the reference still sees
+                            tiny_weight_nonfinite |=
+                                rb.p[j] > 0.0 && rb.p[j] < 4.0 * MIN_NORMAL && !x.is_finite();
+                            if rb.p[j] != 0.0 {
+                                w += rb.p[j] * x;
+                                werr += rb.p[j] * x * (rb.rel[j] + (nkf + 1.0) * (U + EXP_REL));
+                            }
+                        }
+                        let want = or[idx];
+                        let bound = GAMMA * (werr + rb.rel_sum * w)
+                            + 2.0 * U * f64::from(want).abs()
+                            + GAMMA * nkf * (MIN_NORMAL * vmax + TINY);
+                        let safe = rb.safe && vsum <= OVERFLOW;
+                        let at = || {
+                            format!(
+                                "o({b},{h},{i},{d}) of q {:?} k {:?} v {:?}, scale {}",
+                                self.q.layout.dims,
+                                self.k.layout.dims,
+                                self.v.layout.dims,
+                                self.scale
+                            )
+                        };
+                        let got = ok.slice()[idx];
+                        let leak = MASKED_NONFINITE_V_MAY_LEAK && zero_weight_nonfinite;
+                        if !tiny_weight_nonfinite
+                            && !((POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf || leak)
+                                && got.is_nan())
+                        {
+                            check_value("attention", &at, got, want, safe, bound)?;
+                        }
+                    }
+                    if let (Some(lr), Some(lk)) = (&lr, &lk) {
+                        let at = || format!("lse({b},{h},{i})");
+                        let want = lr[lse_at];
+                        if !(POS_INF_ROWS_MAY_BE_NAN
+                            && rb.has_pos_inf
+                            && lk.slice()[lse_at].is_nan())
+                        {
+                            check_value(
+                                "attention lse",
+                                &at,
+                                lk.slice()[lse_at],
+                                want,
+                                rb.safe,
+                                rb.lse_bound + U * f64::from(want).abs(),
+                            )?;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,290 @@
+//! Numerical hostility: long rows (N = 65536) with logits 1e4 apart, every key masked but one,
+//! d = 1, scale = 0, values of 1e38 in V, empty dimensions; each against the reference through
+//! the fuzz oracle (`attn_tests::fuzz_decode`, derived bounds, guard bands) and, where the answer
+//! is known by reasoning, against that exact value. The flash path (`nq > 16`) and the decode
+//! path (`nq ≤ 16`) are both exercised.
+//!
+//! Overflow behaviour (documented here, asserted below): the reference accumulates in f64, the
+//! kernels in f32 with weights `e_j ≤ 1` relative to the running maximum, so an output is exact
+//! to the bound as long as the unnormalised accumulator `Σ_j e_j·|v_jd|` stays below `f32::MAX`;
+//! a single visible key carrying 1e38, or ±1e38 that cancel, is fine.
+//!
+//! Regression reproducers of faults the fuzzers found are at the end.
+
+use attn_kernels::arch::selected;
+use attn_kernels::attention::{attention, decode, flash};
+use attn_kernels::Parallelism;
+use attn_reference::{Mask, Tensor4Layout, TensorMut, TensorRef};
+use attn_tests::fuzz_decode::{AttentionCase, MaskSpec, TensorOperand};
+
+const N: usize = 65536;
+
+fn t(data: Vec<f32>, dims: [usize; 4]) -> TensorOperand {
+    TensorOperand { layout: Tensor4Layout::bhsd(dims[0], dims[1], dims[2], dims[3]), data }
+}
+
+/// One head, `nq` queries of width 1 all equal to `q`, keys `k`, values `v` (d = 1).
+fn case(nq: usize, q: f32, k: Vec<f32>, v: Vec<f32>, scale: f32, mask: MaskSpec) -> AttentionCase {
+    let nk = k.len();
+    AttentionCase {
+        q: t(vec![q; nq], [1, 1, nq, 1]),
+        k: t(k, [1, 1, nk, 1]),
+        v: t(v, [1, 1, nk, 1]),
+        scale,
+        mask,
+        o: t(vec![0.0; nq], [1, 1, nq, 1]),
+        lse: Some(nq),
+        par: Parallelism::Sequential,
+    }
+}
+
+/// Runs the kernel on the case (oracle-checked) and returns its output and logsumexp.
+fn run(c: &AttentionCase, path: &str) -> (Vec<f32>, Vec<f32>) {
+    type F = fn(
+        TensorRef<'_>,
+        TensorRef<'_>,
+        TensorRef<'_>,
+        f32,
+        &Mask<'_>,
+        TensorMut<'_>,
+        Option<&mut [f32]>,
+        Parallelism,
+    ) -> attn_reference::Result<()>;
+    let f: F = match path {
+        "flash" => |q, k, v, s, m, o, l, p| flash(selected(), q, k, v, s, m, o, l, p),
+        "decode" => |q, k, v, s, m, o, l, p| decode(selected(), q, k, v, s, m, o, l, p),
+        _ => attention,
+    };
+    if let Err(e) = c.check(f) {
+        panic!("{path}: {e}");
+    }
+    let mut o = c.o.data.clone();
+    let mut lse = vec![0.0; c.lse.unwrap_or(0)];
+    f(
+        TensorRef::new(&c.q.data, c.q.layout),
+        TensorRef::new(&c.k.data, c.k.layout),
+        TensorRef::new(&c.v.data, c.v.layout),
+        c.scale,
+        &c.mask.mask(),
+        TensorMut::new(&mut o, c.o.layout),
+        Some(&mut lse),
+        c.par,
+    )
+    .unwrap();
+    (o, lse)
+}
+
+const PATHS: [(&str, usize); 3] = [("decode", 1), ("flash", 20), ("attention", 3)];
+
+#[test]
+fn logits_1e4_apart_over_65536_keys() {
+    // logits q·k_j = 1e4 on odd keys, 0 on even ones: the even keys get e^-1e4 = 0 weight, the
+    // odd ones 1/32768 each, so o = mean of the odd values = mean(1, 3, …, 65535) = 32768.
+    let k: Vec<f32> = (0..N).map(|j| if j % 2 == 1 { 1e4 } else { 0.0 }).collect();
+    let v: Vec<f32> = (0..N).map(|j| j as f32).collect();
+    for (path, nq) in PATHS {
+        let (o, lse) = run(&case(nq, 1.0, k.clone(), v.clone(), 1.0, MaskSpec::None), path);
+        for x in &o {
+            assert!((x - 32768.0).abs() <= 32768.0 * 1e-4, "{path}: {x}");
+        }
+        // lse = 1e4 + ln 32768
+        let want = 1e4 + (32768f64).ln();
+        assert!(lse.iter().all(|&l| (f64::from(l) - want).abs() < 2e-3), "{path}: {lse:?}");
+    }
+}
+
+#[test]
+fn every_key_masked_but_one() {
+    // Each query sees exactly one key (a different one per query); p = 1 exactly, so o is that
+    // key's value bit for bit whatever the logits, and lse is its logit.
+    for (path, nq) in PATHS {
+        let k: Vec<f32> = (0..N).map(|j| ((j * 7919) % 1000) as f32 - 500.0).collect();
+        let v: Vec<f32> = (0..N).map(|j| (j as f32).sin() * 1e3).collect();
+        let visible: Vec<usize> = (0..nq).map(|i| (40_000 + 977 * i) % N).collect();
+        let mut keep = vec![false; nq * N];
+        for (i, &j) in visible.iter().enumerate() {
+            keep[i * N + j] = true;
+        }
+        let mask = MaskSpec::Keep(keep, Tensor4Layout::bhsd(1, 1, nq, N));
+        let (o, lse) = run(&case(nq, 0.5, k.clone(), v.clone(), 1.0, mask), path);
+        for (i, &j) in visible.iter().enumerate() {
+            assert_eq!(o[i].to_bits(), v[j].to_bits(), "{path}: row {i}");
+            assert!((lse[i] - 0.5 * k[j]).abs() <= 1e-4 * (0.5 * k[j]).abs().max(1.0));
+        }
+    }
+}
+
+#[test]
+fn scale_zero_gives_the_exact_mean() {
+    // scale = 0: every visible logit is 0, weights are exactly 1/N (N a power of two), and with
+    // small-integer values every sum is exact: o = Σv / N exactly, lse = ln N. Huge keys do not
+    // matter (0·1e38 = 0).
+    let k: Vec<f32> = (0..N).map(|j| if j % 3 == 0 { 1e38 } else { -3e37 }).collect();
+    let v: Vec<f32> = (0..N).map(|j| (j % 17) as f32).collect();
+    let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / N as f64;
+    for (path, nq) in PATHS {
+        let (o, lse) = run(&case(nq, 1.0, k.clone(), v.clone(), 0.0, MaskSpec::None), path);
+        assert!(o.iter().all(|&x| f64::from(x) == mean), "{path}: {o:?} vs {mean}");
+        assert!(lse.iter().all(|&l| (f64::from(l) - (N as f64).ln()).abs() < 1e-5), "{path}");
+    }
+}
+
+#[test]
+fn values_of_1e38() {
+    for (path, nq) in PATHS {
+        // one visible key carrying 1e38: exact
+        let mut k = vec![-1e4f32; N];
+        k[123] = 0.0;
+        let v = vec![1e38f32; N];
+        let (o, _) = run(&case(nq, 1.0, k.clone(), v.clone(), 1.0, MaskSpec::None), path);
+        assert!(o.iter().all(|&x| x == 1e38), "{path}: {o:?}");
+        // ±1e38 in equal weights cancel: exact 0 within the bound (checked by the oracle)
+        let v: Vec<f32> = (0..2).map(|j| if j == 0 { 1e38 } else { -1e38 }).collect();
+        let (o, _) = run(&case(nq, 1.0, vec![0.0; 2], v, 0.0, MaskSpec::None), path);
+        assert!(o.iter().all(|&x| x.abs() <= 1e38 * 1e-6), "{path}: {o:?}");
+        // 1e38 under weights that sum to 1 across many keys: the reference gives 1e38; the
+        // kernels' accumulator Σ e_j v_j (e_j ≤ 1) may exceed f32::MAX — see the module docs
+        let c = case(nq, 1.0, vec![0.0; 4], vec![1e38; 4], 0.0, MaskSpec::None);
+        let (o, _) = run(&c, path);
+        for &x in &o {
+            assert!(x == 1e38 || x == f32::INFINITY, "{path}: {x}");
+        }
+        eprintln!("{path}: 4 keys × 1e38 at weight 1/4 → {:e}", o[0]);
+    }
+}
+
+#[test]
+fn empty_dimensions() {
+    // nk = 0: zero output rows and lse −∞; nq = 0 / dv = 0: nothing to write.
+    for (path, nq) in PATHS {
+        let (o, lse) = run(&case(nq, 1.0, vec![], vec![], 1.0, MaskSpec::None), path);
+        assert!(
+            o.iter().all(|&x| x == 0.0) && lse.iter().all(|&l| l == f32::NEG_INFINITY),
+            "{path}"
+        );
+    }
+}
+
+// ---- Regression reproducers (found by the fuzz targets; see the report / README table) ----
+
+/// dk = 0 (empty query/key rows) with contiguous K of `nk ≥ 2` keys and an empty slice: the
+/// decode path indexed `k.data[1..1]` of an empty slice and panicked
+/// (`range start index 1 out of range for slice of length 0`, attention/mod.rs `row_of`).
+/// The reference gives logits 0, i.e. the mean of V.
+#[test]
+fn zero_width_keys_do_not_panic() {
+    for (path, nq) in PATHS {
+        let c = AttentionCase {
+            q: t(vec![], [1, 1, nq, 0]),
+            // a row stride of 1 over zero-width rows: valid (the view is empty), start index 1
+            k: TensorOperand {
+                data: vec![],
+                layout: Tensor4Layout::strided([1, 1, 2, 0], [2, 2, 1, 1], 0),
+            },
+            v: t(vec![1.0, 3.0], [1, 1, 2, 1]),
+            scale: 1.0,
+            mask: MaskSpec::None,
+            o: t(vec![0.0; nq], [1, 1, nq, 1]),
+            lse: Some(nq),
+            par: Parallelism::Sequential,
+        };
+        let (o, lse) = run(&c, path);
+        assert!(o.iter().all(|&x| x == 2.0), "{path}: {o:?}");
+        assert!(lse.iter().all(|&l| (l - std::f32::consts::LN_2).abs() < 1e-6), "{path}");
+    }
+}
+
+/// nk = 0 and dv = 0 (nothing to write but the logsumexp): the flash path left NaN in `lse`
+/// where the convention (and the decode path) give −∞ (found with q `[1, 1, 1, 0]`).
+#[test]
+fn no_keys_give_minus_infinity_lse() {
+    for (dk, dv) in [(0, 0), (1, 0), (0, 1), (1, 1)] {
+        let c = AttentionCase {
+            q: t(vec![0.5; 20 * dk], [1, 1, 20, dk]),
+            k: t(vec![], [1, 1, 0, dk]),
+            v: t(vec![], [1, 1, 0, dv]),
+            scale: 1.0,
+            mask: MaskSpec::None,
+            o: t(vec![7.0; 20 * dv], [1, 1, 20, dv]),
+            lse: Some(20),
+            par: Parallelism::Sequential,
+        };
+        for path in ["flash", "attention", "decode"] {
+            let (o, lse) = run(&c, path);
+            assert!(o.iter().all(|&x| x == 0.0), "{path}: {o:?}");
+            let ok = lse.iter().all(|&l| l == f32::NEG_INFINITY);
+            assert!(ok, "{path}, dk {dk}, dv {dv}: {lse:?}");
+        }
+    }
+}
+
+/// A non-finite value at a masked key (e.g. an unwritten KV-cache slot) must not reach the
+/// output: the reference skips zero-weight keys, and a fully masked row is all zeros. The flash
+/// path computed `0·∞ = NaN` (found with causal offset −17, nq = 23, nk = 6, V[5][1] = ∞).
+#[test]
+fn nonfinite_values_at_masked_keys_do_not_leak() {
+    for (path, nq) in PATHS {
+        let v = vec![1.0, 2.0, f32::INFINITY, f32::NAN];
+        let mut keep = vec![true; nq * 4];
+        for i in 0..nq {
+            keep[i * 4 + 2] = false;
+            keep[i * 4 + 3] = false;
+        }
+        let mask = MaskSpec::Keep(keep, Tensor4Layout::bhsd(1, 1, nq, 4));
+        let c = case(nq, 1.0, vec![0.0; 4], v.clone(), 1.0, mask);
+        let (o, _) = run(&c, path);
+        assert!(o.iter().all(|&x| x == 1.5), "{path}: {o:?}");
+        // fully masked rows (causal, offset −nq: no query sees a key)
+        let c = case(nq, 1.0, vec![0.0; 4], v, 1.0, MaskSpec::Causal(Some(-(nq as isize) - 1)));
+        let (o, _) = run(&c, path);
+        assert!(o.iter().all(|&x| x == 0.0), "{path}: {o:?}");
+    }
+}
+
+/// Softmax over rows of zero length (`cols = 0`, empty slices) with `rows ≥ 2`: the kernel
+/// sliced `y.data[start..start]` with `start` = the row offset past the empty slice and panicked
+/// (`range start index 1 out of range for slice of length 0`, softmax/mod.rs `for_each_row`).
+/// Expected: nothing to write, lse −∞ for every row.
+#[test]
+fn softmax_zero_length_rows_do_not_panic() {
+    let x: Vec<f32> = vec![];
+    let mut y: Vec<f32> = vec![];
+    let mut lse = vec![0.0; 2];
+    attn_kernels::softmax::scale_mask_softmax(
+        TensorRef::new(&x, Tensor4Layout::strided([1, 1, 2, 0], [2, 2, 1, 1], 0)),
+        1.0,
+        &Mask::None,
+        TensorMut::new(&mut y, Tensor4Layout::strided([1, 1, 2, 0], [2, 2, 1, 1], 0)),
+        Some(&mut lse),
+        Parallelism::Sequential,
+    )
+    .unwrap();
+    assert!(lse.iter().all(|&l| l == f32::NEG_INFINITY), "{lse:?}");
+}
+
+/// dk = 0 with a K view whose (irrelevant) row stride is huge: the view is empty, so it is valid,
+/// but the flash path computed `(j0 + j) * k.rs` for the key pointer (attention/simd.rs
+/// `qk_block`): an overflow panic with overflow checks, and a wild `ptr.add` (undefined
+/// behaviour even if never dereferenced) without. Found by the proptest-driven fuzz run
+/// (20 000 cases). Expected: logits 0 for every key, lse = ln 5.
+#[test]
+fn zero_width_keys_with_huge_stride() {
+    let k = TensorOperand {
+        data: vec![],
+        layout: Tensor4Layout::strided([1, 1, 5, 0], [5, 5, usize::MAX / 3, 1], 0),
+    };
+    for path in ["flash", "attention"] {
+        let c = AttentionCase {
+            q: t(vec![], [1, 1, 17, 0]),
+            k: k.clone(),
+            v: t(vec![], [1, 1, 5, 0]),
+            scale: 1.0,
+            mask: MaskSpec::None,
+            o: t(vec![], [1, 1, 17, 0]),
+            lse: Some(17),
+            par: Parallelism::Sequential,
+        };
+        let (_, lse) = run(&c, path);
+        assert!(lse.iter().all(|&l| (l - 5f32.ln()).abs() < 1e-6), "{path}: {lse:?}");
+    }
+}
