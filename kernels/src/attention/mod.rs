@@ -24,7 +24,9 @@
 //! Numerics: the query tile is packed pre-multiplied by `scale`; accumulation is f32; the
 //! exponential is the softmax module's vectorised exp (1 ULP). A `+∞` bias entry
 //! is outside the supported range (the reference gives such a row all the weight at the `+∞`
-//! positions; here the row becomes NaN).
+//! positions; here the row becomes NaN). A key of zero weight (masked, or whose weight
+//! underflows) contributes exactly 0 even when its value is `±∞`/NaN (an unwritten KV-cache
+//! slot), as in the reference; empty head dimensions (`d_k = 0`, `d_v = 0`) accept any strides.
 //!
 //! Layout of this module: `blocking` (block sizes and thresholds, with their cache
 //! reasoning), `simd` (the ISA layer: vector trait, register-tile micro-kernels; the only
