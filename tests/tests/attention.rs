@@ -488,3 +488,86 @@ fn memory_n131072() {
     // Spot-check a few rows against the reference on a key prefix would be too slow at this
     // size; the proptests cover correctness, this test covers memory.
 }
+
+/// Keys of zero weight never read their values: `±∞`/NaN values at keys no query sees (a
+/// keep mask, a −∞ bias, keys past every causal diagonal, like unwritten KV-cache slots) leave
+/// the output finite and equal to the reference (which skips zero weights), on every path, ISA
+/// and thread count. Scores are O(1) and values small integers, so the outputs agree to a few
+/// ulp of the largest value.
+#[test]
+fn masked_nonfinite_values_do_not_leak() {
+    let (hq, nk, dk, dv) = (2, 45, 8, 12);
+    let hidden = |j: usize| j % 5 == 4 || j >= 40;
+    let mut rng = Rng::new(17);
+    for nq in [1, 20, 37] {
+        let q: Vec<f32> = (0..hq * nq * dk).map(|_| rng.below(5) as f32 / 4.0 - 0.5).collect();
+        let k: Vec<f32> = (0..nk * dk).map(|_| rng.below(5) as f32 / 4.0 - 0.5).collect();
+        let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        let v: Vec<f32> = (0..nk * dv)
+            .map(|x| if hidden(x / dv) { specials[x % 3] } else { rng.below(17) as f32 - 8.0 })
+            .collect();
+        // for the causal mask only keys 40.. are hidden: finite values elsewhere
+        let v_causal: Vec<f32> = v
+            .iter()
+            .enumerate()
+            .map(|(x, &y)| if x / dv < 40 && !y.is_finite() { 1.0 } else { y })
+            .collect();
+        let ml = Tensor4Layout::bhsd(1, hq, nq, nk);
+        let keep: Vec<bool> = (0..hq * nq * nk).map(|x| !hidden(x % nk)).collect();
+        let bias: Vec<f32> =
+            keep.iter().map(|&k| if k { 0.0 } else { f32::NEG_INFINITY }).collect();
+        // query i sees keys j ≤ i + 35 − nq ≤ 34: never keys 40.. (the first rows see none)
+        let causal = Mask::Causal { offset: Some(35 - nq as isize) };
+        let masks = [
+            ("keep", Mask::Keep { keep: &keep, layout: ml }, &v),
+            ("bias", Mask::Bias { bias: &bias, layout: ml }, &v),
+            ("causal", causal, &v_causal),
+        ];
+        let (lq, lk, lv) = (
+            Tensor4Layout::bhsd(1, hq, nq, dk),
+            Tensor4Layout::bhsd(1, 1, nk, dk),
+            Tensor4Layout::bhsd(1, 1, nk, dv),
+        );
+        let lo = Tensor4Layout::bhsd(1, hq, nq, dv);
+        for (kind, mask, v) in &masks {
+            let mut want = vec![0.0f32; hq * nq * dv];
+            attn_reference::attention::attention(
+                TensorRef::new(&q, lq),
+                TensorRef::new(&k, lk),
+                TensorRef::new(v, lv),
+                1.0,
+                mask,
+                TensorMut::new(&mut want, lo),
+                None,
+            )
+            .unwrap();
+            assert!(want.iter().all(|x| x.is_finite()), "reference {want:?}");
+            for (name, f) in PATHS {
+                for isa in Isa::supported() {
+                    for threads in [1, 2] {
+                        let mut o = vec![f32::NAN; hq * nq * dv];
+                        f(
+                            isa,
+                            TensorRef::new(&q, lq),
+                            TensorRef::new(&k, lk),
+                            TensorRef::new(v, lv),
+                            1.0,
+                            mask,
+                            TensorMut::new(&mut o, lo),
+                            None,
+                            par(threads),
+                        )
+                        .unwrap();
+                        for (x, y) in o.iter().zip(&want) {
+                            // |values| ≤ 8, ≤ 45 keys: far inside 64 ulp of 8.
+                            assert!(
+                                (x - y).abs() <= 64.0 * 8.0 * f32::EPSILON,
+                                "{name}/{isa}/{threads}t nq {nq} {kind}: {x} vs {y}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -83,6 +83,9 @@ fn merge(
             for c in parts {
                 // e^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
                 let w = (f64::from(c.m[r]) - f64::from(mx)).exp() as f32;
+                if w == 0.0 {
+                    continue; // weight 0: contributes nothing, even an ∞ partial (0·∞)
+                }
                 total = w.mul_add(c.l[r], total);
                 for (a, x) in acc.iter_mut().zip(&c.o[r * p.dv..(r + 1) * p.dv]) {
                     *a = w.mul_add(*x, *a);
@@ -160,8 +163,12 @@ impl Kernel for Chunk<'_, '_> {
                 let alpha = exp_scalar(s, m_old - m_new);
                 part.l[r] = alpha.mul_add(part.l[r], sum);
                 part.m[r] = m_new;
-                if alpha != 1.0 {
-                    part.o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= alpha);
+                // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.
+                let o_row = &mut part.o[r * dv..(r + 1) * dv];
+                if alpha == 0.0 {
+                    o_row.fill(0.0);
+                } else if alpha != 1.0 {
+                    o_row.iter_mut().for_each(|x| *x *= alpha);
                 }
             }
             // Values: one pass over the value rows, all group rows per value.

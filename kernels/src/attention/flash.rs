@@ -20,7 +20,7 @@ use rayon::prelude::*;
 use super::blocking::{BC, QV};
 use super::simd::{load, pv_block, qk_block, store, vectorize, Kernel, Simd};
 use super::sink::Sink;
-use super::Problem;
+use super::{matrix, Problem};
 use crate::arch::Isa;
 use crate::par::Parallelism;
 
@@ -60,7 +60,8 @@ fn tile_rows(isa: Isa) -> usize {
 
 /// Runs the flash loop over all tasks, writing through `sink`.
 pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) {
-    if p.nq == 0 || p.dv == 0 {
+    // dk = 0 or dv = 0 still has logsumexps (and dk = 0 still has outputs) to write.
+    if p.nq == 0 {
         return;
     }
     let tiles = p.nq.div_ceil(tile_rows(isa));
@@ -106,7 +107,7 @@ impl Kernel for Tile<'_, '_, '_> {
 
         // 1. Packed, pre-scaled query tile.
         let qp = &mut scr.qp[..dk * qr];
-        let qm = p.q.layout.matrix(b, h);
+        let qm = matrix(&p.q.layout, b, h);
         for d in 0..dk {
             for r in 0..qr {
                 qp[d * qr + r] =
@@ -128,7 +129,12 @@ impl Kernel for Tile<'_, '_, '_> {
             let sb = &mut scr.s[..nb * qr];
             qk_block(s, qp, dk, keys, j0, nb, sb);
             p.apply_mask(b, h, i0, rows, j0, nb, qr, sb);
-            for v in 0..QV {
+            // Smallest probability per lane: a block with a zero weight (masked key, or one
+            // that underflowed) takes the guarded P·V tile, where it contributes exactly 0
+            // even if its value is ±∞/NaN (an unwritten KV-cache slot); others take the
+            // plain FMA tile. One `min` per probability vector, against its ~20-op exp.
+            let mut pmin = [s.splat(1.0); QV];
+            for (v, pm) in pmin.iter_mut().enumerate() {
                 let at = v * l;
                 let m_old = load(s, &m[at..]);
                 let mut m_new = m_old;
@@ -141,6 +147,7 @@ impl Kernel for Tile<'_, '_, '_> {
                     let e = s.exp(s.sub(load(s, x), m_new));
                     store(s, x, e);
                     sum = s.add(sum, e);
+                    *pm = s.min(e, *pm);
                 }
                 let a = s.exp(s.sub(m_old, m_new));
                 store(s, &mut alpha[at..], a);
@@ -148,7 +155,12 @@ impl Kernel for Tile<'_, '_, '_> {
                 let l_new = s.fma(a, load(s, &lsum[at..]), sum);
                 store(s, &mut lsum[at..], l_new);
             }
-            pv_block(s, sb, nb, values, j0, dv, alpha, oacc);
+            let mut lanes = [1.0f32; MAX_QR];
+            for (v, pm) in pmin.iter().enumerate() {
+                store(s, &mut lanes[v * l..], *pm);
+            }
+            let guard = lanes[..qr].contains(&0.0);
+            pv_block(s, guard, sb, nb, values, j0, dv, alpha, oacc);
             j0 += nb;
         }
 

@@ -24,7 +24,9 @@
 //! Numerics: the query tile is packed pre-multiplied by `scale`; accumulation is f32; the
 //! exponential is the softmax module's vectorised exp (1 ULP). A `+∞` bias entry
 //! is outside the supported range (the reference gives such a row all the weight at the `+∞`
-//! positions; here the row becomes NaN).
+//! positions; here the row becomes NaN). A key of zero weight (masked, or whose weight
+//! underflows) contributes exactly 0 even when its value is `±∞`/NaN (an unwritten KV-cache
+//! slot), as in the reference; empty head dimensions (`d_k = 0`, `d_v = 0`) accept any strides.
 //!
 //! Layout of this module: `blocking` (block sizes and thresholds, with their cache
 //! reasoning), `simd` (the ISA layer: vector trait, register-tile micro-kernels; the only
@@ -39,7 +41,7 @@ mod sink;
 mod unfused;
 
 use attn_reference::attention::check_attention;
-use attn_reference::{Mask, Result, TensorMut, TensorRef};
+use attn_reference::{Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef};
 
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
@@ -201,13 +203,13 @@ impl<'a> Problem<'a> {
 
     /// Keys of K/V head `kh` of batch `b` as a `[nk, dk]` strided matrix.
     fn keys(&self, b: usize, kh: usize) -> Strided<'a> {
-        let m = self.k.layout.matrix(b, kh);
+        let m = matrix(&self.k.layout, b, kh);
         Strided { data: self.k.data, offset: m.offset, rs: m.row_stride, cs: m.col_stride }
     }
 
     /// Values of K/V head `kh` of batch `b` as a `[nk, dv]` strided matrix.
     fn values(&self, b: usize, kh: usize) -> Strided<'a> {
-        let m = self.v.layout.matrix(b, kh);
+        let m = matrix(&self.v.layout, b, kh);
         Strided { data: self.v.data, offset: m.offset, rs: m.row_stride, cs: m.col_stride }
     }
 
@@ -280,9 +282,25 @@ impl<'a> Problem<'a> {
     }
 }
 
+/// `l.matrix(b, h)` with the offset in wrapping arithmetic. A checked view with an element
+/// has an in-range offset, so this is exact then; an empty view (a zero dimension) may have
+/// any strides (e.g. so large that `b·stride` overflows), and its offset is never used to
+/// index, so wrapping only avoids the overflow panic.
+fn matrix(l: &Tensor4Layout, b: usize, h: usize) -> MatLayout {
+    let offset = l
+        .offset
+        .wrapping_add(b.wrapping_mul(l.strides[0]))
+        .wrapping_add(h.wrapping_mul(l.strides[1]));
+    MatLayout::strided(l.dims[2], l.dims[3], l.strides[2], l.strides[3], offset)
+}
+
 /// Row `row` of a strided matrix as a contiguous slice of `n` floats: borrowed when the columns
-/// are contiguous, gathered into `tmp` otherwise.
+/// are contiguous, gathered into `tmp` otherwise. An empty row (`n = 0`) is the empty slice:
+/// the matrix then has no element, and its offset and row stride may point anywhere.
 fn row_of<'t>(m: &Strided<'t>, row: usize, n: usize, tmp: &'t mut [f32]) -> &'t [f32] {
+    if n == 0 {
+        return &[];
+    }
     let start = m.offset + row * m.rs;
     if m.cs == 1 || n <= 1 {
         &m.data[start..start + n]

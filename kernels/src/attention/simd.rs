@@ -29,6 +29,8 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     const NR: usize;
     /// The vector type.
     type V: Copy;
+    /// A lane mask (the result of a comparison).
+    type M: Copy;
 
     /// All lanes `x`.
     fn splat(self, x: f32) -> Self::V;
@@ -58,6 +60,17 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn exp(self, x: Self::V) -> Self::V;
     /// Sum of the lanes.
     fn reduce_add(self, a: Self::V) -> f32;
+    /// Lane-wise minimum (which lane wins when one is NaN is unspecified).
+    fn min(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Lanes of `a` that are not `+0`/`−0` (NaN lanes count as non-zero).
+    fn nonzero(self, a: Self::V) -> Self::M;
+    /// True when some lane of `m` is set.
+    fn any(self, m: Self::M) -> bool;
+    /// `a · b + c` in the lanes set in `m`, `c` elsewhere: a product with a zero weight
+    /// contributes nothing even when the other factor is `±∞` or NaN.
+    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `x` in the lanes set in `m`, `0` elsewhere.
+    fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V;
 }
 
 /// A computation written once over any [`Simd`]; [`vectorize`] compiles and runs it for one ISA.
@@ -144,12 +157,18 @@ unsafe fn qk_tile<S: Simd, const N: usize>(
 /// wrote, `v` points at column `c = 0` of the first value row, `o` at the tile of the output
 /// accumulator (`[column][QR]`). The rescale by `alpha` is the online-softmax correction.
 ///
+/// Zero weights contribute exactly nothing (the reference skips them): a lane whose `alpha` is
+/// 0 has its accumulator cleared rather than multiplied (so an earlier `∞` cannot become NaN),
+/// and with `GUARD` a lane whose `p` is 0 skips the value (so a `±∞`/NaN value at a masked key
+/// cannot leak as `0·∞`), and keys whose `p` is 0 in every lane are skipped outright. Without
+/// `GUARD` (blocks with no zero weight) the loop is the plain FMA chain.
+///
 /// # Safety
 /// `p` readable for `nk·QR` floats, `alpha` for `QR`; every `v[j·v_rs + c·v_cs]` readable;
 /// `o` readable and writable for `N·QR` floats.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pv_tile<S: Simd, const N: usize>(
+unsafe fn pv_tile<S: Simd, const N: usize, const GUARD: bool>(
     s: S,
     nk: usize,
     p: *const f32,
@@ -165,9 +184,10 @@ unsafe fn pv_tile<S: Simd, const N: usize>(
     // SAFETY: alpha has QR floats, o has N·QR floats.
     unsafe {
         let al = [s.load(alpha), s.load(alpha.add(l))];
+        let live = [s.nonzero(al[0]), s.nonzero(al[1])];
         for (c, col) in acc.iter_mut().enumerate() {
             for (vv, x) in col.iter_mut().enumerate() {
-                *x = s.mul(al[vv], s.load(o.add(c * qr + vv * l)));
+                *x = s.zero_unless(live[vv], s.mul(al[vv], s.load(o.add(c * qr + vv * l))));
             }
         }
     }
@@ -177,10 +197,21 @@ unsafe fn pv_tile<S: Simd, const N: usize>(
         unsafe {
             let a0 = s.load(p.add(j * qr));
             let a1 = s.load(p.add(j * qr + l));
-            for (c, ac) in acc.iter_mut().enumerate() {
-                let b = s.splat(*vp.add(c * v_cs));
-                ac[0] = s.fma(a0, b, ac[0]);
-                ac[1] = s.fma(a1, b, ac[1]);
+            if GUARD {
+                let (m0, m1) = (s.nonzero(a0), s.nonzero(a1));
+                if s.any(m0) || s.any(m1) {
+                    for (c, ac) in acc.iter_mut().enumerate() {
+                        let b = s.splat(*vp.add(c * v_cs));
+                        ac[0] = s.fma_where(m0, a0, b, ac[0]);
+                        ac[1] = s.fma_where(m1, a1, b, ac[1]);
+                    }
+                }
+            } else {
+                for (c, ac) in acc.iter_mut().enumerate() {
+                    let b = s.splat(*vp.add(c * v_cs));
+                    ac[0] = s.fma(a0, b, ac[0]);
+                    ac[1] = s.fma(a1, b, ac[1]);
+                }
             }
             vp = vp.wrapping_add(v_rs);
         }
@@ -193,18 +224,18 @@ unsafe fn pv_tile<S: Simd, const N: usize>(
     }
 }
 
-/// Calls `$f::<S, N>(args)` for a run-time `N ∈ 1..=8`.
+/// Calls `$f::<S, N, extra generics>(args)` for a run-time `N ∈ 1..=8`.
 macro_rules! with_width {
-    ($n:expr, $f:ident, $s:ty, ($($arg:expr),*)) => {
+    ($n:expr, $f:ident, $s:ty $(, $g:ident)*; ($($arg:expr),*)) => {
         match $n {
-            1 => $f::<$s, 1>($($arg),*),
-            2 => $f::<$s, 2>($($arg),*),
-            3 => $f::<$s, 3>($($arg),*),
-            4 => $f::<$s, 4>($($arg),*),
-            5 => $f::<$s, 5>($($arg),*),
-            6 => $f::<$s, 6>($($arg),*),
-            7 => $f::<$s, 7>($($arg),*),
-            _ => $f::<$s, 8>($($arg),*),
+            1 => $f::<$s, 1 $(, $g)*>($($arg),*),
+            2 => $f::<$s, 2 $(, $g)*>($($arg),*),
+            3 => $f::<$s, 3 $(, $g)*>($($arg),*),
+            4 => $f::<$s, 4 $(, $g)*>($($arg),*),
+            5 => $f::<$s, 5 $(, $g)*>($($arg),*),
+            6 => $f::<$s, 6 $(, $g)*>($($arg),*),
+            7 => $f::<$s, 7 $(, $g)*>($($arg),*),
+            _ => $f::<$s, 8 $(, $g)*>($($arg),*),
         }
     };
 }
@@ -239,7 +270,8 @@ impl Strided<'_> {
 
 /// `s[j·QR + r] = Σ_d qp[d·QR + r] · k(j0 + j, d)` for `j < nb`: the scores of one query tile
 /// against keys `j0..j0 + nb`. Panics (never UB) if a buffer is too small, which the callers'
-/// sizing rules out.
+/// sizing rules out. With `dk = 0` the scores are 0 and no key pointer is formed (the K view
+/// is empty, so its row stride may be anything, e.g. so large that `j·rs` overflows).
 #[inline(always)]
 pub(crate) fn qk_block<S: Simd>(
     s: S,
@@ -252,6 +284,10 @@ pub(crate) fn qk_block<S: Simd>(
 ) {
     let qr = QV * S::LANES;
     assert!(qp.len() >= dk * qr && out.len() >= nb * qr && k.covers(j0, nb, dk));
+    if dk == 0 {
+        out[..nb * qr].fill(0.0);
+        return;
+    }
     let mut j = 0;
     while j < nb {
         let n = (nb - j).min(S::NR);
@@ -259,18 +295,21 @@ pub(crate) fn qk_block<S: Simd>(
         unsafe {
             let kp = k.data.as_ptr().add(k.offset + (j0 + j) * k.rs);
             let op = out.as_mut_ptr().add(j * qr);
-            with_width!(n, qk_tile, S, (s, dk, qp.as_ptr(), kp, k.rs, k.cs, op));
+            with_width!(n, qk_tile, S; (s, dk, qp.as_ptr(), kp, k.rs, k.cs, op));
         }
         j += n;
     }
 }
 
 /// `o[c·QR + r] = alpha[r]·o[c·QR + r] + Σ_j p[j·QR + r] · v(j0 + j, c)` for all `dv` columns:
-/// one query tile's output accumulator updated with one block of `nb` value rows.
+/// one query tile's output accumulator updated with one block of `nb` value rows. `guard`
+/// must be set when some `p` may be 0 (masked or underflowed weights): those then contribute
+/// exactly 0 whatever the value (see [`pv_tile`]); unset, the plain FMA loop runs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pv_block<S: Simd>(
     s: S,
+    guard: bool,
     p: &[f32],
     nb: usize,
     v: Strided<'_>,
@@ -292,11 +331,21 @@ pub(crate) fn pv_block<S: Simd>(
                 v.data.as_ptr().add(v.offset + j0 * v.rs + c * v.cs)
             };
             let op = o.as_mut_ptr().add(c * qr);
-            with_width!(n, pv_tile, S, (s, nb, p.as_ptr(), vp, v.rs, v.cs, alpha.as_ptr(), op));
+            let (pp, al) = (p.as_ptr(), alpha.as_ptr());
+            if guard {
+                with_width!(n, pv_tile, S, GUARDED; (s, nb, pp, vp, v.rs, v.cs, al, op));
+            } else {
+                with_width!(n, pv_tile, S, PLAIN; (s, nb, pp, vp, v.rs, v.cs, al, op));
+            }
         }
         c += n;
     }
 }
+
+/// `GUARD` argument of [`pv_tile`]: zero weights are skipped lane by lane.
+const GUARDED: bool = true;
+/// `GUARD` argument of [`pv_tile`]: plain FMA loop (no zero weight in the block).
+const PLAIN: bool = false;
 
 // ---------------------------------------------------------------------------------------------
 // Slice helpers for the decode and unfused paths (vectors along the head dimension)
@@ -408,6 +457,7 @@ impl Simd for Portable {
     const LANES: usize = 8;
     const NR: usize = super::blocking::NR_AVX2;
     type V = wide::f32x8;
+    type M = wide::f32x8;
 
     #[inline(always)]
     fn splat(self, x: f32) -> Self::V {
@@ -453,6 +503,26 @@ impl Simd for Portable {
     fn reduce_add(self, a: Self::V) -> f32 {
         a.reduce_add()
     }
+    #[inline(always)]
+    fn min(self, a: Self::V, b: Self::V) -> Self::V {
+        a.min(b)
+    }
+    #[inline(always)]
+    fn nonzero(self, a: Self::V) -> Self::M {
+        a.simd_ne(wide::f32x8::ZERO)
+    }
+    #[inline(always)]
+    fn any(self, m: Self::M) -> bool {
+        m.any()
+    }
+    #[inline(always)]
+    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        m.select(a.mul_add(b, c), c)
+    }
+    #[inline(always)]
+    fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V {
+        x & m
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -489,6 +559,7 @@ mod x86 {
         const LANES: usize = 16;
         const NR: usize = super::super::blocking::NR_AVX512;
         type V = __m512;
+        type M = __mmask16;
 
         #[inline(always)]
         fn splat(self, x: f32) -> __m512 {
@@ -532,6 +603,26 @@ mod x86 {
         fn reduce_add(self, a: __m512) -> f32 {
             unsafe { _mm512_reduce_add_ps(a) }
         }
+        #[inline(always)]
+        fn min(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_min_ps(a, b) }
+        }
+        #[inline(always)]
+        fn nonzero(self, a: __m512) -> __mmask16 {
+            unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, _mm512_setzero_ps()) }
+        }
+        #[inline(always)]
+        fn any(self, m: __mmask16) -> bool {
+            m != 0
+        }
+        #[inline(always)]
+        fn fma_where(self, m: __mmask16, a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_mask3_fmadd_ps(a, b, c, m) }
+        }
+        #[inline(always)]
+        fn zero_unless(self, m: __mmask16, x: __m512) -> __m512 {
+            unsafe { _mm512_maskz_mov_ps(m, x) }
+        }
     }
 
     /// AVX2 + FMA token: 8 lanes, 16 registers.
@@ -561,6 +652,7 @@ mod x86 {
         const LANES: usize = 8;
         const NR: usize = super::super::blocking::NR_AVX2;
         type V = __m256;
+        type M = __m256;
 
         #[inline(always)]
         fn splat(self, x: f32) -> __m256 {
@@ -608,6 +700,26 @@ mod x86 {
                 let s = _mm_add_ss(s, _mm_movehdup_ps(s));
                 _mm_cvtss_f32(s)
             }
+        }
+        #[inline(always)]
+        fn min(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_min_ps(a, b) }
+        }
+        #[inline(always)]
+        fn nonzero(self, a: __m256) -> __m256 {
+            unsafe { _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, _mm256_setzero_ps()) }
+        }
+        #[inline(always)]
+        fn any(self, m: __m256) -> bool {
+            unsafe { _mm256_movemask_ps(m) != 0 }
+        }
+        #[inline(always)]
+        fn fma_where(self, m: __m256, a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c), m) }
+        }
+        #[inline(always)]
+        fn zero_unless(self, m: __m256, x: __m256) -> __m256 {
+            unsafe { _mm256_and_ps(x, m) }
         }
     }
 }

@@ -8,9 +8,9 @@ use rayon::prelude::*;
 
 use attn_reference::{MatLayout, MatMut, MatRef, Result};
 
-use super::simd::{exp_row, vectorize, Kernel, Simd};
+use super::simd::{axpy, exp_row, vectorize, Kernel, Simd};
 use super::sink::Sink;
-use super::Problem;
+use super::{matrix, row_of, Problem};
 use crate::arch::Isa;
 use crate::gemm::sgemm_with_isa;
 use crate::par::Parallelism;
@@ -41,17 +41,28 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     let (nq, nk, dv) = (p.nq, p.nk, p.dv);
     // 1. S = scale·Q·Kᵀ (Kᵀ is K's view transposed: no copy).
     let mut sc = vec![0.0f32; nq * nk];
-    let q = MatRef::new(p.q.data, p.q.layout.matrix(b, h));
-    let kt = MatRef::new(p.k.data, p.k.layout.matrix(b, kh).transposed());
+    let q = MatRef::new(p.q.data, matrix(&p.q.layout, b, h));
+    let kt = MatRef::new(p.k.data, matrix(&p.k.layout, b, kh).transposed());
     sgemm_with_isa(isa, p.scale2, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
     // 2. Mask and softmax rows (unnormalised; each row keeps its max and sum).
     let (maxes, sums) = vectorize(isa, SoftmaxRows { p, b, h, sc: &mut sc });
-    // 3. O = P·V, normalised once per row.
+    // 3. O = P·V, normalised once per row. A zero weight must contribute exactly 0 (the
+    //    reference skips it), but the SGEMM would form 0·∞ = NaN at a ±∞/NaN value (e.g. an
+    //    unwritten KV-cache slot under the mask): when the head has both, P·V skips the zero
+    //    weights row by row instead (vectorised along dv; this path is for tests and benches).
     let mut o = vec![0.0f32; nq * dv];
-    if nk > 0 {
-        let v = MatRef::new(p.v.data, p.v.layout.matrix(b, kh));
-        let pm = MatRef::new(&sc, MatLayout::row_major(nq, nk));
-        sgemm_with_isa(isa, 1.0, pm, v, 0.0, MatMut::row_major(&mut o, nq, dv), par)?;
+    if nk > 0 && dv > 0 {
+        let vs = p.values(b, kh);
+        let mut tmp = vec![0.0f32; dv];
+        let nonfinite_v =
+            (0..nk).any(|j| row_of(&vs, j, dv, &mut tmp).iter().any(|x| !x.is_finite()));
+        if nonfinite_v && sc.contains(&0.0) {
+            vectorize(isa, SkipZeroPv { p, b, kh, sc: &sc, o: &mut o });
+        } else {
+            let v = MatRef::new(p.v.data, matrix(&p.v.layout, b, kh));
+            let pm = MatRef::new(&sc, MatLayout::row_major(nq, nk));
+            sgemm_with_isa(isa, 1.0, pm, v, 0.0, MatMut::row_major(&mut o, nq, dv), par)?;
+        }
     }
     for i in 0..nq {
         let l = sums[i];
@@ -91,5 +102,34 @@ impl Kernel for SoftmaxRows<'_, '_> {
             maxes[i] = m;
         }
         (maxes, sums)
+    }
+}
+
+/// `O = P·V` for one head skipping zero weights (`o` is `nq × dv`, zeroed), for heads whose V
+/// has non-finite values.
+struct SkipZeroPv<'r, 'a> {
+    p: &'r Problem<'a>,
+    b: usize,
+    kh: usize,
+    sc: &'r [f32],
+    o: &'r mut [f32],
+}
+
+impl Kernel for SkipZeroPv<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let SkipZeroPv { p, b, kh, sc, o } = self;
+        let (nk, dv) = (p.nk, p.dv);
+        let values = p.values(b, kh);
+        let mut tmp = vec![0.0f32; dv];
+        for (prow, orow) in sc.chunks_exact(nk).zip(o.chunks_exact_mut(dv)) {
+            for (j, &w) in prow.iter().enumerate() {
+                if w != 0.0 {
+                    axpy(s, w, row_of(&values, j, dv, &mut tmp), orow);
+                }
+            }
+        }
     }
 }
