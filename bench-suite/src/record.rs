@@ -41,6 +41,26 @@ pub enum Shape {
         /// "none" or "causal".
         mask: &'static str,
     },
+    /// A transformer layer over `batch` sequences of `n` tokens of width `d_model`.
+    Layer {
+        /// "mha" (self-attention with its projections) or "encoder" (that attention in the
+        /// post-norm block with a feed-forward).
+        layer: &'static str,
+        /// Batch size.
+        batch: usize,
+        /// Tokens per sequence.
+        n: usize,
+        /// Model width (of the input, the output and the concatenated heads).
+        d_model: usize,
+        /// Query heads, each `d_model / heads` wide.
+        heads: usize,
+        /// K/V heads (GQA/MQA when fewer than `heads`).
+        kv_heads: usize,
+        /// Feed-forward hidden width (0 for "mha").
+        ff: usize,
+        /// "none" or "causal".
+        mask: &'static str,
+    },
 }
 
 impl Shape {
@@ -72,6 +92,23 @@ impl Shape {
                 }
                 s
             }
+            Shape::Layer { layer, batch, n, d_model, heads, kv_heads, ff, mask } => {
+                let mut s = layer.to_string();
+                if batch != 1 {
+                    s += &format!(" b{batch}");
+                }
+                s += &format!(" N{n} d{d_model} h{heads}");
+                if kv_heads != heads {
+                    s += &format!("/kv{kv_heads}");
+                }
+                if ff != 0 {
+                    s += &format!(" ff{ff}");
+                }
+                if mask != "none" {
+                    s += &format!(" {mask}");
+                }
+                s
+            }
         }
     }
 
@@ -95,6 +132,18 @@ impl Shape {
                 if dk != 0 {
                     o.insert("dk".into(), dk.into());
                     o.insert("dv".into(), dv.into());
+                }
+                o.insert("mask".into(), mask.into());
+            }
+            Shape::Layer { layer, batch, n, d_model, heads, kv_heads, ff, mask } => {
+                o.insert("layer".into(), layer.into());
+                o.insert("batch".into(), batch.into());
+                o.insert("n".into(), n.into());
+                o.insert("d_model".into(), d_model.into());
+                o.insert("heads".into(), heads.into());
+                o.insert("kv_heads".into(), kv_heads.into());
+                if ff != 0 {
+                    o.insert("ff".into(), ff.into());
                 }
                 o.insert("mask".into(), mask.into());
             }

@@ -1,6 +1,7 @@
 //! Smoke test of the report binary: `attn-bench --quick --format json` must exit successfully,
 //! print only well-formed JSON lines, include the machine figures, at least one correctness
-//! check and one measurement per section it ran, and every check must have passed.
+//! check and one measurement per section it ran (the layers section included), and every check
+//! must have passed.
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -56,6 +57,19 @@ fn quick_json_report_parses_and_every_check_passes() {
     let checked: BTreeSet<&str> = checks.iter().filter_map(|c| c["op"].as_str()).collect();
     assert!(ops.contains("gemm"), "no gemm measurement");
     assert_eq!(ops, checked, "every section that was timed was also checked");
+    // The layers section times both layers, and checks every implementation it times but the
+    // reference (which is what it is checked against).
+    let layers: Vec<&&Value> = measurements.iter().filter(|m| m["op"] == "layers").collect();
+    for layer in ["mha", "encoder"] {
+        assert!(layers.iter().any(|m| m["layer"] == layer), "no {layer} layer measured");
+    }
+    for m in layers.iter().filter(|m| m["impl"] != "reference") {
+        let imp = &m["impl"];
+        assert!(
+            checks.iter().any(|c| c["op"] == "layers" && &c["impl"] == imp),
+            "layers: {imp} timed but not checked"
+        );
+    }
     for m in &measurements {
         for key in ["op", "impl", "threads", "median_s", "pct_peak"] {
             assert!(!m[key].is_null(), "measurement without `{key}`: {m}");
@@ -65,6 +79,9 @@ fn quick_json_report_parses_and_every_check_passes() {
         assert!(rate.is_some_and(|r| r > 0.0), "measurement without a rate: {m}");
         let shape_ok = match m["op"].as_str().unwrap() {
             "gemm" => ["m", "n", "k"].iter().all(|k| m[*k].is_u64()),
+            "layers" => ["layer", "batch", "n", "d_model", "heads", "kv_heads", "mask"]
+                .iter()
+                .all(|k| !m[*k].is_null()),
             _ => ["batch", "heads", "nq", "nk", "mask"].iter().all(|k| !m[*k].is_null()),
         };
         assert!(shape_ok, "measurement without its shape fields: {m}");

@@ -135,29 +135,35 @@ impl Problem {
         )
     }
 
-    /// Visible (query, key) pairs summed over batch and heads.
-    pub fn visible_pairs(&self) -> f64 {
-        let [batch, heads, nq, _] = self.lq.dims;
-        let nk = self.lk.seq();
-        let per_head: usize = match self.mask {
-            Mask::Causal { offset } => {
-                let off = Mask::causal_offset(offset, nq, nk);
-                (0..nq).map(|i| (i as isize + off + 1).clamp(0, nk as isize) as usize).sum()
-            }
-            _ => nq * nk,
-        };
-        (per_head * batch * heads) as f64
-    }
-
-    /// FLOPs of one call: 2·(d_k + d_v) per visible pair.
+    /// FLOPs of one call: see [`flops`].
     pub fn flops(&self) -> f64 {
-        self.visible_pairs() * 2.0 * (self.lq.dim() + self.lv.dim()) as f64
+        let [batch, heads, nq, dk] = self.lq.dims;
+        flops(batch * heads, nq, self.lk.seq(), dk, self.lv.dim(), &self.mask)
     }
 
     /// Bytes of K and V (what a decode step must stream).
     pub fn kv_bytes(&self) -> f64 {
         4.0 * (self.lk.len() + self.lv.len()) as f64
     }
+}
+
+/// (Query, key) pairs of one head that `mask` leaves visible: all `nq·nk` but for a causal mask,
+/// which shows query `i` the keys `j ≤ i + offset` (other masks are data and count in full).
+fn visible_pairs(nq: usize, nk: usize, mask: &Mask<'_>) -> usize {
+    match *mask {
+        Mask::Causal { offset } => {
+            let off = Mask::causal_offset(offset, nq, nk);
+            (0..nq).map(|i| (i as isize + off + 1).clamp(0, nk as isize) as usize).sum()
+        }
+        _ => nq * nk,
+    }
+}
+
+/// FLOPs of attention over `heads` (batch × heads) score matrices: 2·(d_k + d_v) per visible
+/// (query, key) pair, one multiply-add per element of `q_i·k_j` and of `p_ij·v_j`; the scale,
+/// max, exp and normalisation are not counted, so a causal figure is in useful FLOP/s.
+pub fn flops(heads: usize, nq: usize, nk: usize, dk: usize, dv: usize, mask: &Mask<'_>) -> f64 {
+    (visible_pairs(nq, nk, mask) * heads) as f64 * 2.0 * (dk + dv) as f64
 }
 
 /// Checks every implementation but the reference against the reference on `shapes`, at each
@@ -185,8 +191,8 @@ pub fn check_all(ctx: &mut Ctx, op: &'static str, shapes: &[Shape]) {
             ctx.check(op, "reference", shape.clone(), 1, Err(e.to_string()));
             continue;
         }
-        let bound =
-            attention_bound(&TensorRef::new(&p.q, p.lq), &TensorRef::new(&p.k, p.lk), p.scale, &w);
+        let (q, k) = (TensorRef::new(&p.q, p.lq), TensorRef::new(&p.k, p.lk));
+        let bound = attention_bound(&q, &k, p.scale, &TensorRef::new(&w, p.lo));
         for imp in IMPLS.iter().filter(|i| i.name != "reference") {
             for &t in ctx.threads.clone().iter().filter(|&&t| t == 1 || imp.threaded) {
                 let mut got = vec![f32::NAN; p.out_len()];

@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod decode;
 pub mod gemm;
+pub mod layers;
 pub mod softmax;
 
 use std::time::Instant;
@@ -28,7 +29,7 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Attention => Some(attention::run),
         SectionId::Decode => Some(decode::run),
         SectionId::Softmax => Some(softmax::run),
-        SectionId::Layers => None,
+        SectionId::Layers => Some(layers::run),
     }
 }
 
