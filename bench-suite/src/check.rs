@@ -209,7 +209,7 @@ impl Staged {
     }
 
     fn mat(&self) -> MatRef<'_> {
-        MatRef::new(&self.val, MatLayout::row_major(self.rows, self.cols))
+        mat(&self.val, self.rows, self.cols, false)
     }
 
     /// `y = x·W + b` by the reference. Each element of an f32 GEMM with the bias folded in is a
@@ -218,7 +218,7 @@ impl Staged {
     pub fn linear(&self, w: MatRef<'_>, b: Option<&[f32]>) -> Result<Staged> {
         let (n, k, m) = (self.rows, self.cols, w.layout.cols);
         let mut val = vec![0.0; n * m];
-        attn_reference::linear(self.mat(), w, b, MatMut::row_major(&mut val, n, m))?;
+        attn_reference::linear(self.mat(), w, b, mat_mut(&mut val, n, m))?;
         let mag = abs_products(n, |r, p| f64::from(self.val[r * k + p].abs()), &w);
         let prop = abs_products(n, |r, p| self.err[r * k + p], &w);
         let own = GAMMA * (k + 1) as f64 * U;
@@ -262,7 +262,7 @@ impl Staged {
     pub fn layer_norm(&self, norm: &LayerNormWeights<'_>, eps: f32) -> Result<Staged> {
         let (n, d) = (self.rows, self.cols);
         let mut val = vec![0.0; n * d];
-        attn_reference::layer_norm(self.mat(), norm, eps, MatMut::row_major(&mut val, n, d))?;
+        attn_reference::layer_norm(self.mat(), norm, eps, mat_mut(&mut val, n, d))?;
         let mut err = Vec::with_capacity(n * d);
         let df = d as f64;
         for r in 0..n {

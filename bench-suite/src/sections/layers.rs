@@ -26,12 +26,12 @@ use attn_kernels::attention::attention_unfused;
 use attn_kernels::layers::{self, EncoderConfig, MhaConfig};
 use attn_kernels::Parallelism;
 use attn_reference::{
-    Activation, EncoderWeights, FeedForwardWeights, LayerNormWeights, Mask, MatLayout, MatMut,
-    MatRef, MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef,
+    Activation, EncoderWeights, FeedForwardWeights, LayerNormWeights, Mask, MatLayout, MatRef,
+    MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef,
 };
 
 use super::{attention, Ctx, Work};
-use crate::check::{attention_staged, compare, Rng, Staged};
+use crate::check::{attention_staged, compare, mat, mat_mut, Rng, Staged};
 use crate::record::Shape;
 
 const OP: &str = "layers";
@@ -200,11 +200,11 @@ impl Problem {
         let Scratch { ws, qkvo, a, h } = s;
         self.unfused_mha(qkvo, a, par)?;
         a.iter_mut().zip(&self.x).for_each(|(a, x)| *a += x);
-        layers::layer_norm(mat(a, rows, d), &w.norm1, EPS, MatMut::row_major(h, rows, d))?;
-        let f = MatMut::row_major(a, rows, d);
-        layers::feed_forward_in(mat(h, rows, d), &w.ff, Activation::Relu, f, ws, par)?;
+        layers::layer_norm(mat(a, rows, d, false), &w.norm1, EPS, mat_mut(h, rows, d))?;
+        let f = mat_mut(a, rows, d);
+        layers::feed_forward_in(mat(h, rows, d, false), &w.ff, Activation::Relu, f, ws, par)?;
         a.iter_mut().zip(h.iter()).for_each(|(a, h)| *a += h);
-        layers::layer_norm(mat(a, rows, d), &w.norm2, EPS, MatMut::row_major(y, rows, d))
+        layers::layer_norm(mat(a, rows, d, false), &w.norm2, EPS, mat_mut(y, rows, d))
     }
 
     /// Three projections into separate buffers, `attention_unfused` over their heads, the
@@ -218,10 +218,10 @@ impl Problem {
         let c = &self.cfg.attn;
         let (b, n, rows) = (self.batch, self.n, self.rows());
         let w = self.mha_weights();
-        let x = mat(&self.x, rows, c.in_dim);
+        let x = mat(&self.x, rows, c.in_dim, false);
         for (buf, wm, bias) in [(&mut *q, w.wq, w.bq), (&mut *k, w.wk, w.bk), (&mut *v, w.wv, w.bv)]
         {
-            layers::linear(x, wm, bias, MatMut::row_major(buf, rows, wm.layout.cols), par)?;
+            layers::linear(x, wm, bias, mat_mut(buf, rows, wm.layout.cols), par)?;
         }
         let split = |h, dim| Tensor4Layout::bshd(b, n, h, dim);
         attention_unfused(
@@ -235,8 +235,8 @@ impl Problem {
             None,
             par,
         )?;
-        let out = MatMut::row_major(y, rows, c.in_dim);
-        layers::linear(mat(o, rows, c.o_width()), w.wo, w.bo, out, par)
+        let out = mat_mut(y, rows, c.in_dim);
+        layers::linear(mat(o, rows, c.o_width(), false), w.wo, w.bo, out, par)
     }
 
     /// The reference's module.
@@ -268,11 +268,6 @@ impl Problem {
         let f = h.linear(e.ff.w1, e.ff.b1)?.relu().linear(e.ff.w2, e.ff.b2)?;
         f.add(&h).layer_norm(&e.norm2, EPS)
     }
-}
-
-/// A row-major `[rows, cols]` view.
-fn mat(data: &[f32], rows: usize, cols: usize) -> MatRef<'_> {
-    MatRef::row_major(data, rows, cols)
 }
 
 /// Buffers an implementation reuses across calls, allocated once per problem as an engine
