@@ -1,14 +1,16 @@
 //! The flash path: one task per `(batch, query head, query tile)`, streaming the keys in blocks
 //! of [`BC`] with an online softmax. Written once over the [`Simd`] trait.
 //!
-//! Per task, with `QR = QV·LANES` queries on the vector lanes:
-//! 1. pack the query tile transposed and pre-scaled: `qp[d·QR + r] = scale·q(i0 + r, d)`
-//!    (padding rows are 0);
+//! Per task, with `QR = QV·LANES` queries on the vector lanes (the width `NR` of the ISA's GEMM
+//! micro-kernel, see [`super::simd`]):
+//! 1. pack the query tile transposed and pre-scaled, as a GEMM B micro-panel:
+//!    `qp[d·QR + r] = scale·q(i0 + r, d)` (padding rows are 0);
 //! 2. for each key block `j0..j0 + nb` (stopping at the causal diagonal of the tile's last
 //!    query, so blocks above it are never computed):
-//!    `S = qp·Kᵀ` (register tiles over the key rows in place), mask, then per query lane
-//!    `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` (in place),
-//!    `l ← α·l + Σ_j P_j`, and `O ← α·O + P·V` (the rescale is fused into the P·V tile);
+//!    `Sᵀ = K·qp` on the micro-kernels (K read in place), mask, then per query lane
+//!    `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` (in place, which leaves
+//!    `P` as the B micro-panel of the next product), `l ← α·l + Σ_j P_j`, and
+//!    `Oᵀ ← α·Oᵀ + Vᵀ·P` on the micro-kernels (V read in place);
 //! 3. write `O/l` (zeros where `l = 0`: fully masked rows) and `lse = m + ln l`.
 //!
 //! The running maximum starts at `f32::MIN` rather than −∞, so `m − m'` and `S_j − m'` are never
@@ -18,20 +20,24 @@
 use rayon::prelude::*;
 
 use super::blocking::{BC, QV};
-use super::simd::{load, pv_block, qk_block, store, vectorize, Kernel, Simd};
+use super::simd::{load, pv_block, qk_block, store, tile_rows, vectorize, Kernel, Simd};
 use super::sink::Sink;
 use super::{matrix, Problem};
 use crate::arch::Isa;
+use crate::gemm::pack::AlignedBuf;
 use crate::par::Parallelism;
 
 /// Largest query tile of any ISA (AVX-512: 2 × 16 lanes); scratch is sized for it.
 const MAX_QR: usize = 32;
 
-/// Per-thread scratch of the flash loop: a few tiles, independent of the sequence lengths.
+/// Per-thread scratch of the flash loop: a few tiles, independent of the sequence lengths. The
+/// packed query tile and the probability block are B micro-panels of the GEMM micro-kernel,
+/// hence 64-byte aligned.
 pub(super) struct Scratch {
-    qp: Vec<f32>,
-    s: Vec<f32>,
+    qp: AlignedBuf,
+    s: AlignedBuf,
     o: Vec<f32>,
+    save: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
     alpha: Vec<f32>,
@@ -39,22 +45,18 @@ pub(super) struct Scratch {
 
 impl Scratch {
     fn new(dk: usize, dv: usize) -> Self {
+        let (mut qp, mut s) = (AlignedBuf::default(), AlignedBuf::default());
+        qp.get(dk * MAX_QR);
+        s.get(BC * MAX_QR);
         Scratch {
-            qp: vec![0.0; dk * MAX_QR],
-            s: vec![0.0; BC * MAX_QR],
+            qp,
+            s,
             o: vec![0.0; dv * MAX_QR],
+            save: vec![0.0; dv * MAX_QR],
             m: vec![0.0; MAX_QR],
             l: vec![0.0; MAX_QR],
             alpha: vec![0.0; MAX_QR],
         }
-    }
-}
-
-/// Query rows per tile for `isa` (what [`Simd::LANES`] of its token gives).
-fn tile_rows(isa: Isa) -> usize {
-    QV * match isa {
-        Isa::Avx512 => 16,
-        _ => 8,
     }
 }
 
@@ -96,6 +98,7 @@ impl Kernel for Tile<'_, '_, '_> {
     fn run<S: Simd>(self, s: S) {
         let Tile { p, sink, scr, t, tiles } = self;
         let (l, qr) = (S::LANES, QV * S::LANES);
+        debug_assert!(qr <= MAX_QR);
         let (bh, i0) = (t / tiles, (t % tiles) * qr);
         if i0 >= p.nq {
             return; // only if the caller's tiling disagrees with this ISA; nothing to do
@@ -106,7 +109,7 @@ impl Kernel for Tile<'_, '_, '_> {
         let (dk, dv) = (p.dk, p.dv);
 
         // 1. Packed, pre-scaled query tile.
-        let qp = &mut scr.qp[..dk * qr];
+        let qp = scr.qp.get(dk * qr);
         let qm = matrix(&p.q.layout, b, h);
         for d in 0..dk {
             for r in 0..qr {
@@ -126,7 +129,7 @@ impl Kernel for Tile<'_, '_, '_> {
         let mut j0 = 0;
         while j0 < kend {
             let nb = (kend - j0).min(BC);
-            let sb = &mut scr.s[..nb * qr];
+            let sb = scr.s.get(nb * qr);
             qk_block(s, qp, dk, keys, j0, nb, sb);
             p.apply_mask(b, h, i0, rows, j0, nb, qr, sb);
             // Smallest probability per lane: a block with a zero weight (masked key, or one
@@ -160,7 +163,7 @@ impl Kernel for Tile<'_, '_, '_> {
                 store(s, &mut lanes[v * l..], *pm);
             }
             let guard = lanes[..qr].contains(&0.0);
-            pv_block(s, guard, sb, nb, values, j0, dv, alpha, oacc);
+            pv_block(s, guard, sb, nb, values, j0, dv, alpha, oacc, &mut scr.save);
             j0 += nb;
         }
 
