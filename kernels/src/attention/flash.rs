@@ -173,8 +173,7 @@ impl Kernel for Tile<'_, '_, '_> {
             let (inv, lse) =
                 if lr == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / lr, m[r] + lr.ln()) };
             let acc = &*oacc;
-            // SAFETY: task t alone owns rows i0..i0 + rows of head (b, h).
-            unsafe { sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv) };
+            sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv);
         }
     }
 }
