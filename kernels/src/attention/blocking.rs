@@ -9,6 +9,15 @@
 /// `QV` vectors of queries at a time.
 pub(crate) const QV: usize = 2;
 
+/// Query tiles per flash task. A key/value block (`BC × (d_k + d_v) × 4 B` = 72–144 KiB) does
+/// not fit in L1 and a head's whole K/V (`N × (d_k + d_v) × 4 B`, 512 KiB at N = 1024, d = 64)
+/// does not fit in this machine's 512 KiB L2 next to everything else, so with one tile per task
+/// every tile would fetch every block from L3. With `QT` tiles per task a block is fetched
+/// from L3 once and then read from L2 by the other `QT − 1` tiles. Their accumulators and
+/// packed queries (`QT × (d_k + d_v) × QR × 4 B` = 32–64 KiB with AVX2) stay in L2. Four
+/// still leaves `batch·heads·N / (4·QR)` tasks (128 at 8 heads, N = 1024) for the threads.
+pub(crate) const QT: usize = 4;
+
 /// Keys per block of the streaming loop. Per query tile (`QR` = 16 queries with AVX2, 32 with
 /// AVX-512) the working set of one block is the score/probability block (`BC × QR × 4 B` =
 /// 9–18 KiB), the packed query tile (`d_k × QR × 4 B` = 4–16 KiB at d = 64–128) and the output
