@@ -1,14 +1,17 @@
-//! The flash path: one task per `(batch, query head, query tile)`, streaming the keys in blocks
-//! of [`BC`] with an online softmax. Written once over the [`Simd`] trait.
+//! The flash path: one task per `(batch, query head, group of [`QT`] query tiles)`, streaming
+//! the keys in blocks of [`BC`] with an online softmax per tile; each key block serves all the
+//! task's tiles while it is in cache. Written once over the [`Simd`] trait.
 //!
-//! Per task, with `QR = QV·LANES` queries on the vector lanes:
-//! 1. pack the query tile transposed and pre-scaled: `qp[d·QR + r] = scale·q(i0 + r, d)`
-//!    (padding rows are 0);
+//! Per task, with `QR = QV·LANES` queries on the vector lanes (the width `NR` of the ISA's GEMM
+//! micro-kernel, see [`super::simd`]):
+//! 1. pack the query tile transposed and pre-scaled, as a GEMM B micro-panel:
+//!    `qp[d·QR + r] = scale·q(i0 + r, d)` (padding rows are 0);
 //! 2. for each key block `j0..j0 + nb` (stopping at the causal diagonal of the tile's last
 //!    query, so blocks above it are never computed):
-//!    `S = qp·Kᵀ` (register tiles over the key rows in place), mask, then per query lane
-//!    `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` (in place),
-//!    `l ← α·l + Σ_j P_j`, and `O ← α·O + P·V` (the rescale is fused into the P·V tile);
+//!    `Sᵀ = K·qp` on the micro-kernels (K read in place), mask, then per query lane
+//!    `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` (in place, which leaves
+//!    `P` as the B micro-panel of the next product), `l ← α·l + Σ_j P_j`, and
+//!    `Oᵀ ← α·Oᵀ + Vᵀ·P` on the micro-kernels (V read in place);
 //! 3. write `O/l` (zeros where `l = 0`: fully masked rows) and `lse = m + ln l`.
 //!
 //! The running maximum starts at `f32::MIN` rather than −∞, so `m − m'` and `S_j − m'` are never
@@ -17,44 +20,58 @@
 
 use rayon::prelude::*;
 
-use super::blocking::{BC, QV};
-use super::simd::{load, pv_block, qk_block, store, vectorize, Kernel, Simd};
+use super::blocking::{BC, QT, QV};
+use super::simd::{
+    load, pack_keys, pack_values_t, pv_block, qk_block, store, tile_rows, vectorize, Kernel, Simd,
+    Values,
+};
 use super::sink::Sink;
 use super::{matrix, Problem};
 use crate::arch::Isa;
+use crate::gemm::pack::AlignedBuf;
 use crate::par::Parallelism;
 
 /// Largest query tile of any ISA (AVX-512: 2 × 16 lanes); scratch is sized for it.
 const MAX_QR: usize = 32;
 
-/// Per-thread scratch of the flash loop: a few tiles, independent of the sequence lengths.
+/// Per-thread scratch of the flash loop: a few tiles, independent of the sequence lengths. The
+/// packed query tiles and the probability block are B micro-panels of the GEMM micro-kernel,
+/// hence 64-byte aligned.
 pub(super) struct Scratch {
-    qp: Vec<f32>,
-    s: Vec<f32>,
+    /// The task's [`QT`] packed query tiles, `dk·QR` floats each.
+    qp: AlignedBuf,
+    /// The score / probability block of the tile being processed.
+    s: AlignedBuf,
+    /// The current key block and `Vᵀ` block, packed as the micro-kernel's A panels.
+    kp: AlignedBuf,
+    vp: AlignedBuf,
+    /// Output accumulators, `dv·QR` floats per tile.
     o: Vec<f32>,
+    /// Copy of one accumulator while a guarded block runs (see [`pv_block`]).
+    save: Vec<f32>,
+    /// Running maxima and sums, `QR` per tile.
     m: Vec<f32>,
     l: Vec<f32>,
+    /// Rescale factors of the tile being processed.
     alpha: Vec<f32>,
 }
 
 impl Scratch {
     fn new(dk: usize, dv: usize) -> Self {
+        let (mut qp, mut s) = (AlignedBuf::default(), AlignedBuf::default());
+        qp.get(QT * dk * MAX_QR);
+        s.get(BC * MAX_QR);
         Scratch {
-            qp: vec![0.0; dk * MAX_QR],
-            s: vec![0.0; BC * MAX_QR],
-            o: vec![0.0; dv * MAX_QR],
-            m: vec![0.0; MAX_QR],
-            l: vec![0.0; MAX_QR],
+            qp,
+            s,
+            kp: AlignedBuf::default(),
+            vp: AlignedBuf::default(),
+            o: vec![0.0; QT * dv * MAX_QR],
+            save: vec![0.0; dv * MAX_QR],
+            m: vec![0.0; QT * MAX_QR],
+            l: vec![0.0; QT * MAX_QR],
             alpha: vec![0.0; MAX_QR],
         }
-    }
-}
-
-/// Query rows per tile for `isa` (what [`Simd::LANES`] of its token gives).
-fn tile_rows(isa: Isa) -> usize {
-    QV * match isa {
-        Isa::Avx512 => 16,
-        _ => 8,
     }
 }
 
@@ -64,9 +81,9 @@ pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) 
     if p.nq == 0 {
         return;
     }
-    let tiles = p.nq.div_ceil(tile_rows(isa));
-    let tasks = p.batch * p.hq * tiles;
-    let task = |scr: &mut Scratch, t: usize| vectorize(isa, Tile { p, sink, scr, t, tiles });
+    let groups = p.nq.div_ceil(QT * tile_rows(isa));
+    let tasks = p.batch * p.hq * groups;
+    let task = |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups });
     if par.count() == 1 || tasks == 1 {
         let mut scr = Scratch::new(p.dk, p.dv);
         (0..tasks).for_each(|t| task(&mut scr, t));
@@ -80,98 +97,135 @@ pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) 
     }
 }
 
-/// One task: query tile `t mod tiles` of head `t / tiles`.
-struct Tile<'r, 'p, 'a> {
+/// One task: query tiles `QT·(t mod groups) ..` (up to [`QT`] of them) of head `t / groups`.
+struct Task<'r, 'p, 'a> {
     p: &'r Problem<'a>,
     sink: &'r Sink<'p>,
     scr: &'r mut Scratch,
     t: usize,
-    tiles: usize,
+    groups: usize,
 }
 
-impl Kernel for Tile<'_, '_, '_> {
+impl Kernel for Task<'_, '_, '_> {
     type Output = ();
 
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        let Tile { p, sink, scr, t, tiles } = self;
-        let (l, qr) = (S::LANES, QV * S::LANES);
-        let (bh, i0) = (t / tiles, (t % tiles) * qr);
-        if i0 >= p.nq {
+        let Task { p, sink, scr, t, groups } = self;
+        let qr = QV * S::LANES;
+        debug_assert!(qr <= MAX_QR);
+        let (bh, g0) = (t / groups, (t % groups) * QT * qr);
+        if g0 >= p.nq {
             return; // only if the caller's tiling disagrees with this ISA; nothing to do
         }
         let (b, h) = (bh / p.hq, bh % p.hq);
-        let kh = h / p.group;
-        let rows = (p.nq - i0).min(qr);
         let (dk, dv) = (p.dk, p.dv);
+        let tiles = (p.nq - g0).min(QT * qr).div_ceil(qr);
+        // Query rows `i0..i0 + rows` of tile u.
+        let tile = |u: usize| (g0 + u * qr, (p.nq - g0 - u * qr).min(qr));
 
-        // 1. Packed, pre-scaled query tile.
-        let qp = &mut scr.qp[..dk * qr];
+        // 1. Packed, pre-scaled query tiles; fresh online-softmax states.
+        let qps = scr.qp.get(QT * dk * qr);
         let qm = matrix(&p.q.layout, b, h);
-        for d in 0..dk {
-            for r in 0..qr {
-                qp[d * qr + r] =
-                    if r < rows { p.q.data[qm.index(i0 + r, d)] * p.scale2 } else { 0.0 };
+        for u in 0..tiles {
+            let ((i0, rows), qp) = (tile(u), &mut qps[u * dk * qr..(u + 1) * dk * qr]);
+            for d in 0..dk {
+                for r in 0..qr {
+                    qp[d * qr + r] =
+                        if r < rows { p.q.data[qm.index(i0 + r, d)] * p.scale2 } else { 0.0 };
+                }
             }
         }
-        let (m, lsum, alpha) = (&mut scr.m[..qr], &mut scr.l[..qr], &mut scr.alpha[..qr]);
-        m.fill(f32::MIN);
-        lsum.fill(0.0);
-        let oacc = &mut scr.o[..dv * qr];
-        oacc.fill(0.0);
+        scr.m[..tiles * qr].fill(f32::MIN);
+        scr.l[..tiles * qr].fill(0.0);
+        scr.o[..tiles * dv * qr].fill(0.0);
 
-        // 2. Stream the visible key blocks.
+        // 2. Stream the visible key blocks; each block serves every tile of the task while it
+        //    is in cache, and a tile stops at its own causal diagonal.
+        let kh = h / p.group;
         let (keys, values) = (p.keys(b, kh), p.values(b, kh));
-        let kend = p.key_end(i0 + rows - 1);
+        let (i_last, rows_last) = tile(tiles - 1);
+        let kend_task = p.key_end(i_last + rows_last - 1);
         let mut j0 = 0;
-        while j0 < kend {
-            let nb = (kend - j0).min(BC);
-            let sb = &mut scr.s[..nb * qr];
-            qk_block(s, qp, dk, keys, j0, nb, sb);
-            p.apply_mask(b, h, i0, rows, j0, nb, qr, sb);
-            // Smallest probability per lane: a block with a zero weight (masked key, or one
-            // that underflowed) takes the guarded P·V tile, where it contributes exactly 0
-            // even if its value is ±∞/NaN (an unwritten KV-cache slot); others take the
-            // plain FMA tile. One `min` per probability vector, against its ~20-op exp.
-            let mut pmin = [s.splat(1.0); QV];
-            for (v, pm) in pmin.iter_mut().enumerate() {
-                let at = v * l;
-                let m_old = load(s, &m[at..]);
-                let mut m_new = m_old;
-                for j in 0..nb {
-                    m_new = s.max(m_new, load(s, &sb[j * qr + at..]));
+        while j0 < kend_task {
+            let nb_task = (kend_task - j0).min(BC);
+            let kp = pack_keys::<S>(keys, dk, j0, nb_task, &mut scr.kp);
+            let vp = pack_values_t::<S>(values, dv, j0, nb_task, &mut scr.vp);
+            for u in 0..tiles {
+                let (i0, rows) = tile(u);
+                let kend = p.key_end(i0 + rows - 1);
+                if j0 >= kend {
+                    continue;
                 }
-                let mut sum = s.splat(0.0);
-                for j in 0..nb {
-                    let x = &mut sb[j * qr + at..];
-                    let e = s.exp(s.sub(load(s, x), m_new));
-                    store(s, x, e);
-                    sum = s.add(sum, e);
-                    *pm = s.min(e, *pm);
-                }
-                let a = s.exp(s.sub(m_old, m_new));
-                store(s, &mut alpha[at..], a);
-                store(s, &mut m[at..], m_new);
-                let l_new = s.fma(a, load(s, &lsum[at..]), sum);
-                store(s, &mut lsum[at..], l_new);
+                let nb = nb_task.min(kend - j0);
+                let sb = scr.s.get(nb * qr);
+                qk_block(s, &qps[u * dk * qr..(u + 1) * dk * qr], dk, kp, nb, sb);
+                p.apply_mask(b, h, i0, rows, j0, nb, qr, sb);
+                let (m, lsum) =
+                    (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);
+                let guard = softmax_step(s, sb, nb, m, lsum, &mut scr.alpha[..qr]);
+                let oacc = &mut scr.o[u * dv * qr..(u + 1) * dv * qr];
+                // A tile that stops at its causal diagonal inside the block reads V in place.
+                let vals = if nb == nb_task { Values::Packed(vp) } else { Values::InPlace };
+                pv_block(s, guard, sb, nb, values, vals, j0, dv, &scr.alpha, oacc, &mut scr.save);
             }
-            let mut lanes = [1.0f32; MAX_QR];
-            for (v, pm) in pmin.iter().enumerate() {
-                store(s, &mut lanes[v * l..], *pm);
-            }
-            let guard = lanes[..qr].contains(&0.0);
-            pv_block(s, guard, sb, nb, values, j0, dv, alpha, oacc);
-            j0 += nb;
+            j0 += nb_task;
         }
 
         // 3. Normalise once and write.
-        for r in 0..rows {
-            let lr = lsum[r];
-            let (inv, lse) =
-                if lr == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / lr, m[r] + lr.ln()) };
-            let acc = &*oacc;
-            // SAFETY: task t alone owns rows i0..i0 + rows of head (b, h).
-            unsafe { sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv) };
+        for u in 0..tiles {
+            let (i0, rows) = tile(u);
+            let acc = &scr.o[u * dv * qr..(u + 1) * dv * qr];
+            for r in 0..rows {
+                let (lr, mr) = (scr.l[u * qr + r], scr.m[u * qr + r]);
+                let (inv, lse) =
+                    if lr == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / lr, mr + lr.ln()) };
+                sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv);
+            }
         }
     }
+}
+
+/// The online-softmax step of one tile over a block of `nb` masked scores `sb[j·QR + r]`,
+/// per query lane: `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` in place,
+/// `l ← α·l + Σ_j P_j`, `m ← m'`. Returns whether some probability is 0 (a masked key, or one
+/// that underflowed): [`pv_block`] must then guard against `0·∞` (see there). One `min` per
+/// probability vector finds out, against its ~20-operation exp.
+#[inline(always)]
+fn softmax_step<S: Simd>(
+    s: S,
+    sb: &mut [f32],
+    nb: usize,
+    m: &mut [f32],
+    lsum: &mut [f32],
+    alpha: &mut [f32],
+) -> bool {
+    let (l, qr) = (S::LANES, QV * S::LANES);
+    let mut pmin = [s.splat(1.0); QV];
+    for (v, pm) in pmin.iter_mut().enumerate() {
+        let at = v * l;
+        let m_old = load(s, &m[at..]);
+        let mut m_new = m_old;
+        for j in 0..nb {
+            m_new = s.max(m_new, load(s, &sb[j * qr + at..]));
+        }
+        let mut sum = s.splat(0.0);
+        for j in 0..nb {
+            let x = &mut sb[j * qr + at..];
+            let e = s.exp(s.sub(load(s, x), m_new));
+            store(s, x, e);
+            sum = s.add(sum, e);
+            *pm = s.min(e, *pm);
+        }
+        let a = s.exp(s.sub(m_old, m_new));
+        store(s, &mut alpha[at..], a);
+        store(s, &mut m[at..], m_new);
+        let l_new = s.fma(a, load(s, &lsum[at..]), sum);
+        store(s, &mut lsum[at..], l_new);
+    }
+    let mut lanes = [1.0f32; MAX_QR];
+    for (v, pm) in pmin.iter().enumerate() {
+        store(s, &mut lanes[v * l..], *pm);
+    }
+    lanes[..qr].contains(&0.0)
 }

@@ -29,8 +29,9 @@
 //! slot), as in the reference; empty head dimensions (`d_k = 0`, `d_v = 0`) accept any strides.
 //!
 //! Layout of this module: `blocking` (block sizes and thresholds, with their cache
-//! reasoning), `simd` (the ISA layer: vector trait, register-tile micro-kernels; the only
-//! place with intrinsics), `sink` (the shared row writer of the parallel loops), `flash`,
+//! reasoning), `simd` (the ISA layer: vector trait, and the flash block products on the GEMM
+//! micro-kernels; the only place with intrinsics), `sink` (the shared row writer of the
+//! parallel loops, which claims each output row once), `flash`,
 //! `decode`, `unfused` (the three algorithms, each written once over the ISA trait).
 
 mod blocking;

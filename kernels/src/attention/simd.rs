@@ -1,23 +1,34 @@
 //! The ISA layer of the attention kernels: a small vector trait ([`Simd`]) with one
 //! implementation per [`Isa`] (AVX-512F, AVX2+FMA, portable `wide`; the exp is the softmax
-//! module's), and the two register-tile micro-kernels of the flash loop. All of the attention module's
-//! `unsafe` that touches intrinsics or raw pointers lives here, behind safe wrappers that check
-//! the bounds of each block once before entering the hot loops.
+//! module's), and the two block products of the flash loop, which run on the GEMM
+//! micro-kernels. All of the attention module's `unsafe` that touches intrinsics or raw
+//! pointers lives here, behind safe wrappers that check the bounds of each block once before
+//! entering the hot loops.
 //!
 //! The ISA is a value (a token type that can only be built after the CPU check), and each
 //! algorithm is written once, generic over it, in a [`Kernel`]; [`vectorize`] runs a kernel
 //! inside a `#[target_feature]` wrapper so every `#[inline(always)]` body below is compiled for
 //! that ISA.
 //!
-//! Register tiles keep **queries along the vector lanes**: a tile is `QV` vectors of queries
-//! by `N` columns, and the other operand is broadcast element by element straight from the
-//! key/value rows in place. So K and V are never packed or transposed (any strides, GQA
-//! sharing and both tensor layouts come for free); only the query tile is packed, once per
-//! task, and the probability block is produced directly in the packed layout the P·V tile
-//! reads.
+//! The block products are computed **transposed**, so that queries run along the vector
+//! lanes: `Sᵀ = K·Q̃ᵀ` and `Oᵀ += Vᵀ·P̃ᵀ`. In GEMM terms the query tile (`NR` queries: the
+//! micro-kernel's vector width) is the packed B micro-panel of the first product and the
+//! probability block is the packed B micro-panel of the second, while K and V are the
+//! broadcast (A) operand, which the micro-kernels read in place through their strides. So:
+//! - the only packing is the query tile, once per task, and the probability block, which the
+//!   softmax step writes directly in the packed layout;
+//! - K and V are never copied or transposed: any strides, GQA sharing and both tensor layouts
+//!   come for free, and a packed copy of a K/V block would be read once per query tile
+//!   exactly as the rows in place are (broadcast loads, one element at a time);
+//! - the online softmax needs no horizontal reductions: the running max, sum and rescale
+//!   factors of `QR` queries are `QV` vectors.
 
 use super::blocking::QV;
 use crate::arch::Isa;
+use attn_reference::{MatLayout, MatRef};
+
+use crate::gemm::pack::{pack_a, AlignedBuf};
+use crate::gemm::ukernel::{kernel_for, macro_kernel, ABlock, Kernel as GemmKernel};
 
 /// A vector ISA: lanes, register-tile width and the handful of operations the attention
 /// kernels use. Implementations exist only for ISAs the CPU supports (the token's constructor
@@ -25,8 +36,8 @@ use crate::arch::Isa;
 pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// f32 lanes per vector.
     const LANES: usize;
-    /// Register-tile width (see [`super::blocking`]).
-    const NR: usize;
+    /// The ISA this implements (its GEMM micro-kernel runs the flash block products).
+    const ISA: Isa;
     /// The vector type.
     type V: Copy;
     /// A lane mask (the result of a comparison).
@@ -64,11 +75,6 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn min(self, a: Self::V, b: Self::V) -> Self::V;
     /// Lanes of `a` that are not `+0`/`−0` (NaN lanes count as non-zero).
     fn nonzero(self, a: Self::V) -> Self::M;
-    /// True when some lane of `m` is set.
-    fn any(self, m: Self::M) -> bool;
-    /// `a · b + c` in the lanes set in `m`, `c` elsewhere: a product with a zero weight
-    /// contributes nothing even when the other factor is `±∞` or NaN.
-    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `x` in the lanes set in `m`, `0` elsewhere.
     fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V;
 }
@@ -105,140 +111,7 @@ pub(crate) fn vectorize<K: Kernel>(isa: Isa, k: K) -> K::Output {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Flash micro-kernels (raw) and their checked wrappers
-
-/// `S` tile: `s[c·QR + r] = Σ_d qp[d·QR + r] · k[c·k_rs + d·k_cs]` for `c < N`, `r < QR`,
-/// with `QR = QV · LANES`. `qp` is the packed query tile (`dk` rows of `QR` queries), `k`
-/// points at the first of `N` key rows. Overwrites the tile (β = 0).
-///
-/// # Safety
-/// `qp` readable for `dk·QR` floats; every `k[c·k_rs + d·k_cs]` (`c < N`, `d < dk`) readable;
-/// `s` writable for `N·QR` floats.
-#[inline(always)]
-unsafe fn qk_tile<S: Simd, const N: usize>(
-    s: S,
-    dk: usize,
-    qp: *const f32,
-    k: *const f32,
-    k_rs: usize,
-    k_cs: usize,
-    out: *mut f32,
-) {
-    let l = S::LANES;
-    let qr = QV * l;
-    let mut acc = [[s.splat(0.0); QV]; N];
-    let mut kp = [k; N];
-    for (c, p) in kp.iter_mut().enumerate() {
-        // SAFETY: within the rows the caller vouched for.
-        *p = unsafe { k.add(c * k_rs) };
-    }
-    for d in 0..dk {
-        // SAFETY: d < dk, so the two query vectors and the N key elements are in bounds.
-        unsafe {
-            let a0 = s.load(qp.add(d * qr));
-            let a1 = s.load(qp.add(d * qr + l));
-            for (ac, kc) in acc.iter_mut().zip(&kp) {
-                let b = s.splat(*kc.add(d * k_cs));
-                ac[0] = s.fma(a0, b, ac[0]);
-                ac[1] = s.fma(a1, b, ac[1]);
-            }
-        }
-    }
-    for (c, col) in acc.iter().enumerate() {
-        for (v, x) in col.iter().enumerate() {
-            // SAFETY: c < N, v < QV: inside the N·QR output floats.
-            unsafe { s.store(out.add(c * qr + v * l), *x) };
-        }
-    }
-}
-
-/// P·V tile: `o[c·QR + r] = alpha[r] · o[c·QR + r] + Σ_j p[j·QR + r] · v[j·v_rs + c·v_cs]` for
-/// `c < N`, `r < QR`, `j < nk`. `p` is the probability block in the packed layout `qk_tile`
-/// wrote, `v` points at column `c = 0` of the first value row, `o` at the tile of the output
-/// accumulator (`[column][QR]`). The rescale by `alpha` is the online-softmax correction.
-///
-/// Zero weights contribute exactly nothing (the reference skips them): a lane whose `alpha` is
-/// 0 has its accumulator cleared rather than multiplied (so an earlier `∞` cannot become NaN),
-/// and with `GUARD` a lane whose `p` is 0 skips the value (so a `±∞`/NaN value at a masked key
-/// cannot leak as `0·∞`), and keys whose `p` is 0 in every lane are skipped outright. Without
-/// `GUARD` (blocks with no zero weight) the loop is the plain FMA chain.
-///
-/// # Safety
-/// `p` readable for `nk·QR` floats, `alpha` for `QR`; every `v[j·v_rs + c·v_cs]` readable;
-/// `o` readable and writable for `N·QR` floats.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn pv_tile<S: Simd, const N: usize, const GUARD: bool>(
-    s: S,
-    nk: usize,
-    p: *const f32,
-    v: *const f32,
-    v_rs: usize,
-    v_cs: usize,
-    alpha: *const f32,
-    o: *mut f32,
-) {
-    let l = S::LANES;
-    let qr = QV * l;
-    let mut acc = [[s.splat(0.0); QV]; N];
-    // SAFETY: alpha has QR floats, o has N·QR floats.
-    unsafe {
-        let al = [s.load(alpha), s.load(alpha.add(l))];
-        let live = [s.nonzero(al[0]), s.nonzero(al[1])];
-        for (c, col) in acc.iter_mut().enumerate() {
-            for (vv, x) in col.iter_mut().enumerate() {
-                *x = s.zero_unless(live[vv], s.mul(al[vv], s.load(o.add(c * qr + vv * l))));
-            }
-        }
-    }
-    let mut vp = v;
-    for j in 0..nk {
-        // SAFETY: j < nk: the probability vectors and the N value elements are in bounds.
-        unsafe {
-            let a0 = s.load(p.add(j * qr));
-            let a1 = s.load(p.add(j * qr + l));
-            if GUARD {
-                let (m0, m1) = (s.nonzero(a0), s.nonzero(a1));
-                if s.any(m0) || s.any(m1) {
-                    for (c, ac) in acc.iter_mut().enumerate() {
-                        let b = s.splat(*vp.add(c * v_cs));
-                        ac[0] = s.fma_where(m0, a0, b, ac[0]);
-                        ac[1] = s.fma_where(m1, a1, b, ac[1]);
-                    }
-                }
-            } else {
-                for (c, ac) in acc.iter_mut().enumerate() {
-                    let b = s.splat(*vp.add(c * v_cs));
-                    ac[0] = s.fma(a0, b, ac[0]);
-                    ac[1] = s.fma(a1, b, ac[1]);
-                }
-            }
-            vp = vp.wrapping_add(v_rs);
-        }
-    }
-    for (c, col) in acc.iter().enumerate() {
-        for (vv, x) in col.iter().enumerate() {
-            // SAFETY: inside the N·QR accumulator floats.
-            unsafe { s.store(o.add(c * qr + vv * l), *x) };
-        }
-    }
-}
-
-/// Calls `$f::<S, N, extra generics>(args)` for a run-time `N ∈ 1..=8`.
-macro_rules! with_width {
-    ($n:expr, $f:ident, $s:ty $(, $g:ident)*; ($($arg:expr),*)) => {
-        match $n {
-            1 => $f::<$s, 1 $(, $g)*>($($arg),*),
-            2 => $f::<$s, 2 $(, $g)*>($($arg),*),
-            3 => $f::<$s, 3 $(, $g)*>($($arg),*),
-            4 => $f::<$s, 4 $(, $g)*>($($arg),*),
-            5 => $f::<$s, 5 $(, $g)*>($($arg),*),
-            6 => $f::<$s, 6 $(, $g)*>($($arg),*),
-            7 => $f::<$s, 7 $(, $g)*>($($arg),*),
-            _ => $f::<$s, 8 $(, $g)*>($($arg),*),
-        }
-    };
-}
+// Flash block products on the GEMM micro-kernels
 
 /// A strided matrix operand of the block products: element `(row, col)` of `data` at
 /// `offset + row·rs + col·cs`.
@@ -268,43 +141,127 @@ impl Strided<'_> {
     }
 }
 
+/// The GEMM micro-kernel of the ISA `S` (see [`crate::gemm`]'s `ukernel` module): the flash
+/// block products run on it. Its register tile is `MR` rows by `NR = QV·LANES` columns, and
+/// the columns are the query tile.
+#[inline(always)]
+fn gemm_kernel<S: Simd>() -> &'static GemmKernel {
+    let kern = kernel_for(S::ISA);
+    debug_assert_eq!(kern.nr, QV * S::LANES, "query tile must be the micro-kernel's NR");
+    kern
+}
+
+/// Query rows per flash tile for `isa`: the column width `NR` of its GEMM micro-kernel.
+pub(crate) fn tile_rows(isa: Isa) -> usize {
+    kernel_for(isa).nr
+}
+
+/// Packs keys `j0..j0 + nb` of `k` (`dk` columns) into the A micro-panels of the GEMM
+/// micro-kernel of `S`: `MR` keys per panel, `dk` steps (see the `ukernel` module docs). The
+/// result is what [`qk_block`] reads; it is shared by every query tile of a flash task.
+/// Panics (never UB) if the block is not inside `k`.
+pub(crate) fn pack_keys<'b, S: Simd>(
+    k: Strided<'_>,
+    dk: usize,
+    j0: usize,
+    nb: usize,
+    dst: &'b mut AlignedBuf,
+) -> &'b [f32] {
+    let mr = gemm_kernel::<S>().mr;
+    let out = dst.get(nb.div_ceil(mr) * mr * dk);
+    if nb > 0 && dk > 0 {
+        let m = MatRef::new(k.data, MatLayout::strided(j0 + nb, dk, k.rs, k.cs, k.offset));
+        assert!(m.check("k").is_ok(), "key block outside K");
+        // SAFETY: the view was checked to fit its slice; rows j0..j0 + nb and columns 0..dk are
+        // inside it; `out` holds ceil(nb/MR)·MR·dk floats.
+        unsafe { pack_a(mr, &m, j0, nb, 0, dk, out) };
+    }
+    out
+}
+
+/// Packs `Vᵀ` for value rows `j0..j0 + nb` (`dv` columns of V become `dv` rows) into the A
+/// micro-panels of the GEMM micro-kernel of `S`: `MR` value columns per panel, `nb` steps. The
+/// result is what [`pv_block`] reads for a full block; it is shared by every query tile of a
+/// flash task. Panics (never UB) if the block is not inside `v`.
+pub(crate) fn pack_values_t<'b, S: Simd>(
+    v: Strided<'_>,
+    dv: usize,
+    j0: usize,
+    nb: usize,
+    dst: &'b mut AlignedBuf,
+) -> &'b [f32] {
+    let mr = gemm_kernel::<S>().mr;
+    let out = dst.get(dv.div_ceil(mr) * mr * nb);
+    if nb > 0 && dv > 0 {
+        let vt = MatRef::new(v.data, MatLayout::strided(dv, j0 + nb, v.cs, v.rs, v.offset));
+        assert!(vt.check("v").is_ok(), "value block outside V");
+        // SAFETY: the view was checked to fit its slice; rows 0..dv and columns j0..j0 + nb are
+        // inside it; `out` holds ceil(dv/MR)·MR·nb floats.
+        unsafe { pack_a(mr, &vt, 0, dv, j0, nb, out) };
+    }
+    out
+}
+
 /// `s[j·QR + r] = Σ_d qp[d·QR + r] · k(j0 + j, d)` for `j < nb`: the scores of one query tile
-/// against keys `j0..j0 + nb`. Panics (never UB) if a buffer is too small, which the callers'
-/// sizing rules out. With `dk = 0` the scores are 0 and no key pointer is formed (the K view
-/// is empty, so its row stride may be anything, e.g. so large that `j·rs` overflows).
+/// against `nb` keys, i.e. the block `Sᵀ = K·Q̃ᵀ` on the GEMM macro-kernel. `kp` is the key
+/// block packed by [`pack_keys`] (at least `nb` keys) and `qp` (`dk` rows of `QR` pre-scaled
+/// queries, 64-byte aligned) is exactly one packed B micro-panel. Panics (never UB) if a buffer
+/// is too small, which the callers' sizing rules out.
 #[inline(always)]
 pub(crate) fn qk_block<S: Simd>(
-    s: S,
+    _s: S,
     qp: &[f32],
     dk: usize,
-    k: Strided<'_>,
-    j0: usize,
+    kp: &[f32],
     nb: usize,
     out: &mut [f32],
 ) {
-    let qr = QV * S::LANES;
-    assert!(qp.len() >= dk * qr && out.len() >= nb * qr && k.covers(j0, nb, dk));
-    if dk == 0 {
+    let kern = gemm_kernel::<S>();
+    let qr = kern.nr;
+    assert!(qp.len() >= dk * qr && out.len() >= nb * qr);
+    assert!(kp.len() >= nb.div_ceil(kern.mr) * kern.mr * dk);
+    if dk == 0 || nb == 0 {
         out[..nb * qr].fill(0.0);
         return;
     }
-    let mut j = 0;
-    while j < nb {
-        let n = (nb - j).min(S::NR);
-        // SAFETY: checked above: rows j0+j .. j0+j+n of k (dk columns), qp and out tiles.
-        unsafe {
-            let kp = k.data.as_ptr().add(k.offset + (j0 + j) * k.rs);
-            let op = out.as_mut_ptr().add(j * qr);
-            with_width!(n, qk_tile, S; (s, dk, qp.as_ptr(), kp, k.rs, k.cs, op));
-        }
-        j += n;
+    // SAFETY: `kern` is the kernel of S's ISA, which the token proves supported. Checked above:
+    // the packed key panels (A, `nb × dk`), the one packed query panel of `dk·QR` floats (B),
+    // and the `nb × QR` output tile (C, row stride QR, unit column stride), which nothing else
+    // touches during the call.
+    unsafe {
+        let a = ABlock::Packed(kp.as_ptr());
+        macro_kernel(kern, nb, qr, dk, 1.0, a, qp.as_ptr(), 0.0, out.as_mut_ptr(), qr, 1);
     }
 }
 
+/// The value operand of [`pv_block`]: value rows `j0..j0 + nb` of V, packed by
+/// [`pack_values_t`] when the whole packed block is used, read in place otherwise (a tile
+/// that stops at its causal diagonal inside the block).
+#[derive(Clone, Copy)]
+pub(crate) enum Values<'a> {
+    /// `Vᵀ` of exactly the block's `nb` rows, packed.
+    Packed(&'a [f32]),
+    /// V in place.
+    InPlace,
+}
+
 /// `o[c·QR + r] = alpha[r]·o[c·QR + r] + Σ_j p[j·QR + r] · v(j0 + j, c)` for all `dv` columns:
-/// one query tile's output accumulator updated with one block of `nb` value rows. `guard`
-/// must be set when some `p` may be 0 (masked or underflowed weights): those then contribute
-/// exactly 0 whatever the value (see [`pv_tile`]); unset, the plain FMA loop runs.
+/// one query tile's output accumulator (`Oᵀ`, `[column][QR]`) rescaled by the online-softmax
+/// correction and updated with one block of `nb` value rows, i.e. `Oᵀ += Vᵀ·P̃ᵀ` on the GEMM
+/// macro-kernel: `Vᵀ` is the A operand (packed, or V read in place with its strides swapped,
+/// see [`Values`]), and the probability block `p` (`nb` rows of `QR`, 64-byte aligned, as
+/// [`qk_block`] laid out the scores) is exactly one packed B micro-panel.
+///
+/// Zero weights contribute exactly nothing, as in the reference, which skips them:
+/// - a lane whose `alpha` is 0 has its accumulator cleared rather than multiplied, so an
+///   earlier `∞` cannot become NaN;
+/// - `guard` must be set when some `p` may be 0 (masked or underflowed weights). The block then
+///   runs on the micro-kernel as usual, and only if that leaves a non-finite accumulator (a
+///   `±∞`/NaN value at a zero-weight key gives `0·∞ = NaN`) is it redone from `save` with a
+///   loop that skips zero weights. `save` (`dv·QR` floats) holds the rescaled accumulator
+///   meanwhile.
+///
+/// Panics (never UB) if a buffer is too small, which the callers' sizing rules out.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pv_block<S: Simd>(
@@ -313,39 +270,62 @@ pub(crate) fn pv_block<S: Simd>(
     p: &[f32],
     nb: usize,
     v: Strided<'_>,
+    vp: Values<'_>,
     j0: usize,
     dv: usize,
     alpha: &[f32],
     o: &mut [f32],
+    save: &mut [f32],
 ) {
-    let qr = QV * S::LANES;
-    assert!(p.len() >= nb * qr && alpha.len() >= qr && o.len() >= dv * qr && v.covers(j0, nb, dv));
-    let mut c = 0;
-    while c < dv {
-        let n = (dv - c).min(S::NR);
-        // SAFETY: checked above: rows j0..j0+nb, columns c..c+n of v; p, alpha, o tiles.
-        unsafe {
-            let vp = if nb == 0 {
-                v.data.as_ptr()
-            } else {
-                v.data.as_ptr().add(v.offset + j0 * v.rs + c * v.cs)
-            };
-            let op = o.as_mut_ptr().add(c * qr);
-            let (pp, al) = (p.as_ptr(), alpha.as_ptr());
-            if guard {
-                with_width!(n, pv_tile, S, GUARDED; (s, nb, pp, vp, v.rs, v.cs, al, op));
-            } else {
-                with_width!(n, pv_tile, S, PLAIN; (s, nb, pp, vp, v.rs, v.cs, al, op));
+    let kern = gemm_kernel::<S>();
+    let (l, qr) = (S::LANES, kern.nr);
+    assert!(p.len() >= nb * qr && alpha.len() >= qr && v.covers(j0, nb, dv));
+    let (o, save) = (&mut o[..dv * qr], &mut save[..dv * qr]);
+    let al: [S::V; QV] = core::array::from_fn(|vv| load(s, &alpha[vv * l..]));
+    let live = al.map(|a| s.nonzero(a));
+    for col in o.chunks_exact_mut(qr) {
+        for vv in 0..QV {
+            let x = &mut col[vv * l..];
+            store(s, x, s.zero_unless(live[vv], s.mul(al[vv], load(s, x))));
+        }
+    }
+    if dv == 0 || nb == 0 {
+        return;
+    }
+    if guard {
+        save.copy_from_slice(o);
+    }
+    let a = match vp {
+        Values::Packed(vp) => {
+            assert!(vp.len() >= dv.div_ceil(kern.mr) * kern.mr * nb);
+            ABlock::Packed(vp.as_ptr())
+        }
+        // SAFETY: element (j0, 0) of V is inside its slice (checked by `covers` above).
+        Values::InPlace => ABlock::Strided {
+            ptr: unsafe { v.data.as_ptr().add(v.offset + j0 * v.rs) },
+            rs: v.cs,
+            cs: v.rs,
+        },
+    };
+    // SAFETY: `kern` is the kernel of S's ISA, which the token proves supported. Checked above:
+    // `Vᵀ` (A, `dv × nb`: the packed panels, or V rows j0..j0+nb × dv columns through the
+    // strides), the one packed panel of `nb·QR` floats (B), and the `dv × QR` accumulator (C),
+    // which nothing else touches during the call.
+    unsafe { macro_kernel(kern, dv, qr, nb, 1.0, a, p.as_ptr(), 1.0, o.as_mut_ptr(), qr, 1) };
+    if guard && o.iter().any(|x| !x.is_finite()) {
+        o.copy_from_slice(save);
+        for j in 0..nb {
+            let vrow = v.offset + (j0 + j) * v.rs;
+            for (r, &w) in p[j * qr..(j + 1) * qr].iter().enumerate() {
+                if w != 0.0 {
+                    for c in 0..dv {
+                        o[c * qr + r] = w.mul_add(v.data[vrow + c * v.cs], o[c * qr + r]);
+                    }
+                }
             }
         }
-        c += n;
     }
 }
-
-/// `GUARD` argument of [`pv_tile`]: zero weights are skipped lane by lane.
-const GUARDED: bool = true;
-/// `GUARD` argument of [`pv_tile`]: plain FMA loop (no zero weight in the block).
-const PLAIN: bool = false;
 
 // ---------------------------------------------------------------------------------------------
 // Slice helpers for the decode and unfused paths (vectors along the head dimension)
@@ -455,7 +435,7 @@ pub(crate) struct Portable;
 
 impl Simd for Portable {
     const LANES: usize = 8;
-    const NR: usize = super::blocking::NR_AVX2;
+    const ISA: Isa = Isa::Portable;
     type V = wide::f32x8;
     type M = wide::f32x8;
 
@@ -512,14 +492,6 @@ impl Simd for Portable {
         a.simd_ne(wide::f32x8::ZERO)
     }
     #[inline(always)]
-    fn any(self, m: Self::M) -> bool {
-        m.any()
-    }
-    #[inline(always)]
-    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        m.select(a.mul_add(b, c), c)
-    }
-    #[inline(always)]
     fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V {
         x & m
     }
@@ -557,7 +529,7 @@ mod x86 {
     // `is_x86_feature_detected!("avx512f")` returned true.
     impl Simd for Avx512 {
         const LANES: usize = 16;
-        const NR: usize = super::super::blocking::NR_AVX512;
+        const ISA: crate::arch::Isa = crate::arch::Isa::Avx512;
         type V = __m512;
         type M = __mmask16;
 
@@ -612,14 +584,6 @@ mod x86 {
             unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, _mm512_setzero_ps()) }
         }
         #[inline(always)]
-        fn any(self, m: __mmask16) -> bool {
-            m != 0
-        }
-        #[inline(always)]
-        fn fma_where(self, m: __mmask16, a: __m512, b: __m512, c: __m512) -> __m512 {
-            unsafe { _mm512_mask3_fmadd_ps(a, b, c, m) }
-        }
-        #[inline(always)]
         fn zero_unless(self, m: __mmask16, x: __m512) -> __m512 {
             unsafe { _mm512_maskz_mov_ps(m, x) }
         }
@@ -650,7 +614,7 @@ mod x86 {
     // were detected.
     impl Simd for Avx2 {
         const LANES: usize = 8;
-        const NR: usize = super::super::blocking::NR_AVX2;
+        const ISA: crate::arch::Isa = crate::arch::Isa::Avx2;
         type V = __m256;
         type M = __m256;
 
@@ -708,14 +672,6 @@ mod x86 {
         #[inline(always)]
         fn nonzero(self, a: __m256) -> __m256 {
             unsafe { _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, _mm256_setzero_ps()) }
-        }
-        #[inline(always)]
-        fn any(self, m: __m256) -> bool {
-            unsafe { _mm256_movemask_ps(m) != 0 }
-        }
-        #[inline(always)]
-        fn fma_where(self, m: __m256, a: __m256, b: __m256, c: __m256) -> __m256 {
-            unsafe { _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c), m) }
         }
         #[inline(always)]
         fn zero_unless(self, m: __m256, x: __m256) -> __m256 {

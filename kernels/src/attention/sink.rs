@@ -4,10 +4,13 @@
 //! The output is a strided 4-D view (e.g. `[batch, seq, heads, dim]` storage interleaves the
 //! rows of different heads), so it cannot be split into disjoint `&mut` slices per task. The
 //! view was checked injective by `check_attention` (distinct `(b, h, i, d)` → distinct
-//! elements), and every task owns a distinct set of `(b, h, i)` rows, so concurrent writes
-//! never touch the same element. That argument is the one `unsafe` contract of this module.
+//! elements), and each `(b, h, i)` row may be written once: the sink records which rows were
+//! written (one atomic flag per row) and panics on a second write, so two tasks can never
+//! write the same element, whatever the callers' tiling. That makes [`Sink::write_row`] safe;
+//! the raw-pointer writes it rests on are the only `unsafe` of this module.
 
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use attn_reference::Tensor4Layout;
 
@@ -19,11 +22,14 @@ pub(crate) struct Sink<'a> {
     lse: *mut f32,
     lse_len: usize,
     rows: [usize; 2],
+    /// `written[(b·heads + h)·nq + i]`: row `(b, h, i)` has been claimed by a writer.
+    written: Vec<AtomicBool>,
     _borrow: PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: the sink only hands out writes to rows, and `write_row`'s contract forbids two
-// threads writing the same row; the borrowed slices outlive the sink.
+// SAFETY: the sink only hands out writes to rows, and `write_row` claims each row (atomically)
+// before writing it, so two threads never write the same element; the borrowed slices outlive
+// the sink.
 unsafe impl Send for Sink<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for Sink<'_> {}
@@ -43,17 +49,18 @@ impl<'a> Sink<'a> {
             lse,
             lse_len,
             rows: [layout.dims[1], layout.dims[2]],
+            written: (0..layout.dims[0] * layout.dims[1] * layout.dims[2])
+                .map(|_| AtomicBool::new(false))
+                .collect(),
             _borrow: PhantomData,
         }
     }
 
     /// Writes output row `(b, h, i)`: element `d` gets `value(d)` for `d < dv`, and the
-    /// logsumexp entry gets `lse` when a logsumexp vector was given. Indices outside the
-    /// checked view panic instead of writing.
-    ///
-    /// # Safety
-    /// No other thread may write row `(b, h, i)` during this call.
-    pub(crate) unsafe fn write_row(
+    /// logsumexp entry gets `lse` when a logsumexp vector was given. Each row may be written
+    /// once per sink: a second write of the same row, or indices outside the checked view,
+    /// panic instead of writing (both would be a bug of the caller's tiling).
+    pub(crate) fn write_row(
         &self,
         b: usize,
         h: usize,
@@ -63,18 +70,47 @@ impl<'a> Sink<'a> {
     ) {
         let [_, heads, nq, dv] = self.layout.dims;
         assert!(b < self.layout.dims[0] && h < heads && i < nq);
+        let row = (b * self.rows[0] + h) * self.rows[1] + i;
+        assert!(
+            !self.written[row].swap(true, Ordering::Relaxed),
+            "row ({b}, {h}, {i}) written twice"
+        );
         for d in 0..dv {
             let idx = self.layout.index(b, h, i, d);
             assert!(idx < self.o_len);
-            // SAFETY: in bounds (checked); no other thread writes this row (caller), and the
-            // view is injective, so no other row maps to this element.
+            // SAFETY: in bounds (checked); this call claimed the row above, so no other write of
+            // it can happen, and the view is injective, so no other row maps to this element.
             unsafe { *self.o.add(idx) = value(d) };
         }
         if !self.lse.is_null() {
-            let idx = (b * self.rows[0] + h) * self.rows[1] + i;
-            assert!(idx < self.lse_len);
-            // SAFETY: in bounds; entry (b, h, i) belongs to this row only.
-            unsafe { *self.lse.add(idx) = lse };
+            assert!(row < self.lse_len);
+            // SAFETY: in bounds; entry (b, h, i) belongs to this row only, claimed above.
+            unsafe { *self.lse.add(row) = lse };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_row_is_written_once() {
+        let layout = Tensor4Layout::bhsd(1, 2, 3, 4);
+        let (mut o, mut lse) = (vec![0.0f32; 24], vec![0.0f32; 6]);
+        let sink = Sink::new(&mut o, layout, Some(&mut lse));
+        sink.write_row(0, 1, 2, -1.5, |d| d as f32);
+        let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sink.write_row(0, 1, 2, 0.0, |_| 9.0)
+        }));
+        assert!(second.is_err(), "a second write of a row must panic");
+        let out_of_view = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sink.write_row(0, 2, 0, 0.0, |_| 9.0)
+        }));
+        assert!(out_of_view.is_err(), "a row outside the view must panic");
+        drop(sink);
+        assert_eq!(&o[20..24], &[0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(lse[5], -1.5);
+        assert!(o[..20].iter().all(|&x| x == 0.0) && lse[..5].iter().all(|&x| x == 0.0));
     }
 }

@@ -69,8 +69,7 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
         let (inv, lse) =
             if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, maxes[i] + l.ln()) };
         let row = &o[i * dv..(i + 1) * dv];
-        // SAFETY: this task alone owns the rows of head (b, h).
-        unsafe { sink.write_row(b, h, i, lse, |d| row[d] * inv) };
+        sink.write_row(b, h, i, lse, |d| row[d] * inv);
     }
     Ok(())
 }

@@ -53,8 +53,8 @@
 
 pub mod blocking;
 mod loops;
-mod pack;
-mod ukernel;
+pub(crate) mod pack;
+pub(crate) mod ukernel;
 
 use attn_reference::error::{expect_dim, expect_finite};
 use attn_reference::{Error, MatLayout, MatMut, MatRef, Result};

@@ -359,8 +359,9 @@ pub(crate) unsafe fn macro_kernel(
     let (mr, nr) = (kern.mr, kern.nr);
     debug_assert!(mr * nr <= MAX_TILE && kern.ukr_rows.len() == mr - 1);
     debug_assert!((b as usize).is_multiple_of(64) || kc == 0, "B panels must be 64-byte aligned");
-    // The bounce tile, zeroed once per call (its padding lanes are computed but never stored).
-    let mut tile = [0.0f32; MAX_TILE];
+    // The bounce tile, zeroed on first use (its padding lanes are computed but never stored).
+    // Calls without edges (the flash block products, interior blocks) never pay for zeroing it.
+    let mut bounce: Option<[f32; MAX_TILE]> = None;
     for jr in (0..nc).step_by(nr) {
         let nr_eff = nr.min(nc - jr);
         // SAFETY: panel jr/nr of the packed B block, inside the extent the caller guarantees.
@@ -389,6 +390,7 @@ pub(crate) unsafe fn macro_kernel(
                 // caller's view, and the kernel chosen above writes exactly `mr_eff` rows.
                 unsafe { ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, cp, rs_c) };
             } else {
+                let tile = bounce.get_or_insert([0.0; MAX_TILE]);
                 // SAFETY: only the `mr_eff × nr_eff` valid part of C is touched; the kernel
                 // works on the local tile (row stride nr), which holds MR × NR elements.
                 unsafe {
