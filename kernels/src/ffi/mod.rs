@@ -806,10 +806,28 @@ pub unsafe extern "C" fn attn_mha_workspace_len(
     n_kv: usize,
     out: *mut usize,
 ) -> AttnStatus {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        write_len(cfg, out, |c: AttnMhaConfig| {
+            crate::layers::mha_workspace_len(&c.to_rust(), batch, n_q, n_kv)
+        })
+    }
+}
+
+/// The body of the `*_workspace_len` entry points: `*out = len(*cfg)` (the config is not
+/// checked: the sizes saturate), after the null checks of `cfg` then `out`.
+///
+/// # Safety
+/// `cfg` is null or valid; `out` is null or writable.
+unsafe fn write_len<C: Copy>(
+    cfg: *const C,
+    out: *mut usize,
+    len: impl FnOnce(C) -> usize,
+) -> AttnStatus {
     guard(|| {
         // SAFETY: the caller's contract.
         let (cfg, out) = unsafe { (deref("cfg", cfg)?, deref_mut("out", out)?) };
-        *out = crate::layers::mha_workspace_len(&cfg.to_rust(), batch, n_q, n_kv);
+        *out = len(*cfg);
         Ok(())
     })
 }
@@ -994,12 +1012,12 @@ pub unsafe extern "C" fn attn_encoder_workspace_len(
     n: usize,
     out: *mut usize,
 ) -> AttnStatus {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let (cfg, out) = unsafe { (deref("cfg", cfg)?, deref_mut("out", out)?) };
-        *out = crate::layers::encoder_workspace_len(&cfg.to_rust(), batch, n);
-        Ok(())
-    })
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        write_len(cfg, out, |c: AttnEncoderConfig| {
+            crate::layers::encoder_workspace_len(&c.to_rust(), batch, n)
+        })
+    }
 }
 
 /// One post-norm encoder block `y = LN₂(H + FF(H))`, `H = LN₁(x + MHA(x))` (`x`, `y`:
