@@ -558,6 +558,51 @@ fn same_outcome(
     }
 }
 
+/// A reference run and a kernel run of one softmax or attention case, after [`run_pair`]'s
+/// checks, with their elements still to compare.
+struct Runs {
+    /// The reference's output slice.
+    out_ref: Vec<f32>,
+    /// The reference's logsumexps, when the case asks for them.
+    lse_ref: Option<Vec<f32>>,
+    /// The kernel's output slice, guard-banded.
+    out: Guarded,
+    /// The kernel's logsumexps, guard-banded.
+    lse: Option<Guarded>,
+}
+
+/// The part of the softmax and attention checks before the element comparison: runs `reference`
+/// on a copy of the output `out`, then `kernel` on a guard-banded copy, each with `lse` sentinel
+/// logsumexps when `lse` is `Some` (the kernel's guard-banded too); requires the same outcome,
+/// and then that the kernel changed nothing on an error, or wrote nothing outside its views on
+/// success. `Ok(None)` when both failed alike (nothing left to compare). `op` and `out_name` name
+/// the operation and its output in messages (`"softmax y"`, `"attention lse"`).
+fn run_pair(
+    (op, out_name): (&str, &str),
+    out: &TensorOperand,
+    lse: Option<usize>,
+    reference: impl FnOnce(TensorMut<'_>, Option<&mut [f32]>) -> attn_reference::Result<()>,
+    kernel: impl FnOnce(TensorMut<'_>, Option<&mut [f32]>) -> attn_reference::Result<()>,
+) -> Result<Option<Runs>, String> {
+    let sentinels = |n| vec![f32::from_bits(SENTINEL_BITS); n];
+    let mut out_ref = out.data.clone();
+    let mut lse_ref = lse.map(sentinels);
+    let rr = reference(TensorMut::new(&mut out_ref, out.layout), lse_ref.as_deref_mut());
+    let mut ok = Guarded::new(&out.data);
+    let mut lk = lse.map(|n| Guarded::new(&sentinels(n)));
+    let kr = kernel(TensorMut::new(ok.slice_mut(), out.layout), lk.as_mut().map(|g| g.slice_mut()));
+    let (out_what, lse_what) = (format!("{op} {out_name}"), format!("{op} lse"));
+    if !same_outcome(op, &rr, &kr)? {
+        ok.untouched(&out_what)?;
+        return lk.map_or(Ok(None), |g| g.untouched(&lse_what).map(|()| None));
+    }
+    ok.only_view_written(&out_what, &tensor_inside(&out.layout, out.data.len()))?;
+    if let Some(g) = &lk {
+        g.only_view_written(&lse_what, &vec![true; g.slice().len()])?;
+    }
+    Ok(Some(Runs { out_ref, lse_ref, out: ok, lse: lk }))
+}
+
 /// Element check shared by every oracle. `reference` is the f32 reference value; `safe` says the
 /// f32 computation cannot overflow where the f64 one does not, and `bound` is the derived error
 /// bound for finite values (the reference's own rounding included by the caller).
@@ -798,35 +843,17 @@ impl SoftmaxCase {
     ) -> Result<(), String> {
         let mask = self.mask.mask();
         let x = TensorRef::new(&self.x.data, self.x.layout);
-        let mut yr = self.y.data.clone();
-        let mut lr = self.lse.map(|n| vec![f32::from_bits(SENTINEL_BITS); n]);
-        let rr = attn_reference::softmax::scale_mask_softmax(
-            x,
-            self.scale,
-            &mask,
-            TensorMut::new(&mut yr, self.y.layout),
-            lr.as_deref_mut(),
-        );
-        let mut yk = Guarded::new(&self.y.data);
-        let mut lk =
-            lr.as_ref().map(|l| Guarded::new(&vec![f32::from_bits(SENTINEL_BITS); l.len()]));
-        let kr = kernel(
-            x,
-            self.scale,
-            &mask,
-            TensorMut::new(yk.slice_mut(), self.y.layout),
-            lk.as_mut().map(|g| g.slice_mut()),
-            self.par,
-        );
-        if !same_outcome("softmax", &rr, &kr)? {
-            yk.untouched("softmax y")?;
-            return lk.map_or(Ok(()), |g| g.untouched("softmax lse"));
-        }
+        let runs = run_pair(
+            ("softmax", "y"),
+            &self.y,
+            self.lse,
+            |y, l| attn_reference::softmax::scale_mask_softmax(x, self.scale, &mask, y, l),
+            |y, l| kernel(x, self.scale, &mask, y, l, self.par),
+        )?;
+        let Some(Runs { out_ref: yr, lse_ref: lr, out: yk, lse: lk }) = runs else {
+            return Ok(());
+        };
         let ly = self.y.layout;
-        yk.only_view_written("softmax y", &tensor_inside(&ly, self.y.data.len()))?;
-        if let Some(g) = &lk {
-            g.only_view_written("softmax lse", &vec![true; g.slice().len()])?;
-        }
         let [batch, heads, rows, cols] = self.x.layout.dims;
         for b in 0..batch {
             for h in 0..heads {
@@ -1104,39 +1131,17 @@ impl AttentionCase {
         let q = TensorRef::new(&self.q.data, self.q.layout);
         let k = TensorRef::new(&self.k.data, self.k.layout);
         let v = TensorRef::new(&self.v.data, self.v.layout);
-        let mut or = self.o.data.clone();
-        let mut lr = self.lse.map(|n| vec![f32::from_bits(SENTINEL_BITS); n]);
-        let rr = attn_reference::attention::attention(
-            q,
-            k,
-            v,
-            self.scale,
-            &mask,
-            TensorMut::new(&mut or, self.o.layout),
-            lr.as_deref_mut(),
-        );
-        let mut ok = Guarded::new(&self.o.data);
-        let mut lk =
-            lr.as_ref().map(|l| Guarded::new(&vec![f32::from_bits(SENTINEL_BITS); l.len()]));
-        let kr = kernel(
-            q,
-            k,
-            v,
-            self.scale,
-            &mask,
-            TensorMut::new(ok.slice_mut(), self.o.layout),
-            lk.as_mut().map(|g| g.slice_mut()),
-            self.par,
-        );
-        if !same_outcome("attention", &rr, &kr)? {
-            ok.untouched("attention o")?;
-            return lk.map_or(Ok(()), |g| g.untouched("attention lse"));
-        }
+        let runs = run_pair(
+            ("attention", "o"),
+            &self.o,
+            self.lse,
+            |o, l| attn_reference::attention::attention(q, k, v, self.scale, &mask, o, l),
+            |o, l| kernel(q, k, v, self.scale, &mask, o, l, self.par),
+        )?;
+        let Some(Runs { out_ref: or, lse_ref: lr, out: ok, lse: lk }) = runs else {
+            return Ok(());
+        };
         let lo = self.o.layout;
-        ok.only_view_written("attention o", &tensor_inside(&lo, self.o.data.len()))?;
-        if let Some(g) = &lk {
-            g.only_view_written("attention lse", &vec![true; g.slice().len()])?;
-        }
         let [batch, hq, nq, dk] = self.q.layout.dims;
         let [_, hkv, nk, _] = self.k.layout.dims;
         let dv = self.v.layout.dims[3];

@@ -38,40 +38,24 @@ fn case(nq: usize, q: f32, k: Vec<f32>, v: Vec<f32>, scale: f32, mask: MaskSpec)
     }
 }
 
-/// Runs the kernel on the case (oracle-checked) and returns its output and logsumexp.
+/// Runs the kernel on the case (oracle-checked) and returns its output and logsumexp, as that
+/// checked call left them.
 fn run(c: &AttentionCase, path: &str) -> (Vec<f32>, Vec<f32>) {
-    type F = fn(
-        TensorRef<'_>,
-        TensorRef<'_>,
-        TensorRef<'_>,
-        f32,
-        &Mask<'_>,
-        TensorMut<'_>,
-        Option<&mut [f32]>,
-        Parallelism,
-    ) -> attn_reference::Result<()>;
-    let f: F = match path {
-        "flash" => |q, k, v, s, m, o, l, p| flash(selected(), q, k, v, s, m, o, l, p),
-        "decode" => |q, k, v, s, m, o, l, p| decode(selected(), q, k, v, s, m, o, l, p),
-        _ => attention,
-    };
-    if let Err(e) = c.check(f) {
+    let isa = selected();
+    let mut out = (Vec::new(), Vec::new());
+    let checked = c.check(|q, k, v, s, m, mut o, mut l, p| {
+        let r = match path {
+            "flash" => flash(isa, q, k, v, s, m, o.rb(), l.as_deref_mut(), p),
+            "decode" => decode(isa, q, k, v, s, m, o.rb(), l.as_deref_mut(), p),
+            _ => attention(q, k, v, s, m, o.rb(), l.as_deref_mut(), p),
+        };
+        out = (o.data.to_vec(), l.map_or(Vec::new(), |l| l.to_vec()));
+        r
+    });
+    if let Err(e) = checked {
         panic!("{path}: {e}");
     }
-    let mut o = c.o.data.clone();
-    let mut lse = vec![0.0; c.lse.unwrap_or(0)];
-    f(
-        TensorRef::new(&c.q.data, c.q.layout),
-        TensorRef::new(&c.k.data, c.k.layout),
-        TensorRef::new(&c.v.data, c.v.layout),
-        c.scale,
-        &c.mask.mask(),
-        TensorMut::new(&mut o, c.o.layout),
-        Some(&mut lse),
-        c.par,
-    )
-    .unwrap();
-    (o, lse)
+    out
 }
 
 const PATHS: [(&str, usize); 3] = [("decode", 1), ("flash", 20), ("attention", 3)];

@@ -352,134 +352,81 @@ fn encoder_matches_reference() {
     }
 }
 
+/// One layer's two forms on the same input: `alloc` (the allocating form, writing the `out_len`
+/// output it is given) and `with_ws` (the `*_in` form, given the output and a workspace) must
+/// agree bit for bit when the workspace holds `ws_len` elements and more, NaN-filled so stale
+/// contents cannot leak; one element short must be [`Error::OutOfBounds`] naming it.
+fn check_forms(
+    what: &str,
+    (out_len, ws_len): (usize, usize),
+    alloc: impl FnOnce(&mut [f32]) -> r::Result<()>,
+    with_ws: impl Fn(&mut [f32], &mut [f32]) -> r::Result<()>,
+) {
+    let mut y = vec![0.0; out_len];
+    alloc(&mut y).unwrap();
+    let mut y2 = vec![0.0; out_len];
+    with_ws(&mut y2, &mut vec![f32::NAN; ws_len + 7]).unwrap();
+    assert_eq!(y, y2, "{what}");
+    let e = with_ws(&mut y2, &mut vec![0.0; ws_len - 1]);
+    let short = Error::OutOfBounds { arg: "workspace", required: ws_len, len: ws_len - 1 };
+    assert_eq!(e, Err(short), "{what}");
+}
+
 /// The `_in` forms with a NaN-filled (so stale contents cannot leak) oversized workspace give
 /// bitwise the allocating forms' results; one element short is the typed error.
 #[test]
 fn workspace_forms_equal_allocating_bitwise() {
     let mut g = Gen::new(9);
     let (batch, n, n2, d) = (2, 9, 5, 16);
-    let nan_ws = |len: usize| vec![f32::NAN; len + 7];
-    let short = |len: usize| Error::OutOfBounds { arg: "workspace", required: len, len: len - 1 };
 
     let cfg = encoder_cfg(d, 4, 4, 24, Activation::Relu);
     let p = EncoderParams::new(cfg, true, &mut g);
     let x = g.vec(batch * n * d, 1.0);
     let l = seq(batch, n, d);
     let w = p.weights();
+    let xt = TensorRef::new(&x, l);
 
-    let mut y = vec![0.0; x.len()];
-    multi_head_attention(
-        &cfg.attn,
-        &w.attn,
-        TensorRef::new(&x, l),
-        &Mask::CAUSAL,
-        TensorMut::new(&mut y, l),
-        SEQ,
-    )
-    .unwrap();
     let len = mha_workspace_len(&cfg.attn, batch, n, n);
     let mha = MultiHeadAttention::new(cfg.attn, w.attn).unwrap();
     assert_eq!(mha.workspace_len(batch, n), len);
-    let mut y2 = vec![0.0; x.len()];
-    mha.forward_in(
-        TensorRef::new(&x, l),
-        &Mask::CAUSAL,
-        TensorMut::new(&mut y2, l),
-        &mut nan_ws(len),
-        SEQ,
-    )
-    .unwrap();
-    assert_eq!(y, y2, "mha");
-    let e = mha.forward_in(
-        TensorRef::new(&x, l),
-        &Mask::CAUSAL,
-        TensorMut::new(&mut y2, l),
-        &mut vec![0.0; len - 1],
-        SEQ,
+    check_forms(
+        "mha",
+        (x.len(), len),
+        |y| multi_head_attention(&cfg.attn, &w.attn, xt, &Mask::CAUSAL, TensorMut::new(y, l), SEQ),
+        |y, ws| mha.forward_in(xt, &Mask::CAUSAL, TensorMut::new(y, l), ws, SEQ),
     );
-    assert_eq!(e, Err(short(len)));
 
     let ccfg = MhaConfig::cross(d, 7, 4, 8, 2);
     let cp = MhaParams::new(ccfg, true, false, &mut g);
     let x2 = g.vec(batch * n2 * 7, 1.0);
-    let l2 = seq(batch, n2, 7);
+    let x2t = TensorRef::new(&x2, seq(batch, n2, 7));
     let cross = CrossAttention::new(ccfg, cp.weights()).unwrap();
-    let len = cross.workspace_len(batch, n, n2);
-    cross
-        .forward(
-            TensorRef::new(&x, l),
-            TensorRef::new(&x2, l2),
-            &Mask::None,
-            TensorMut::new(&mut y, l),
-            SEQ,
-        )
-        .unwrap();
-    cross
-        .forward_in(
-            TensorRef::new(&x, l),
-            TensorRef::new(&x2, l2),
-            &Mask::None,
-            TensorMut::new(&mut y2, l),
-            &mut nan_ws(len),
-            SEQ,
-        )
-        .unwrap();
-    assert_eq!(y, y2, "cross");
-    let e = cross.forward_in(
-        TensorRef::new(&x, l),
-        TensorRef::new(&x2, l2),
-        &Mask::None,
-        TensorMut::new(&mut y2, l),
-        &mut vec![0.0; len - 1],
-        SEQ,
+    check_forms(
+        "cross",
+        (x.len(), cross.workspace_len(batch, n, n2)),
+        |y| cross.forward(xt, x2t, &Mask::None, TensorMut::new(y, l), SEQ),
+        |y, ws| cross.forward_in(xt, x2t, &Mask::None, TensorMut::new(y, l), ws, SEQ),
     );
-    assert_eq!(e, Err(short(len)));
 
     let enc = EncoderLayer::new(cfg, w).unwrap();
     let len = enc.workspace_len(batch, n);
     assert_eq!(len, encoder_workspace_len(&cfg, batch, n));
-    enc.forward(TensorRef::new(&x, l), &Mask::None, TensorMut::new(&mut y, l), SEQ).unwrap();
-    enc.forward_in(
-        TensorRef::new(&x, l),
-        &Mask::None,
-        TensorMut::new(&mut y2, l),
-        &mut nan_ws(len),
-        SEQ,
-    )
-    .unwrap();
-    assert_eq!(y, y2, "encoder");
-    let e = enc.forward_in(
-        TensorRef::new(&x, l),
-        &Mask::None,
-        TensorMut::new(&mut y2, l),
-        &mut vec![0.0; len - 1],
-        SEQ,
+    check_forms(
+        "encoder",
+        (x.len(), len),
+        |y| enc.forward(xt, &Mask::None, TensorMut::new(y, l), SEQ),
+        |y, ws| enc.forward_in(xt, &Mask::None, TensorMut::new(y, l), ws, SEQ),
     );
-    assert_eq!(e, Err(short(len)));
 
     let rows = batch * n;
     let xm = MatRef::row_major(&x, rows, d);
-    let len = feed_forward_workspace_len(rows, cfg.ff_dim);
-    feed_forward(xm, &w.ff, Activation::GeluTanh, MatMut::row_major(&mut y, rows, d), SEQ).unwrap();
-    feed_forward_in(
-        xm,
-        &w.ff,
-        Activation::GeluTanh,
-        MatMut::row_major(&mut y2, rows, d),
-        &mut nan_ws(len),
-        SEQ,
-    )
-    .unwrap();
-    assert_eq!(y, y2, "feed_forward");
-    let e = feed_forward_in(
-        xm,
-        &w.ff,
-        Activation::Relu,
-        MatMut::row_major(&mut y2, rows, d),
-        &mut vec![0.0; len - 1],
-        SEQ,
+    let act = Activation::GeluTanh;
+    check_forms(
+        "feed_forward",
+        (x.len(), feed_forward_workspace_len(rows, cfg.ff_dim)),
+        |y| feed_forward(xm, &w.ff, act, MatMut::row_major(y, rows, d), SEQ),
+        |y, ws| feed_forward_in(xm, &w.ff, act, MatMut::row_major(y, rows, d), ws, SEQ),
     );
-    assert_eq!(e, Err(short(len)));
 
     // Saturated sizes are a too-small workspace, never a wrapped one.
     assert_eq!(mha_workspace_len(&cfg.attn, usize::MAX, 2, 2), usize::MAX);

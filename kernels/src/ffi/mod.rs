@@ -302,69 +302,50 @@ fn threads(n: usize) -> Parallelism {
     Parallelism::threads(n)
 }
 
-impl AttnMat {
-    fn layout(&self) -> MatLayout {
-        MatLayout::strided(self.rows, self.cols, self.row_stride, self.col_stride, self.offset)
-    }
-    /// The span and, after the overlap check, the view.
-    fn span(&self, arg: &'static str) -> Result<Span, Failure> {
-        Ok(span(arg, self.data, mat_len(arg, &self.layout())?))
-    }
-    /// # Safety
-    /// `data` addresses the view's elements, unwritten during the call.
-    unsafe fn view<'a>(&self, arg: &'static str) -> Result<MatRef<'a>, Failure> {
-        let l = self.layout();
-        // SAFETY: forwarded from the caller.
-        Ok(MatRef::new(unsafe { slice(arg, self.data, mat_len(arg, &l)?)? }, l))
-    }
+/// The layout, byte span and Rust view of C view types sharing one layout kind: `$len` counts
+/// the elements a layout reaches (`mat_len` / `tensor_len`); per type, `$slice` makes the slice
+/// (`slice` for read-only views, `slice_mut` for writable ones) that its Rust view `$View` wraps,
+/// under the caller's contract `$safety`.
+macro_rules! c_views {
+    (
+        layout($s:ident) -> $Layout:ty { $layout:expr }, $len:ident;
+        $($C:ident => $View:ident, $slice:ident, $safety:literal;)+
+    ) => {$(
+        impl $C {
+            fn layout(&self) -> $Layout {
+                let $s = self;
+                $layout
+            }
+            /// The span and, after the overlap check, the view.
+            fn span(&self, arg: &'static str) -> Result<Span, Failure> {
+                Ok(span(arg, self.data, $len(arg, &self.layout())?))
+            }
+            /// # Safety
+            #[doc = $safety]
+            unsafe fn view<'a>(&self, arg: &'static str) -> Result<$View<'a>, Failure> {
+                let l = self.layout();
+                // SAFETY: forwarded from the caller.
+                Ok($View::new(unsafe { $slice(arg, self.data, $len(arg, &l)?)? }, l))
+            }
+        }
+    )+};
 }
 
-impl AttnMatMut {
-    fn layout(&self) -> MatLayout {
-        MatLayout::strided(self.rows, self.cols, self.row_stride, self.col_stride, self.offset)
-    }
-    fn span(&self, arg: &'static str) -> Result<Span, Failure> {
-        Ok(span(arg, self.data, mat_len(arg, &self.layout())?))
-    }
-    /// # Safety
-    /// `data` addresses the view's elements, used by nothing else during the call.
-    unsafe fn view<'a>(&self, arg: &'static str) -> Result<MatMut<'a>, Failure> {
-        let l = self.layout();
-        // SAFETY: forwarded from the caller.
-        Ok(MatMut::new(unsafe { slice_mut(arg, self.data, mat_len(arg, &l)?)? }, l))
-    }
+c_views! {
+    layout(m) -> MatLayout {
+        MatLayout::strided(m.rows, m.cols, m.row_stride, m.col_stride, m.offset)
+    }, mat_len;
+    AttnMat => MatRef, slice, "`data` addresses the view's elements, unwritten during the call.";
+    AttnMatMut => MatMut, slice_mut,
+        "`data` addresses the view's elements, used by nothing else during the call.";
 }
 
-impl AttnTensor {
-    fn layout(&self) -> Tensor4Layout {
-        Tensor4Layout::strided(self.dims, self.strides, self.offset)
-    }
-    fn span(&self, arg: &'static str) -> Result<Span, Failure> {
-        Ok(span(arg, self.data, tensor_len(arg, &self.layout())?))
-    }
-    /// # Safety
-    /// `data` addresses the view's elements, unwritten during the call.
-    unsafe fn view<'a>(&self, arg: &'static str) -> Result<TensorRef<'a>, Failure> {
-        let l = self.layout();
-        // SAFETY: forwarded from the caller.
-        Ok(TensorRef::new(unsafe { slice(arg, self.data, tensor_len(arg, &l)?)? }, l))
-    }
-}
-
-impl AttnTensorMut {
-    fn layout(&self) -> Tensor4Layout {
-        Tensor4Layout::strided(self.dims, self.strides, self.offset)
-    }
-    fn span(&self, arg: &'static str) -> Result<Span, Failure> {
-        Ok(span(arg, self.data, tensor_len(arg, &self.layout())?))
-    }
-    /// # Safety
-    /// `data` addresses the view's elements, used by nothing else during the call.
-    unsafe fn view<'a>(&self, arg: &'static str) -> Result<TensorMut<'a>, Failure> {
-        let l = self.layout();
-        // SAFETY: forwarded from the caller.
-        Ok(TensorMut::new(unsafe { slice_mut(arg, self.data, tensor_len(arg, &l)?)? }, l))
-    }
+c_views! {
+    layout(t) -> Tensor4Layout { Tensor4Layout::strided(t.dims, t.strides, t.offset) }, tensor_len;
+    AttnTensor => TensorRef, slice,
+        "`data` addresses the view's elements, unwritten during the call.";
+    AttnTensorMut => TensorMut, slice_mut,
+        "`data` addresses the view's elements, used by nothing else during the call.";
 }
 
 /// The mask's element span (empty for none/causal).
@@ -413,6 +394,13 @@ unsafe fn deref<'a, T>(arg: &'static str, p: *const T) -> Result<&'a T, Failure>
     unsafe { p.as_ref() }.ok_or(Failure::Null(arg))
 }
 
+/// # Safety
+/// `p` is null or points to a valid `T` that nothing else uses during the call.
+unsafe fn deref_mut<'a, T>(arg: &'static str, p: *mut T) -> Result<&'a mut T, Failure> {
+    // SAFETY: forwarded from the caller.
+    unsafe { p.as_mut() }.ok_or(Failure::Null(arg))
+}
+
 impl AttnMhaConfig {
     fn to_rust(self) -> MhaConfig {
         MhaConfig {
@@ -426,7 +414,34 @@ impl AttnMhaConfig {
     }
 }
 
-impl AttnMhaWeights {
+/// A layer's C weights and the C config they come with: what [`layer_operands`] needs to
+/// check them and make their Rust views.
+trait CWeights {
+    /// The C config of the layer.
+    type CConfig: Copy;
+    /// The Rust config.
+    type Config;
+    /// The Rust weights.
+    type Weights<'a>;
+    /// The Rust config of `c`, checked (the lengths of the weights' vectors are products of its
+    /// sizes that must not overflow).
+    fn config(c: Self::CConfig) -> Result<Self::Config, Failure>;
+    /// Spans of the weights and vectors (lengths from `cfg`).
+    fn spans(&self, cfg: &Self::Config) -> Result<Vec<Span>, Failure>;
+    /// # Safety
+    /// Every non-null pointer addresses its view (vectors: the width `cfg` implies).
+    unsafe fn view<'a>(&self, cfg: &Self::Config) -> Result<Self::Weights<'a>, Failure>;
+}
+
+impl CWeights for AttnMhaWeights {
+    type CConfig = AttnMhaConfig;
+    type Config = MhaConfig;
+    type Weights<'a> = MhaWeights<'a>;
+    fn config(c: AttnMhaConfig) -> Result<MhaConfig, Failure> {
+        let c = c.to_rust();
+        c.check()?;
+        Ok(c)
+    }
     /// Spans of the weights and biases (bias lengths from `cfg`, checked first).
     fn spans(&self, cfg: &MhaConfig) -> Result<Vec<Span>, Failure> {
         Ok(vec![
@@ -443,8 +458,9 @@ impl AttnMhaWeights {
     /// # Safety
     /// Every non-null pointer addresses its view (biases: the width `cfg` implies).
     unsafe fn view<'a>(&self, cfg: &MhaConfig) -> Result<MhaWeights<'a>, Failure> {
-        cfg.check()?; // the bias lengths below are products that must not overflow
-                      // SAFETY: forwarded from the caller.
+        // The bias lengths below are products that must not overflow.
+        cfg.check()?;
+        // SAFETY: forwarded from the caller.
         unsafe {
             Ok(MhaWeights {
                 wq: self.wq.view("wq")?,
@@ -476,6 +492,22 @@ unsafe fn opt<'a>(
     Ok(Some(unsafe { slice(arg, p, len)? }))
 }
 
+/// An optional output vector: null is `None`.
+///
+/// # Safety
+/// A non-null `p` addresses `len` elements that nothing else uses during the call.
+unsafe fn opt_mut<'a>(
+    arg: &'static str,
+    p: *mut f32,
+    len: usize,
+) -> Result<Option<&'a mut [f32]>, Failure> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: forwarded from the caller.
+    Ok(Some(unsafe { slice_mut(arg, p, len)? }))
+}
+
 impl AttnEncoderConfig {
     fn to_rust(self) -> EncoderConfig {
         EncoderConfig {
@@ -490,7 +522,15 @@ impl AttnEncoderConfig {
     }
 }
 
-impl AttnEncoderWeights {
+impl CWeights for AttnEncoderWeights {
+    type CConfig = AttnEncoderConfig;
+    type Config = EncoderConfig;
+    type Weights<'a> = EncoderWeights<'a>;
+    fn config(c: AttnEncoderConfig) -> Result<EncoderConfig, Failure> {
+        let c = c.to_rust();
+        c.check()?;
+        Ok(c)
+    }
     fn spans(&self, cfg: &EncoderConfig) -> Result<Vec<Span>, Failure> {
         let d = cfg.attn.in_dim;
         let mut s = self.attn.spans(&cfg.attn)?;
@@ -629,12 +669,8 @@ pub unsafe extern "C" fn attn_softmax(
         disjoint(&[y.span("y")?, span("lse", lse, lse_len)], &inputs)?;
         // SAFETY: the caller's contract; outputs checked disjoint from everything else.
         let (x, mask, y) = unsafe { (x.view("x")?, mask_view(mask)?, y.view("y")?) };
-        let lse = if lse.is_null() {
-            None
-        } else {
-            // SAFETY: as above.
-            Some(unsafe { slice_mut("lse", lse, lse_len)? })
-        };
+        // SAFETY: as above.
+        let lse = unsafe { opt_mut("lse", lse, lse_len)? };
         let par = self::threads(threads);
         Ok(crate::softmax::scale_mask_softmax(x, scale, &mask, y, lse, par)?)
     })
@@ -719,12 +755,8 @@ unsafe fn attention_call(
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
     let (q, k, v, mask, o) =
         unsafe { (q.view("q")?, k.view("k")?, v.view("v")?, mask_view(mask)?, o.view("o")?) };
-    let lse = if lse.is_null() {
-        None
-    } else {
-        // SAFETY: as above.
-        Some(unsafe { slice_mut("lse", lse, lse_len)? })
-    };
+    // SAFETY: as above.
+    let lse = unsafe { opt_mut("lse", lse, lse_len)? };
     let par = self::threads(threads);
     Ok(match path {
         Path::Auto => crate::attention::attention(q, k, v, scale, &mask, o, lse, par),
@@ -774,10 +806,28 @@ pub unsafe extern "C" fn attn_mha_workspace_len(
     n_kv: usize,
     out: *mut usize,
 ) -> AttnStatus {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        write_len(cfg, out, |c: AttnMhaConfig| {
+            crate::layers::mha_workspace_len(&c.to_rust(), batch, n_q, n_kv)
+        })
+    }
+}
+
+/// The body of the `*_workspace_len` entry points: `*out = len(*cfg)` (the config is not
+/// checked: the sizes saturate), after the null checks of `cfg` then `out`.
+///
+/// # Safety
+/// `cfg` is null or valid; `out` is null or writable.
+unsafe fn write_len<C: Copy>(
+    cfg: *const C,
+    out: *mut usize,
+    len: impl FnOnce(C) -> usize,
+) -> AttnStatus {
     guard(|| {
         // SAFETY: the caller's contract.
-        let (cfg, out) = unsafe { (deref("cfg", cfg)?, out.as_mut().ok_or(Failure::Null("out"))?) };
-        *out = crate::layers::mha_workspace_len(&cfg.to_rust(), batch, n_q, n_kv);
+        let (cfg, out) = unsafe { (deref("cfg", cfg)?, deref_mut("out", out)?) };
+        *out = len(*cfg);
         Ok(())
     })
 }
@@ -796,7 +846,7 @@ pub unsafe extern "C" fn attn_mha_config_from_embed_dim(
     guard(|| {
         let c = MhaConfig::from_embed_dim(embed_dim, num_heads)?;
         // SAFETY: the caller's contract.
-        let out = unsafe { out.as_mut() }.ok_or(Failure::Null("out"))?;
+        let out = unsafe { deref_mut("out", out)? };
         *out = AttnMhaConfig {
             in_dim: c.in_dim,
             kv_in_dim: c.kv_in_dim,
@@ -873,11 +923,57 @@ unsafe fn mha_call(
     workspace_len: usize,
     threads: usize,
 ) -> Result<(), Failure> {
+    let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    let (cfg, weights) = unsafe { (deref("cfg", cfg)?.to_rust(), deref("weights", weights)?) };
-    cfg.check()?;
+    let LayerOperands { cfg, w, x1, x2, mask, y, ws, par } =
+        unsafe { layer_operands(cfg, weights, (x1, "x1"), x2, mask, y, ws, threads)? };
+    use crate::layers::mha::*;
+    Ok(match (x2, ws) {
+        (None, None) => multi_head_attention(&cfg, &w, x1, &mask, y, par),
+        (None, Some(ws)) => multi_head_attention_in(&cfg, &w, x1, &mask, y, ws, par),
+        (Some(x2), None) => cross_attention(&cfg, &w, x1, x2, &mask, y, par),
+        (Some(x2), Some(ws)) => cross_attention_in(&cfg, &w, x1, x2, &mask, y, ws, par),
+    }?)
+}
+
+/// The Rust operands of a layer call, checked: config and weights not null, no output (`y`,
+/// the workspace) overlapping another operand, every view within reach. `ws` is `None` when the
+/// caller passed a null workspace of length 0 (the call allocates its own).
+struct LayerOperands<'a, W: CWeights> {
+    cfg: W::Config,
+    w: W::Weights<'a>,
+    x1: TensorRef<'a>,
+    x2: Option<TensorRef<'a>>,
+    mask: Mask<'a>,
+    y: TensorMut<'a>,
+    ws: Option<&'a mut [f32]>,
+    par: Parallelism,
+}
+
+/// The marshalling shared by the layer entry points: null checks on `cfg` and `weights`, the
+/// config's check, the overlap check of the outputs (`y`, the workspace) against every input,
+/// then the Rust views, in that order (so a call fails with the same error whichever entry
+/// point it came through). `x1` comes with the name its span reports in an error; its view is
+/// named `x`.
+///
+/// # Safety
+/// As [`attn_mha_forward`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn layer_operands<'a, W: CWeights>(
+    cfg: *const W::CConfig,
+    weights: *const W,
+    (x1, x1_span): (AttnTensor, &'static str),
+    x2: Option<AttnTensor>,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    (workspace, workspace_len): (*mut f32, usize),
+    threads: usize,
+) -> Result<LayerOperands<'a, W>, Failure> {
+    // SAFETY: forwarded from the caller.
+    let (cfg, weights) = unsafe { (*deref("cfg", cfg)?, deref("weights", weights)?) };
+    let cfg = W::config(cfg)?;
     let mut inputs = weights.spans(&cfg)?;
-    inputs.push(x1.span("x1")?);
+    inputs.push(x1.span(x1_span)?);
     if let Some(x2) = &x2 {
         inputs.push(x2.span("x2")?);
     }
@@ -885,26 +981,23 @@ unsafe fn mha_call(
     inputs.extend(unsafe { mask_span(mask)? });
     disjoint(&[y.span("y")?, span("workspace", workspace, workspace_len)], &inputs)?;
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
-    let (w, x1v, mask, y) =
-        unsafe { (weights.view(&cfg)?, x1.view("x")?, mask_view(mask)?, y.view("y")?) };
-    let par = self::threads(threads);
-    let allocate = workspace.is_null() && workspace_len == 0;
+    let (w, x1, mask, y, ws) = unsafe {
+        (
+            weights.view(&cfg)?,
+            x1.view("x")?,
+            mask_view(mask)?,
+            y.view("y")?,
+            slice_mut("workspace", workspace, workspace_len)?,
+        )
+    };
     // SAFETY: as above.
-    let ws = unsafe { slice_mut("workspace", workspace, workspace_len)? };
-    use crate::layers::mha::*;
-    Ok(match (x2, allocate) {
-        (None, true) => multi_head_attention(&cfg, &w, x1v, &mask, y, par),
-        (None, false) => multi_head_attention_in(&cfg, &w, x1v, &mask, y, ws, par),
-        (Some(x2), alloc) => {
-            // SAFETY: as above.
-            let x2v = unsafe { x2.view("x2")? };
-            if alloc {
-                cross_attention(&cfg, &w, x1v, x2v, &mask, y, par)
-            } else {
-                cross_attention_in(&cfg, &w, x1v, x2v, &mask, y, ws, par)
-            }
-        }
-    }?)
+    let x2 = match x2 {
+        Some(x2) => Some(unsafe { x2.view("x2")? }),
+        None => None,
+    };
+    let allocate = workspace.is_null() && workspace_len == 0;
+    let ws = (!allocate).then_some(ws);
+    Ok(LayerOperands { cfg, w, x1, x2, mask, y, ws, par: self::threads(threads) })
 }
 
 /// Writes the workspace size (in floats) of [`attn_encoder_forward`] into `*out`.
@@ -919,12 +1012,12 @@ pub unsafe extern "C" fn attn_encoder_workspace_len(
     n: usize,
     out: *mut usize,
 ) -> AttnStatus {
-    guard(|| {
-        // SAFETY: the caller's contract.
-        let (cfg, out) = unsafe { (deref("cfg", cfg)?, out.as_mut().ok_or(Failure::Null("out"))?) };
-        *out = crate::layers::encoder_workspace_len(&cfg.to_rust(), batch, n);
-        Ok(())
-    })
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        write_len(cfg, out, |c: AttnEncoderConfig| {
+            crate::layers::encoder_workspace_len(&c.to_rust(), batch, n)
+        })
+    }
 }
 
 /// One post-norm encoder block `y = LN₂(H + FF(H))`, `H = LN₁(x + MHA(x))` (`x`, `y`:
@@ -947,29 +1040,13 @@ pub unsafe extern "C" fn attn_encoder_forward(
     threads: usize,
 ) -> AttnStatus {
     guard(|| {
+        let ws = (workspace, workspace_len);
         // SAFETY: the caller's contract.
-        let (cfg, weights) = unsafe { (deref("cfg", cfg)?.to_rust(), deref("weights", weights)?) };
-        cfg.check()?;
-        let mut inputs = weights.spans(&cfg)?;
-        inputs.push(x.span("x")?);
-        // SAFETY: the caller's contract.
-        inputs.extend(unsafe { mask_span(mask)? });
-        disjoint(&[y.span("y")?, span("workspace", workspace, workspace_len)], &inputs)?;
-        // SAFETY: the caller's contract; outputs checked disjoint from everything else.
-        let (w, xv, mask, y, ws) = unsafe {
-            (
-                weights.view(&cfg)?,
-                x.view("x")?,
-                mask_view(mask)?,
-                y.view("y")?,
-                slice_mut("workspace", workspace, workspace_len)?,
-            )
-        };
-        let par = self::threads(threads);
-        Ok(if workspace.is_null() && workspace_len == 0 {
-            crate::layers::encoder_block(&cfg, &w, xv, &mask, y, par)
-        } else {
-            crate::layers::encoder_block_in(&cfg, &w, xv, &mask, y, ws, par)
+        let LayerOperands { cfg, w, x1: x, mask, y, ws, par, .. } =
+            unsafe { layer_operands(cfg, weights, (x, "x"), None, mask, y, ws, threads)? };
+        Ok(match ws {
+            None => crate::layers::encoder_block(&cfg, &w, x, &mask, y, par),
+            Some(ws) => crate::layers::encoder_block_in(&cfg, &w, x, &mask, y, ws, par),
         }?)
     })
 }

@@ -189,6 +189,42 @@ pub fn sgemm_packed_b(
     Ok(())
 }
 
+/// The methods [`PackedB`] and [`internal::PackedA`] share, on their `p: PackedPanels` of side
+/// `$side`: `empty` for an ISA (an error if this CPU lacks it), `pack` from a view checked under
+/// the name of its argument `$x`, and `rows` / `cols` read from the panel fields `k` / `dim` in
+/// the order of the side. Docs are the caller's.
+macro_rules! packed_operand_methods {
+    (
+        $side:expr, $x:ident;
+        $(#[$empty_doc:meta])* fn empty;
+        $(#[$pack_doc:meta])* fn pack;
+        $(#[$rows_doc:meta])* fn rows = $rows:ident;
+        $(#[$cols_doc:meta])* fn cols = $cols:ident;
+    ) => {
+        $(#[$empty_doc])*
+        pub fn empty(isa: Isa) -> Result<Self> {
+            Ok(Self { p: PackedPanels::empty(kernel_for(isa.require()?), $side) })
+        }
+
+        $(#[$pack_doc])*
+        pub fn pack(&mut self, $x: MatRef<'_>) -> Result<()> {
+            $x.check(stringify!($x))?;
+            self.p.pack($x);
+            Ok(())
+        }
+
+        $(#[$rows_doc])*
+        pub fn rows(&self) -> usize {
+            self.p.$rows
+        }
+
+        $(#[$cols_doc])*
+        pub fn cols(&self) -> usize {
+            self.p.$cols
+        }
+    };
+}
+
 /// A `k × n` B operand packed once into the NR-column micro-panels of one ISA's kernel, to be
 /// multiplied by many A operands with [`sgemm_packed_b`] (the attention kernels pack K and V
 /// blocks this way). [`pack`](Self::pack) repacks into the same storage.
@@ -209,26 +245,16 @@ impl PackedB {
         Ok(p)
     }
 
-    /// An empty (`0 × 0`) packed operand for `isa`, to be filled by [`pack`](Self::pack).
-    pub fn empty(isa: Isa) -> Result<Self> {
-        Ok(PackedB { p: PackedPanels::empty(kernel_for(isa.require()?), Side::B) })
-    }
-
-    /// Repacks from `b` (any shape and strides), reusing the storage.
-    pub fn pack(&mut self, b: MatRef<'_>) -> Result<()> {
-        b.check("b")?;
-        self.p.pack(b);
-        Ok(())
-    }
-
-    /// Rows (k).
-    pub fn rows(&self) -> usize {
-        self.p.k
-    }
-
-    /// Columns (n).
-    pub fn cols(&self) -> usize {
-        self.p.dim
+    packed_operand_methods! {
+        Side::B, b;
+        /// An empty (`0 × 0`) packed operand for `isa`, to be filled by [`pack`](Self::pack).
+        fn empty;
+        /// Repacks from `b` (any shape and strides), reusing the storage.
+        fn pack;
+        /// Rows (k).
+        fn rows = k;
+        /// Columns (n).
+        fn cols = dim;
     }
 
     /// The ISA whose kernel it was packed for.
@@ -259,26 +285,16 @@ pub mod internal {
     }
 
     impl PackedA {
-        /// An empty packed operand for `isa` (an error if this CPU lacks it).
-        pub fn empty(isa: Isa) -> Result<Self> {
-            Ok(PackedA { p: PackedPanels::empty(kernel_for(isa.require()?), Side::A) })
-        }
-
-        /// Repacks from `a` (any shape and strides), reusing the storage.
-        pub fn pack(&mut self, a: MatRef<'_>) -> Result<()> {
-            a.check("a")?;
-            self.p.pack(a);
-            Ok(())
-        }
-
-        /// Rows (m).
-        pub fn rows(&self) -> usize {
-            self.p.dim
-        }
-
-        /// Columns (k).
-        pub fn cols(&self) -> usize {
-            self.p.k
+        packed_operand_methods! {
+            Side::A, a;
+            /// An empty packed operand for `isa` (an error if this CPU lacks it).
+            fn empty;
+            /// Repacks from `a` (any shape and strides), reusing the storage.
+            fn pack;
+            /// Rows (m).
+            fn rows = dim;
+            /// Columns (k).
+            fn cols = k;
         }
     }
 

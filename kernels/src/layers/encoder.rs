@@ -27,18 +27,17 @@ pub fn feed_forward_workspace_len(n: usize, ff: usize) -> usize {
     count(&[n, ff])
 }
 
-/// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` for `x: [n, d]`, `y: [n, d_out]`,
-/// allocating its hidden layer: see [`feed_forward_in`].
-pub fn feed_forward(
-    x: MatRef<'_>,
-    w: &FeedForwardWeights<'_>,
-    act: Activation,
-    y: MatMut<'_>,
-    par: Parallelism,
-) -> Result<()> {
-    check_ff(&x, w, &y)?;
-    let mut ws = workspace::alloc(feed_forward_workspace_len(x.layout.rows, w.w1.layout.cols))?;
-    feed_forward_in(x, w, act, y, &mut ws, par)
+allocating_form! {
+    /// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` for `x: [n, d]`, `y: [n, d_out]`,
+    /// allocating its hidden layer: see [`feed_forward_in`].
+    pub fn feed_forward(
+        x: MatRef<'_>,
+        w: &FeedForwardWeights<'_>,
+        act: Activation,
+        y: MatMut<'_>,
+    ) => feed_forward_in;
+    checks: check_ff(&x, w, &y);
+    workspace: feed_forward_workspace_len(x.layout.rows, w.w1.layout.cols);
 }
 
 /// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` ([`attn_reference::feed_forward`]), the
@@ -95,19 +94,17 @@ pub fn encoder_workspace_len(cfg: &EncoderConfig, batch: usize, n: usize) -> usi
     total(&[act, act, scratch])
 }
 
-/// One post-norm encoder block, allocating its workspace: see [`encoder_block_in`].
-pub fn encoder_block(
-    cfg: &EncoderConfig,
-    w: &EncoderWeights<'_>,
-    x: TensorRef<'_>,
-    mask: &Mask<'_>,
-    y: TensorMut<'_>,
-    par: Parallelism,
-) -> Result<()> {
-    check_encoder(cfg, w, &x, mask, &y)?;
-    let [batch, _, n, _] = x.layout.dims;
-    let mut ws = workspace::alloc(encoder_workspace_len(cfg, batch, n))?;
-    encoder_block_in(cfg, w, x, mask, y, &mut ws, par)
+allocating_form! {
+    /// One post-norm encoder block, allocating its workspace: see [`encoder_block_in`].
+    pub fn encoder_block(
+        cfg: &EncoderConfig,
+        w: &EncoderWeights<'_>,
+        x: TensorRef<'_>,
+        mask: &Mask<'_>,
+        y: TensorMut<'_>,
+    ) => encoder_block_in;
+    checks: check_encoder(cfg, w, &x, mask, &y);
+    workspace: encoder_workspace_len(cfg, x.layout.batch(), x.layout.seq());
 }
 
 /// One post-norm transformer encoder block ([`attn_reference::encoder_block`]), for each batch
@@ -206,48 +203,14 @@ fn check_encoder(
     mask.check(batch, cfg.attn.num_heads, n, n)
 }
 
-/// An encoder block: its shape and the caller's weights, checked once.
-#[derive(Clone, Copy, Debug)]
-pub struct EncoderLayer<'w> {
-    cfg: EncoderConfig,
-    weights: EncoderWeights<'w>,
-}
-
-impl<'w> EncoderLayer<'w> {
+layer_type! {
+    /// An encoder block: its shape and the caller's weights, checked once.
+    pub struct EncoderLayer<'w> { cfg: EncoderConfig, weights: EncoderWeights, noun: "block" }
     /// Checks `cfg` and the weights against it ([`EncoderConfig::check`],
     /// [`EncoderWeights::check`]).
-    pub fn new(cfg: EncoderConfig, weights: EncoderWeights<'w>) -> Result<Self> {
-        cfg.check()?;
-        weights.check(&cfg)?;
-        Ok(Self { cfg, weights })
-    }
-    /// The block's shape.
-    pub fn config(&self) -> &EncoderConfig {
-        &self.cfg
-    }
+    fn new(cfg, weights) {}
     /// Workspace for `batch` sequences of `n` tokens ([`encoder_workspace_len`]).
-    pub fn workspace_len(&self, batch: usize, n: usize) -> usize {
-        encoder_workspace_len(&self.cfg, batch, n)
-    }
-    /// [`encoder_block`] with this block's weights.
-    pub fn forward(
-        &self,
-        x: TensorRef<'_>,
-        mask: &Mask<'_>,
-        y: TensorMut<'_>,
-        par: Parallelism,
-    ) -> Result<()> {
-        encoder_block(&self.cfg, &self.weights, x, mask, y, par)
-    }
-    /// [`encoder_block_in`] with this block's weights.
-    pub fn forward_in(
-        &self,
-        x: TensorRef<'_>,
-        mask: &Mask<'_>,
-        y: TensorMut<'_>,
-        workspace: &mut [f32],
-        par: Parallelism,
-    ) -> Result<()> {
-        encoder_block_in(&self.cfg, &self.weights, x, mask, y, workspace, par)
-    }
+    fn workspace_len(batch, n) = encoder_workspace_len(batch, n);
+    fn forward(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>) =
+        encoder_block, encoder_block_in;
 }

@@ -43,21 +43,24 @@ pub fn mha_workspace_len(cfg: &MhaConfig, batch: usize, n_q: usize, n_kv: usize)
     ])
 }
 
-/// The seed's `MultiHeadAttention.forward` on the kernels, allocating its workspace: see
-/// [`multi_head_attention_in`].
-pub fn multi_head_attention(
-    cfg: &MhaConfig,
-    w: &MhaWeights<'_>,
-    x: TensorRef<'_>,
-    mask: &Mask<'_>,
-    y: TensorMut<'_>,
-    par: Parallelism,
-) -> Result<()> {
-    expect_dim("cfg", "kv_in_dim", cfg.in_dim, cfg.kv_in_dim)?;
-    check(cfg, w, (&x, "x"), (&x, "x"), mask, &y)?;
-    let [batch, _, n, _] = x.layout.dims;
-    let mut ws = workspace::alloc(mha_workspace_len(cfg, batch, n, n))?;
-    multi_head_attention_in(cfg, w, x, mask, y, &mut ws, par)
+allocating_form! {
+    /// The seed's `MultiHeadAttention.forward` on the kernels, allocating its workspace: see
+    /// [`multi_head_attention_in`].
+    pub fn multi_head_attention(
+        cfg: &MhaConfig,
+        w: &MhaWeights<'_>,
+        x: TensorRef<'_>,
+        mask: &Mask<'_>,
+        y: TensorMut<'_>,
+    ) => multi_head_attention_in;
+    checks: {
+        expect_dim("cfg", "kv_in_dim", cfg.in_dim, cfg.kv_in_dim)?;
+        check(cfg, w, (&x, "x"), (&x, "x"), mask, &y)
+    };
+    workspace: {
+        let [batch, _, n, _] = x.layout.dims;
+        mha_workspace_len(cfg, batch, n, n)
+    };
 }
 
 /// Multi-head self-attention into a caller-owned workspace: for each batch `b`, `X = x[b]`,
@@ -89,21 +92,19 @@ pub fn multi_head_attention_in(
     forward(cfg, w, (x, "x"), None, mask, y, workspace, par)
 }
 
-/// The seed's `CrossAttention.forward` on the kernels, allocating its workspace: see
-/// [`cross_attention_in`].
-pub fn cross_attention(
-    cfg: &MhaConfig,
-    w: &MhaWeights<'_>,
-    x1: TensorRef<'_>,
-    x2: TensorRef<'_>,
-    mask: &Mask<'_>,
-    y: TensorMut<'_>,
-    par: Parallelism,
-) -> Result<()> {
-    check(cfg, w, (&x1, "x1"), (&x2, "x2"), mask, &y)?;
-    let len = mha_workspace_len(cfg, x1.layout.batch(), x1.layout.seq(), x2.layout.seq());
-    let mut ws = workspace::alloc(len)?;
-    cross_attention_in(cfg, w, x1, x2, mask, y, &mut ws, par)
+allocating_form! {
+    /// The seed's `CrossAttention.forward` on the kernels, allocating its workspace: see
+    /// [`cross_attention_in`].
+    pub fn cross_attention(
+        cfg: &MhaConfig,
+        w: &MhaWeights<'_>,
+        x1: TensorRef<'_>,
+        x2: TensorRef<'_>,
+        mask: &Mask<'_>,
+        y: TensorMut<'_>,
+    ) => cross_attention_in;
+    checks: check(cfg, w, (&x1, "x1"), (&x2, "x2"), mask, &y);
+    workspace: mha_workspace_len(cfg, x1.layout.batch(), x1.layout.seq(), x2.layout.seq());
 }
 
 /// Cross-attention into a caller-owned workspace: queries from `x1: [batch, 1, n1, in_dim]`,
@@ -132,101 +133,32 @@ pub fn cross_attention_in(
     forward(cfg, w, (x1, "x1"), Some((x2, "x2")), mask, y, workspace, par)
 }
 
-/// A self-attention layer: its shape and the caller's weights, checked once.
-#[derive(Clone, Copy, Debug)]
-pub struct MultiHeadAttention<'w> {
-    cfg: MhaConfig,
-    weights: MhaWeights<'w>,
-}
-
-impl<'w> MultiHeadAttention<'w> {
+layer_type! {
+    /// A self-attention layer: its shape and the caller's weights, checked once.
+    pub struct MultiHeadAttention<'w> { cfg: MhaConfig, weights: MhaWeights, noun: "layer" }
     /// Checks `cfg` (which must be self-attention) and the weights against it.
     ///
     /// Errors: `cfg.kv_in_dim ≠ cfg.in_dim`, [`MhaConfig::check`], [`MhaWeights::check`].
-    pub fn new(cfg: MhaConfig, weights: MhaWeights<'w>) -> Result<Self> {
+    fn new(cfg, weights) {
         expect_dim("cfg", "kv_in_dim", cfg.in_dim, cfg.kv_in_dim)?;
-        cfg.check()?;
-        weights.check(&cfg)?;
-        Ok(Self { cfg, weights })
-    }
-    /// The layer's shape.
-    pub fn config(&self) -> &MhaConfig {
-        &self.cfg
     }
     /// Workspace for `batch` sequences of `n` tokens ([`mha_workspace_len`]).
-    pub fn workspace_len(&self, batch: usize, n: usize) -> usize {
-        mha_workspace_len(&self.cfg, batch, n, n)
-    }
-    /// [`multi_head_attention`] with this layer's weights.
-    pub fn forward(
-        &self,
-        x: TensorRef<'_>,
-        mask: &Mask<'_>,
-        y: TensorMut<'_>,
-        par: Parallelism,
-    ) -> Result<()> {
-        multi_head_attention(&self.cfg, &self.weights, x, mask, y, par)
-    }
-    /// [`multi_head_attention_in`] with this layer's weights.
-    pub fn forward_in(
-        &self,
-        x: TensorRef<'_>,
-        mask: &Mask<'_>,
-        y: TensorMut<'_>,
-        workspace: &mut [f32],
-        par: Parallelism,
-    ) -> Result<()> {
-        multi_head_attention_in(&self.cfg, &self.weights, x, mask, y, workspace, par)
-    }
+    fn workspace_len(batch, n) = mha_workspace_len(batch, n, n);
+    fn forward(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>) =
+        multi_head_attention, multi_head_attention_in;
 }
 
-/// A cross-attention layer: its shape and the caller's weights, checked once.
-#[derive(Clone, Copy, Debug)]
-pub struct CrossAttention<'w> {
-    cfg: MhaConfig,
-    weights: MhaWeights<'w>,
-}
-
-impl<'w> CrossAttention<'w> {
+layer_type! {
+    /// A cross-attention layer: its shape and the caller's weights, checked once.
+    pub struct CrossAttention<'w> { cfg: MhaConfig, weights: MhaWeights, noun: "layer" }
     /// Checks `cfg` and the weights against it.
     ///
     /// Errors: [`MhaConfig::check`], [`MhaWeights::check`].
-    pub fn new(cfg: MhaConfig, weights: MhaWeights<'w>) -> Result<Self> {
-        cfg.check()?;
-        weights.check(&cfg)?;
-        Ok(Self { cfg, weights })
-    }
-    /// The layer's shape.
-    pub fn config(&self) -> &MhaConfig {
-        &self.cfg
-    }
+    fn new(cfg, weights) {}
     /// Workspace for `batch` pairs of sequences of `n1` queries and `n2` keys.
-    pub fn workspace_len(&self, batch: usize, n1: usize, n2: usize) -> usize {
-        mha_workspace_len(&self.cfg, batch, n1, n2)
-    }
-    /// [`cross_attention`] with this layer's weights.
-    pub fn forward(
-        &self,
-        x1: TensorRef<'_>,
-        x2: TensorRef<'_>,
-        mask: &Mask<'_>,
-        y: TensorMut<'_>,
-        par: Parallelism,
-    ) -> Result<()> {
-        cross_attention(&self.cfg, &self.weights, x1, x2, mask, y, par)
-    }
-    /// [`cross_attention_in`] with this layer's weights.
-    pub fn forward_in(
-        &self,
-        x1: TensorRef<'_>,
-        x2: TensorRef<'_>,
-        mask: &Mask<'_>,
-        y: TensorMut<'_>,
-        workspace: &mut [f32],
-        par: Parallelism,
-    ) -> Result<()> {
-        cross_attention_in(&self.cfg, &self.weights, x1, x2, mask, y, workspace, par)
-    }
+    fn workspace_len(batch, n1, n2) = mha_workspace_len(batch, n1, n2);
+    fn forward(x1: TensorRef<'_>, x2: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>) =
+        cross_attention, cross_attention_in;
 }
 
 /// The reference's checks, in its order, so both crates reject a call with the same error.

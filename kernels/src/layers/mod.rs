@@ -18,6 +18,8 @@
 //! short), and the allocating form that sizes a buffer with the former and calls the latter. The
 //! two forms run the same code on the same data, so their results are bitwise equal.
 
+#[macro_use]
+mod forms;
 mod kernel_calls;
 mod workspace;
 

@@ -66,16 +66,10 @@ pub fn add_positional_encoding(
     if y.layout.is_empty() {
         return Ok(());
     }
-    for j in 0..d {
-        let div = divisor(j, d);
-        for s in 0..n {
-            let e = encoding(pe, start + s, j, div);
-            for b in 0..batch {
-                let v = f64::from(x.at(b, 0, s, j)) + e;
-                y.data[y.layout.index(b, 0, s, j)] = v as f32;
-            }
-        }
-    }
+    for_each_encoding(pe, start, [batch, n, d], |b, s, j, e| {
+        let v = f64::from(x.at(b, 0, s, j)) + e;
+        y.data[y.layout.index(b, 0, s, j)] = v as f32;
+    });
     Ok(())
 }
 
@@ -94,16 +88,10 @@ pub fn add_positional_encoding_in_place(
     if x.layout.is_empty() {
         return Ok(());
     }
-    for j in 0..d {
-        let div = divisor(j, d);
-        for s in 0..n {
-            let e = encoding(pe, start + s, j, div);
-            for b in 0..batch {
-                let i = x.layout.index(b, 0, s, j);
-                x.data[i] = (f64::from(x.data[i]) + e) as f32;
-            }
-        }
-    }
+    for_each_encoding(pe, start, [batch, n, d], |b, s, j, e| {
+        let i = x.layout.index(b, 0, s, j);
+        x.data[i] = (f64::from(x.data[i]) + e) as f32;
+    });
     Ok(())
 }
 
@@ -125,6 +113,27 @@ fn check_encoding(pe: &PositionalEncoding<'_>, n: usize, d: usize) -> Result<usi
         table.check("table")?;
     }
     Ok(start)
+}
+
+/// Calls `f(b, s, j, e)` for every element `(b, 0, s, j)` of a `[batch, 1, n, d]` tensor with
+/// `e` the encoding value of position `start + s`, feature `j`: feature by feature, so that each
+/// feature's [`divisor`] and each position's value are computed once for the whole batch.
+#[inline(always)]
+fn for_each_encoding(
+    pe: &PositionalEncoding<'_>,
+    start: usize,
+    [batch, n, d]: [usize; 3],
+    mut f: impl FnMut(usize, usize, usize, f64),
+) {
+    for j in 0..d {
+        let div = divisor(j, d);
+        for s in 0..n {
+            let e = encoding(pe, start + s, j, div);
+            for b in 0..batch {
+                f(b, s, j, e);
+            }
+        }
+    }
 }
 
 /// The encoding value of position `pos`, feature `j` (whose sinusoid divisor is `div`).
