@@ -158,6 +158,11 @@ impl Problem {
     pub fn kv_bytes(&self) -> f64 {
         4.0 * (self.lk.len() + self.lv.len()) as f64
     }
+
+    /// The K and V buffers (the bytes [`Problem::kv_bytes`] counts).
+    pub fn kv(&self) -> (&[f32], &[f32]) {
+        (&self.k, &self.v)
+    }
 }
 
 /// Checks every implementation but the reference against the reference on `shapes`, at each
