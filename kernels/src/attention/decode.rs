@@ -14,7 +14,8 @@ use attn_reference::{Mask, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_CHUNKS_PER_THREAD, DECODE_MIN_CHUNK};
 use super::simd::{
-    decode_pv_block, decode_qk_block, exp_row, exp_scalar, vectorize, Kernel, Simd, Strided,
+    decode_pv_block, decode_qk_block, exp_row, exp_scalar, row_max, vectorize, Kernel, Simd,
+    Strided,
 };
 use super::Problem;
 use crate::arch::Isa;
@@ -162,11 +163,12 @@ impl Kernel for Chunk<'_, '_> {
             for r in 0..rows {
                 let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
                 let m_old = part.m[r];
-                let m_new = srow.iter().fold(m_old, |a, &x| if x > a { x } else { a });
+                let m_new = row_max(s, srow, m_old);
                 let sum = exp_row(s, srow, m_new);
                 // A zero weight (masked or underflowed) needs the guarded P·V tile.
                 guard |= srow.contains(&0.0);
-                let alpha = exp_scalar(s, m_old - m_new);
+                // An unchanged maximum (the common case once it settles) needs no rescale.
+                let alpha = if m_new == m_old { 1.0 } else { exp_scalar(s, m_old - m_new) };
                 part.l[r] = alpha.mul_add(part.l[r], sum);
                 part.m[r] = m_new;
                 // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.

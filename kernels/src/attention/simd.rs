@@ -1129,6 +1129,23 @@ fn prefetch(p: *const f32) {
     }
 }
 
+/// `max(init, max_j x_j)` with NaN entries ignored (as `if x > m { m = x }` does), vectorised:
+/// the decode path's per-block row maximum. `init` must not be NaN.
+#[inline(always)]
+pub(crate) fn row_max<S: Simd>(s: S, x: &[f32], init: f32) -> f32 {
+    let l = S::LANES;
+    let mut acc = s.splat(init);
+    let mut i = 0;
+    while i + l <= x.len() {
+        // max(x, acc) keeps acc where x is NaN (see Simd::max), so the lanes never become NaN.
+        acc = s.max(load(s, &x[i..]), acc);
+        i += l;
+    }
+    let mut lanes = [init; 16];
+    store(s, &mut lanes, acc);
+    lanes[..l].iter().chain(&x[i..]).fold(init, |m, &v| if v > m { v } else { m })
+}
+
 // `dot` (a slice helper above) lost its only caller when the decode path moved to the tiles of
 // this section. It is kept, not deleted, because this file is being rewritten on another branch
 // at the same time; this reference keeps the build warning-free until that merge drops both.
