@@ -3,10 +3,17 @@
 //! For each `(batch, K/V head)` the rows are every query of every query head of the GQA group
 //! (`group · nq` rows share the same keys, so each key/value row is read once for all of
 //! them). The keys are split into chunks; each `(batch, K/V head, chunk)` task runs the online
-//! softmax over its chunk with vectors along the head dimension (one dot product per row and
-//! key, one `axpy` per row and value) and returns its unnormalised partial state `(m, l, O)`.
-//! The partials of a head are then merged by their logsumexp:
+//! softmax over its chunk in blocks of `DECODE_BC` keys and returns its unnormalised partial
+//! state `(m, l, O)`. The partials of a head are then merged by their logsumexp:
 //! `M = max_c m_c`, `L = Σ_c e^(m_c − M)·l_c`, `O = Σ_c e^(m_c − M)·O_c / L`.
+//!
+//! The work is bandwidth-bound (each K/V element feeds `group · nq` FMAs), so the block loop
+//! is built to stream: the score pass (`decode_qk_block`) runs register tiles of up to 4 rows ×
+//! 2–8 keys with vectors along the head dimension, finished by a transposed reduction, and
+//! prefetches the key rows ahead and the block's value rows; the P·V pass (`decode_pv_block`)
+//! runs tiles of up to 4 rows × 2–8 value vectors, so each K/V vector is loaded once for all
+//! rows. A block is small (16 keys) so its K and V rows are still in L1 when the second pass
+//! reads them.
 
 use rayon::prelude::*;
 
