@@ -920,9 +920,9 @@ unsafe fn dec_qk_rows<S: Simd, const R: usize, const C: usize>(
     unsafe {
         while j + C <= nb {
             for c in 0..C {
-                prefetch_row(k.wrapping_add((j + PF + c) * k_rs), dk);
+                prefetch_row(k.wrapping_add((j + PF + c).wrapping_mul(k_rs)), dk);
                 if !pv.is_null() {
-                    prefetch_row(pv.wrapping_add((j + c) * pv_rs), dv);
+                    prefetch_row(pv.wrapping_add((j + c).wrapping_mul(pv_rs)), dv);
                 }
             }
             dec_qk_tile::<S, R, C>(s, dk, q, k.add(j * k_rs), k_rs, out.add(j), os);
