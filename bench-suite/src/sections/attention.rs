@@ -145,6 +145,11 @@ impl Problem {
     pub fn kv_bytes(&self) -> f64 {
         4.0 * (self.lk.len() + self.lv.len()) as f64
     }
+
+    /// The K and V buffers (the bytes [`Problem::kv_bytes`] counts).
+    pub fn kv(&self) -> (&[f32], &[f32]) {
+        (&self.k, &self.v)
+    }
 }
 
 /// (Query, key) pairs of one head that `mask` leaves visible: all `nq·nk` but for a causal mask,

@@ -1,7 +1,17 @@
 //! Decode: one query per head against a long KV cache (generation), 32 query heads × 4096 keys ×
 //! d = 128, with 32 K/V heads (multi-head) and 8 (GQA). Bandwidth-bound: every K and V element is
-//! read once per call for a few FLOPs, so the figure is GB/s of K/V, compared with the
-//! out-of-cache copy bandwidth.
+//! read once per call for a few FLOPs, so the figure is GB/s of K/V.
+//!
+//! Its roof is measured in the same run over the same bytes: `stream-sum` reads the very K and
+//! V buffers of the case once (a plain vectorisable sum, nothing else), on the same thread count.
+//! Whether those bytes come from DRAM or partly from L3 depends on the case (K + V are 128 MiB
+//! with 32 K/V heads, 32 MiB with 8 — the size of this machine's L3), and the stream-sum row
+//! shows which: `attn-kernels / stream-sum` is the fraction of the attainable read bandwidth.
+
+use std::hint::black_box;
+
+use attn_kernels::Parallelism;
+use rayon::prelude::*;
 
 use super::attention::{check_all, Problem, IMPLS};
 use super::{Ctx, Work};
@@ -9,8 +19,38 @@ use crate::record::Shape;
 
 const OP: &str = "decode";
 
+/// Floats summed per independent accumulator lane group: 32 accumulators are enough for the
+/// compiler to keep the loads, not the add latency, the limit at any vector width.
+const SUM_LANES: usize = 32;
+
 fn shape(heads: usize, kv_heads: usize, nk: usize, d: usize) -> Shape {
     Shape::Attn { batch: 1, heads, kv_heads, nq: 1, nk, dk: d, dv: d, mask: "none" }
+}
+
+/// Sum of `x` with [`SUM_LANES`] independent accumulators (vectorised by the compiler).
+fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; SUM_LANES];
+    let chunks = x.chunks_exact(SUM_LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// The roofline probe: reads every float of `bufs` once, split evenly over `threads` threads
+/// (the same pinned pools the kernels run in).
+fn stream_sum(bufs: &[&[f32]], threads: usize) -> f32 {
+    if threads <= 1 {
+        return bufs.iter().map(|b| sum(b)).sum();
+    }
+    Parallelism::threads(threads).install(|| {
+        bufs.iter()
+            .map(|b| b.par_chunks(b.len().div_ceil(threads).max(1)).map(sum).sum::<f32>())
+            .sum()
+    })
 }
 
 /// Runs the section.
@@ -36,6 +76,7 @@ pub fn run(ctx: &mut Ctx) {
         let p = Problem::new(shape(heads, kv_heads, nk, d), (kv_heads * nk) as u64);
         let mut o = vec![0.0f32; p.out_len()];
         let work = Work::Bytes(p.kv_bytes());
+        let (k, v) = p.kv();
         for &t in &ctx.threads.clone() {
             for imp in IMPLS {
                 if t > 1 && !imp.threaded {
@@ -43,6 +84,10 @@ pub fn run(ctx: &mut Ctx) {
                 }
                 ctx.bench(OP, imp.name, p.shape.clone(), t, work, None, || p.run(imp, &mut o, t));
             }
+            ctx.bench(OP, "stream-sum", p.shape.clone(), t, work, None, || {
+                black_box(stream_sum(&[k, v], t));
+                Ok::<(), std::convert::Infallible>(())
+            });
         }
     }
 }

@@ -3,18 +3,28 @@
 //! For each `(batch, K/V head)` the rows are every query of every query head of the GQA group
 //! (`group · nq` rows share the same keys, so each key/value row is read once for all of
 //! them). The keys are split into chunks; each `(batch, K/V head, chunk)` task runs the online
-//! softmax over its chunk with vectors along the head dimension (one dot product per row and
-//! key, one `axpy` per row and value) and returns its unnormalised partial state `(m, l, O)`.
-//! The partials of a head are then merged by their logsumexp:
+//! softmax over its chunk in blocks of `DECODE_BC` keys and returns its unnormalised partial
+//! state `(m, l, O)`. The partials of a head are then merged by their logsumexp:
 //! `M = max_c m_c`, `L = Σ_c e^(m_c − M)·l_c`, `O = Σ_c e^(m_c − M)·O_c / L`.
+//!
+//! The work is bandwidth-bound (each K/V element feeds `group · nq` FMAs), so the block loop
+//! is built to stream: the score pass (`decode_qk_block`) runs register tiles of up to 4 rows ×
+//! 2–8 keys with vectors along the head dimension, finished by a transposed reduction, and
+//! prefetches the key rows ahead and the block's value rows; the P·V pass (`decode_pv_block`)
+//! runs tiles of up to 4 rows × 2–8 value vectors, so each K/V vector is loaded once for all
+//! rows. A block is small (16 keys) so its K and V rows are still in L1 when the second pass
+//! reads them.
 
 use rayon::prelude::*;
 
 use attn_reference::{Mask, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_CHUNKS_PER_THREAD, DECODE_MIN_CHUNK};
-use super::simd::{axpy, dot, exp_row, exp_scalar, vectorize, Kernel, Simd};
-use super::{row_of, Problem};
+use super::simd::{
+    decode_pv_block, decode_qk_block, exp_row, exp_scalar, row_max, vectorize, Kernel, Simd,
+    Strided,
+};
+use super::Problem;
 use crate::arch::Isa;
 use crate::par::Parallelism;
 
@@ -134,19 +144,20 @@ impl Kernel for Chunk<'_, '_> {
             p.scaled_query(b, h, r % nq, &mut qs[r * dk..(r + 1) * dk]);
         }
         let (keys, values) = (p.keys(b, kh), p.values(b, kh));
+        // Strided columns: each block is gathered into a contiguous copy first, so the tiles
+        // always read contiguous vectors.
+        let mut kbuf = if keys.cs == 1 { Vec::new() } else { vec![0.0f32; DECODE_BC * dk] };
+        let mut vbuf = if values.cs == 1 { Vec::new() } else { vec![0.0f32; DECODE_BC * dv] };
         let c1 = c1.min(p.key_end(nq - 1));
         let mut sb = vec![0.0f32; rows * DECODE_BC];
-        let (mut ktmp, mut vtmp) = (vec![0.0f32; dk], vec![0.0f32; dv]);
         let mut j0 = c0;
         while j0 < c1 {
             let nb = (c1 - j0).min(DECODE_BC);
-            // Scores: one pass over the key rows, all group rows per key.
-            for j in 0..nb {
-                let krow = row_of(&keys, j0 + j, dk, &mut ktmp);
-                for r in 0..rows {
-                    sb[r * DECODE_BC + j] = dot(s, &qs[r * dk..(r + 1) * dk], krow);
-                }
-            }
+            // Scores of every row against the block's keys: each key row is read once.
+            let (kv, kj) = block(&keys, j0, nb, dk, &mut kbuf);
+            // Value rows read in place are prefetched by the score pass.
+            let pf = (values.cs == 1).then_some((values, j0, dv));
+            decode_qk_block(s, &qs, rows, dk, kv, kj, nb, &mut sb, DECODE_BC, pf);
             if !matches!(p.mask, Mask::None) {
                 for r in 0..rows {
                     let h = kh * p.group + r / nq;
@@ -155,12 +166,16 @@ impl Kernel for Chunk<'_, '_> {
                 }
             }
             // Online softmax per row; the output rows are rescaled before accumulating.
+            let mut guard = false;
             for r in 0..rows {
                 let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
                 let m_old = part.m[r];
-                let m_new = srow.iter().fold(m_old, |a, &x| if x > a { x } else { a });
+                let m_new = row_max(s, srow, m_old);
                 let sum = exp_row(s, srow, m_new);
-                let alpha = exp_scalar(s, m_old - m_new);
+                // A zero weight (masked or underflowed) needs the guarded P·V tile.
+                guard |= srow.contains(&0.0);
+                // An unchanged maximum (the common case once it settles) needs no rescale.
+                let alpha = if m_new == m_old { 1.0 } else { exp_scalar(s, m_old - m_new) };
                 part.l[r] = alpha.mul_add(part.l[r], sum);
                 part.m[r] = m_new;
                 // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.
@@ -171,18 +186,33 @@ impl Kernel for Chunk<'_, '_> {
                     o_row.iter_mut().for_each(|x| *x *= alpha);
                 }
             }
-            // Values: one pass over the value rows, all group rows per value.
-            for j in 0..nb {
-                let vrow = row_of(&values, j0 + j, dv, &mut vtmp);
-                for r in 0..rows {
-                    let w = sb[r * DECODE_BC + j];
-                    if w != 0.0 {
-                        axpy(s, w, vrow, &mut part.o[r * dv..(r + 1) * dv]);
-                    }
-                }
-            }
+            // Values: each value row is read once for all rows.
+            let (vv, vj) = block(&values, j0, nb, dv, &mut vbuf);
+            decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, vv, vj, dv, &mut part.o);
             j0 += nb;
         }
         part
     }
+}
+
+/// Rows `j0..j0 + nb` of `m` (`n` columns) as a view with contiguous columns and the index of
+/// its first row: `m` itself when its columns are contiguous, else a gathered copy in `buf`
+/// (`nb·n` floats).
+fn block<'t>(
+    m: &Strided<'t>,
+    j0: usize,
+    nb: usize,
+    n: usize,
+    buf: &'t mut [f32],
+) -> (Strided<'t>, usize) {
+    if m.cs == 1 || n <= 1 {
+        return (*m, j0);
+    }
+    for (j, dst) in buf[..nb * n].chunks_exact_mut(n).enumerate() {
+        let start = m.offset + (j0 + j) * m.rs;
+        for (c, x) in dst.iter_mut().enumerate() {
+            *x = m.data[start + c * m.cs];
+        }
+    }
+    (Strided { data: &buf[..nb * n], offset: 0, rs: n, cs: 1 }, 0)
 }

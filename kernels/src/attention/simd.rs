@@ -77,6 +77,9 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn nonzero(self, a: Self::V) -> Self::M;
     /// `x` in the lanes set in `m`, `0` elsewhere.
     fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V;
+    /// The lane sums of four vectors, `[Σa, Σb, Σc, Σd]`: a transposed reduction, so the
+    /// decode scores of four (row, key) pairs cost one shuffle tree instead of four.
+    fn reduce_add4(self, v: [Self::V; 4]) -> [f32; 4];
 }
 
 /// A computation written once over any [`Simd`]; [`vectorize`] compiles and runs it for one ISA.
@@ -495,6 +498,10 @@ impl Simd for Portable {
     fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V {
         x & m
     }
+    #[inline(always)]
+    fn reduce_add4(self, v: [Self::V; 4]) -> [f32; 4] {
+        v.map(|x| x.reduce_add())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -587,6 +594,10 @@ mod x86 {
         fn zero_unless(self, m: __mmask16, x: __m512) -> __m512 {
             unsafe { _mm512_maskz_mov_ps(m, x) }
         }
+        #[inline(always)]
+        fn reduce_add4(self, v: [__m512; 4]) -> [f32; 4] {
+            v.map(|x| unsafe { _mm512_reduce_add_ps(x) })
+        }
     }
 
     /// AVX2 + FMA token: 8 lanes, 16 registers.
@@ -677,5 +688,421 @@ mod x86 {
         fn zero_unless(self, m: __m256, x: __m256) -> __m256 {
             unsafe { _mm256_and_ps(x, m) }
         }
+        #[inline(always)]
+        fn reduce_add4(self, v: [__m256; 4]) -> [f32; 4] {
+            let mut out = [0.0f32; 4];
+            unsafe {
+                // Within each 128-bit half: [a01, a23, b01, b23], then [a0123, b0123, c0123,
+                // d0123]; adding the two halves finishes the four sums.
+                let ab = _mm256_hadd_ps(v[0], v[1]);
+                let cd = _mm256_hadd_ps(v[2], v[3]);
+                let t = _mm256_hadd_ps(ab, cd);
+                let r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
+                _mm_storeu_ps(out.as_mut_ptr(), r);
+            }
+            out
+        }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Decode micro-kernels (vectors along the head dimension, several rows and keys per tile)
+//
+// The decode path has few rows (the queries of one GQA group) and streams every key and value
+// row once. Its tiles keep `R` rows by `C` keys (or `CT` value vectors) of accumulators in
+// registers, so each key/value vector loaded feeds `R` FMAs and each query vector `C`; the
+// scores of four (row, key) pairs are finished by one transposed reduction
+// ([`Simd::reduce_add4`]) instead of a horizontal sum each.
+
+/// Decode score tile: `out[r·os + c] = Σ_d q[r·dk + d] · k[c·k_rs + d]` for `r < R`, `c < C`,
+/// `d < dk`: vectors along `d`, one accumulator per (row, key), a scalar tail for
+/// `dk mod LANES`.
+///
+/// # Safety
+/// `q` readable for `R·dk` floats; `k` readable at `c·k_rs + d` for `c < C`, `d < dk`; `out`
+/// writable at `r·os + c` for `r < R`, `c < C`.
+#[inline(always)]
+unsafe fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
+    s: S,
+    dk: usize,
+    q: *const f32,
+    k: *const f32,
+    k_rs: usize,
+    out: *mut f32,
+    os: usize,
+) {
+    debug_assert!(R >= 1 && C >= 1);
+    let l = S::LANES;
+    let nv = dk / l;
+    let mut acc = [[s.splat(0.0); C]; R];
+    for i in 0..nv {
+        let d = i * l;
+        // SAFETY: d + LANES ≤ dk: inside the C key rows and R query rows.
+        unsafe {
+            let mut kv = [s.splat(0.0); C];
+            for (c, x) in kv.iter_mut().enumerate() {
+                *x = s.load(k.add(c * k_rs + d));
+            }
+            for (r, ar) in acc.iter_mut().enumerate() {
+                let qv = s.load(q.add(r * dk + d));
+                for (a, x) in ar.iter_mut().zip(&kv) {
+                    *a = s.fma(qv, *x, *a);
+                }
+            }
+        }
+    }
+    // Transposed reduction of the R·C accumulators, four at a time (zero-padded).
+    let mut sums = [[0.0f32; C]; R];
+    let n = R * C;
+    let mut f = 0;
+    while f < n {
+        let mut quad = [s.splat(0.0); 4];
+        for (g, x) in quad.iter_mut().enumerate() {
+            if f + g < n {
+                *x = acc[(f + g) / C][(f + g) % C];
+            }
+        }
+        let r4 = s.reduce_add4(quad);
+        for (g, x) in r4.iter().enumerate() {
+            if f + g < n {
+                sums[(f + g) / C][(f + g) % C] = *x;
+            }
+        }
+        f += 4;
+    }
+    for (r, sr) in sums.iter_mut().enumerate() {
+        for (c, x) in sr.iter_mut().enumerate() {
+            // SAFETY: d < dk inside the rows; (r, c) inside the output tile.
+            unsafe {
+                for d in nv * l..dk {
+                    *x = (*q.add(r * dk + d)).mul_add(*k.add(c * k_rs + d), *x);
+                }
+                *out.add(r * os + c) = *x;
+            }
+        }
+    }
+}
+
+/// Decode P·V tile: `o[r·o_rs + c·LANES + e] += Σ_j p[r·ps + j] · v[j·v_rs + c·LANES + e]` for
+/// `r < R`, `c < CT`, `e < LANES`, `j < nb`. With `GUARD` a zero weight contributes exactly
+/// nothing even when the value is `±∞`/NaN (a masked key over an unwritten cache slot);
+/// without it (no zero weight in the block) the loop is the plain FMA chain.
+///
+/// # Safety
+/// `p` readable at `r·ps + j`; `v` readable at `j·v_rs + c·LANES + e`; `o` readable and
+/// writable at `r·o_rs + c·LANES + e` (all for the ranges above).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dec_pv_tile<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
+    s: S,
+    nb: usize,
+    p: *const f32,
+    ps: usize,
+    v: *const f32,
+    v_rs: usize,
+    o: *mut f32,
+    o_rs: usize,
+) {
+    let l = S::LANES;
+    let mut acc = [[s.splat(0.0); CT]; R];
+    // SAFETY: inside the R × CT·LANES output tile.
+    unsafe {
+        for (r, ar) in acc.iter_mut().enumerate() {
+            for (c, a) in ar.iter_mut().enumerate() {
+                *a = s.load(o.add(r * o_rs + c * l));
+            }
+        }
+    }
+    for j in 0..nb {
+        // SAFETY: j < nb: the value vectors and the R weights are in bounds.
+        unsafe {
+            let mut vv = [s.splat(0.0); CT];
+            for (c, x) in vv.iter_mut().enumerate() {
+                *x = s.load(v.add(j * v_rs + c * l));
+            }
+            for (r, ar) in acc.iter_mut().enumerate() {
+                let w = s.splat(*p.add(r * ps + j));
+                if GUARD {
+                    let m = s.nonzero(w);
+                    for (a, x) in ar.iter_mut().zip(&vv) {
+                        *a = s.fma_where(m, w, *x, *a);
+                    }
+                } else {
+                    for (a, x) in ar.iter_mut().zip(&vv) {
+                        *a = s.fma(w, *x, *a);
+                    }
+                }
+            }
+        }
+    }
+    // SAFETY: inside the output tile.
+    unsafe {
+        for (r, ar) in acc.iter().enumerate() {
+            for (c, a) in ar.iter().enumerate() {
+                s.store(o.add(r * o_rs + c * l), *a);
+            }
+        }
+    }
+}
+
+/// All keys of one row tile of [`decode_qk_block`]: tiles of `C` keys, then single keys.
+/// Ahead of each tile it prefetches the key rows [`DECODE_PREFETCH_KEYS`] further on and, when
+/// `pv` is not null, the value rows `pv + j·pv_rs` (`dv` floats each) of the same keys, which
+/// the P·V pass of the block reads next.
+///
+/// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
+///
+/// # Safety
+/// As [`dec_qk_tile`] for every key `j < nb` (`k` at `j·k_rs + d`, `out` at `r·os + j`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dec_qk_rows<S: Simd, const R: usize, const C: usize>(
+    s: S,
+    dk: usize,
+    q: *const f32,
+    k: *const f32,
+    k_rs: usize,
+    nb: usize,
+    out: *mut f32,
+    os: usize,
+    pv: *const f32,
+    pv_rs: usize,
+    dv: usize,
+) {
+    use super::blocking::DECODE_PREFETCH_KEYS as PF;
+    let mut j = 0;
+    // SAFETY: every tile stays inside keys 0..nb, which the caller vouched for; the prefetched
+    // addresses are only hints (formed with wrapping arithmetic, never dereferenced).
+    unsafe {
+        while j + C <= nb {
+            for c in 0..C {
+                prefetch_row(k.wrapping_add((j + PF + c).wrapping_mul(k_rs)), dk);
+                if !pv.is_null() {
+                    prefetch_row(pv.wrapping_add((j + c).wrapping_mul(pv_rs)), dv);
+                }
+            }
+            dec_qk_tile::<S, R, C>(s, dk, q, k.add(j * k_rs), k_rs, out.add(j), os);
+            j += C;
+        }
+        while j < nb {
+            dec_qk_tile::<S, R, 1>(s, dk, q, k.add(j * k_rs), k_rs, out.add(j), os);
+            j += 1;
+        }
+    }
+}
+
+/// All value columns of one row tile of [`decode_pv_block`]: tiles of `CT` vectors, single
+/// vectors, then the `dv mod LANES` scalar columns.
+///
+/// # Safety
+/// As [`dec_pv_tile`] for every column `< dv` (`v` at `j·v_rs + col`, `o` at `r·o_rs + col`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dec_pv_rows<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
+    s: S,
+    dv: usize,
+    nb: usize,
+    p: *const f32,
+    ps: usize,
+    v: *const f32,
+    v_rs: usize,
+    o: *mut f32,
+    o_rs: usize,
+) {
+    let l = S::LANES;
+    let mut c = 0;
+    // SAFETY: every tile stays inside columns 0..dv, which the caller vouched for.
+    unsafe {
+        while c + CT * l <= dv {
+            dec_pv_tile::<S, R, CT, GUARD>(s, nb, p, ps, v.add(c), v_rs, o.add(c), o_rs);
+            c += CT * l;
+        }
+        while c + l <= dv {
+            dec_pv_tile::<S, R, 1, GUARD>(s, nb, p, ps, v.add(c), v_rs, o.add(c), o_rs);
+            c += l;
+        }
+        for col in c..dv {
+            for r in 0..R {
+                let mut x = *o.add(r * o_rs + col);
+                for j in 0..nb {
+                    let w = *p.add(r * ps + j);
+                    // A zero weight is skipped, whatever the value (see dec_pv_tile).
+                    if w != 0.0 {
+                        x = w.mul_add(*v.add(j * v_rs + col), x);
+                    }
+                }
+                *o.add(r * o_rs + col) = x;
+            }
+        }
+    }
+}
+
+/// Decode scores of one key block: `out[r·os + j] = Σ_d q[r·dk + d] · k(j0 + j, d)` for
+/// `r < rows`, `j < nb`, where `q` holds `rows` pre-scaled query rows of `dk` floats and `k`
+/// has contiguous columns (`cs = 1`; gather otherwise). `prefetch_v = Some((v, vj0, dv))`
+/// also prefetches value rows `vj0..vj0 + nb` of `v` (contiguous, `dv` columns) while the
+/// scores are computed, so the P·V pass that follows finds them in cache. Rows go in tiles of up to four, keys in
+/// tiles of [`DECODE_QK_KEYS`]`[R − 1]`. Panics (never UB) if a buffer is too small or
+/// `k.cs ≠ 1`, which the caller rules out. With `dk = 0` the scores are 0 and no key pointer is
+/// formed.
+///
+/// [`DECODE_QK_KEYS`]: super::blocking::DECODE_QK_KEYS
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_qk_block<S: Simd>(
+    s: S,
+    q: &[f32],
+    rows: usize,
+    dk: usize,
+    k: Strided<'_>,
+    j0: usize,
+    nb: usize,
+    out: &mut [f32],
+    os: usize,
+    prefetch_v: Option<(Strided<'_>, usize, usize)>,
+) {
+    use super::blocking::DECODE_QK_KEYS as W;
+    if rows == 0 || nb == 0 {
+        return;
+    }
+    assert!(os >= nb && out.len() >= (rows - 1) * os + nb && q.len() >= rows * dk);
+    if dk == 0 {
+        for r in 0..rows {
+            out[r * os..r * os + nb].fill(0.0);
+        }
+        return;
+    }
+    assert!((k.cs == 1 || dk == 1) && k.covers(j0, nb, dk));
+    let mut r0 = 0;
+    while r0 < rows {
+        let rt = (rows - r0).min(4);
+        // SAFETY: checked above: rows r0..r0+rt of q and out, keys j0..j0+nb of k (dk
+        // contiguous columns each).
+        unsafe {
+            let (qp, kp) = (q.as_ptr().add(r0 * dk), k.data.as_ptr().add(k.offset + j0 * k.rs));
+            let op = out.as_mut_ptr().add(r0 * os);
+            // The value rows are prefetched once, with the first row tile.
+            let (vp, v_rs, dv) = match prefetch_v {
+                Some((v, vj0, dv)) if r0 == 0 => (
+                    v.data.as_ptr().wrapping_add(v.offset.wrapping_add(vj0.wrapping_mul(v.rs))),
+                    v.rs,
+                    dv,
+                ),
+                _ => (std::ptr::null(), 0, 0),
+            };
+            match rt {
+                1 => dec_qk_rows::<S, 1, { W[0] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
+                2 => dec_qk_rows::<S, 2, { W[1] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
+                3 => dec_qk_rows::<S, 3, { W[2] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
+                _ => dec_qk_rows::<S, 4, { W[3] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
+            }
+        }
+        r0 += rt;
+    }
+}
+
+/// Decode P·V of one value block: `o[r·dv + c] += Σ_j p[r·ps + j] · v(j0 + j, c)` for
+/// `r < rows`, `c < dv`, `j < nb`; `v` has contiguous columns (`cs = 1`; gather otherwise).
+/// `guard` must be set when some weight of the block may be 0: those then contribute exactly
+/// 0 whatever the value (see [`dec_pv_tile`]). Rows go in tiles of up to four, columns in tiles
+/// of [`DECODE_PV_VECS`]`[R − 1]` vectors. Panics (never UB) if a buffer is too small or
+/// `v.cs ≠ 1`.
+///
+/// [`DECODE_PV_VECS`]: super::blocking::DECODE_PV_VECS
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_pv_block<S: Simd>(
+    s: S,
+    guard: bool,
+    p: &[f32],
+    ps: usize,
+    rows: usize,
+    nb: usize,
+    v: Strided<'_>,
+    j0: usize,
+    dv: usize,
+    o: &mut [f32],
+) {
+    use super::blocking::DECODE_PV_VECS as W;
+    if rows == 0 || nb == 0 || dv == 0 {
+        return;
+    }
+    assert!(ps >= nb && p.len() >= (rows - 1) * ps + nb && o.len() >= rows * dv);
+    assert!((v.cs == 1 || dv == 1) && v.covers(j0, nb, dv));
+    let mut r0 = 0;
+    while r0 < rows {
+        let rt = (rows - r0).min(4);
+        // SAFETY: checked above: rows r0..r0+rt of p and o, value rows j0..j0+nb (dv
+        // contiguous columns each).
+        unsafe {
+            let (pp, vp) = (p.as_ptr().add(r0 * ps), v.data.as_ptr().add(v.offset + j0 * v.rs));
+            let op = o.as_mut_ptr().add(r0 * dv);
+            macro_rules! rows {
+                ($r:literal, $g:expr) => {
+                    if $g {
+                        dec_pv_rows::<S, $r, { W[$r - 1] }, GUARDED>(
+                            s, dv, nb, pp, ps, vp, v.rs, op, dv,
+                        )
+                    } else {
+                        dec_pv_rows::<S, $r, { W[$r - 1] }, PLAIN>(
+                            s, dv, nb, pp, ps, vp, v.rs, op, dv,
+                        )
+                    }
+                };
+            }
+            match rt {
+                1 => rows!(1, guard),
+                2 => rows!(2, guard),
+                3 => rows!(3, guard),
+                _ => rows!(4, guard),
+            }
+        }
+        r0 += rt;
+    }
+}
+
+/// Prefetches the cache lines of one row of `n` floats starting at `row`.
+#[inline(always)]
+fn prefetch_row(row: *const f32, n: usize) {
+    let mut d = 0;
+    while d < n {
+        prefetch(row.wrapping_add(d));
+        d += LINE_FLOATS;
+    }
+}
+
+/// Floats per 64-byte cache line (the prefetch stride).
+const LINE_FLOATS: usize = 16;
+
+/// Hints the cache to fetch the line holding `p` into L1 (no fault, no effect on results; a
+/// no-op off x86-64). Any address is allowed, so callers form it with `wrapping_add`.
+#[inline(always)]
+fn prefetch(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and never changes memory; any address is allowed.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    }
+}
+
+/// `max(init, max_j x_j)` with NaN entries ignored (as `if x > m { m = x }` does), vectorised:
+/// the decode path's per-block row maximum. `init` must not be NaN.
+#[inline(always)]
+pub(crate) fn row_max<S: Simd>(s: S, x: &[f32], init: f32) -> f32 {
+    let l = S::LANES;
+    let mut acc = s.splat(init);
+    let mut i = 0;
+    while i + l <= x.len() {
+        // max(x, acc) keeps acc where x is NaN (see Simd::max), so the lanes never become NaN.
+        acc = s.max(load(s, &x[i..]), acc);
+        i += l;
+    }
+    let mut lanes = [init; 16];
+    store(s, &mut lanes, acc);
+    lanes[..l].iter().chain(&x[i..]).fold(init, |m, &v| if v > m { v } else { m })
+}
+
+// `dot` (a slice helper above) lost its only caller when the decode path moved to the tiles of
+// this section. It is kept, not deleted, because this file is being rewritten on another branch
+// at the same time; this reference keeps the build warning-free until that merge drops both.
+const _: fn(Portable, &[f32], &[f32]) -> f32 = dot::<Portable>;
