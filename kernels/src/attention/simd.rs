@@ -75,6 +75,9 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn min(self, a: Self::V, b: Self::V) -> Self::V;
     /// Lanes of `a` that are not `+0`/`−0` (NaN lanes count as non-zero).
     fn nonzero(self, a: Self::V) -> Self::M;
+    /// `a · b + c` in the lanes set in `m`, `c` elsewhere: a product with a zero weight
+    /// contributes nothing even when the other factor is `±∞` or NaN.
+    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `x` in the lanes set in `m`, `0` elsewhere.
     fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V;
     /// The lane sums of four vectors, `[Σa, Σb, Σc, Σd]`: a transposed reduction, so the
@@ -349,31 +352,6 @@ pub(crate) fn store<S: Simd>(s: S, x: &mut [f32], v: S::V) {
     unsafe { s.store(x.as_mut_ptr(), v) }
 }
 
-/// `Σ_i a_i·b_i` over `min(a.len(), b.len())` elements, in f32 with two vector accumulators.
-#[inline(always)]
-pub(crate) fn dot<S: Simd>(s: S, a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let l = S::LANES;
-    let mut acc0 = s.splat(0.0);
-    let mut acc1 = s.splat(0.0);
-    let mut i = 0;
-    while i + 2 * l <= n {
-        acc0 = s.fma(load(s, &a[i..]), load(s, &b[i..]), acc0);
-        acc1 = s.fma(load(s, &a[i + l..]), load(s, &b[i + l..]), acc1);
-        i += 2 * l;
-    }
-    if i + l <= n {
-        acc0 = s.fma(load(s, &a[i..]), load(s, &b[i..]), acc0);
-        i += l;
-    }
-    let mut sum = s.reduce_add(s.add(acc0, acc1));
-    for j in i..n {
-        sum = a[j].mul_add(b[j], sum);
-    }
-    sum
-}
-
 /// `y ← alpha·x + y` over `min(x.len(), y.len())` elements.
 #[inline(always)]
 pub(crate) fn axpy<S: Simd>(s: S, alpha: f32, x: &[f32], y: &mut [f32]) {
@@ -495,6 +473,10 @@ impl Simd for Portable {
         a.simd_ne(wide::f32x8::ZERO)
     }
     #[inline(always)]
+    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
+        m.select(a.mul_add(b, c), c)
+    }
+    #[inline(always)]
     fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V {
         x & m
     }
@@ -591,6 +573,10 @@ mod x86 {
             unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, _mm512_setzero_ps()) }
         }
         #[inline(always)]
+        fn fma_where(self, m: __mmask16, a: __m512, b: __m512, c: __m512) -> __m512 {
+            unsafe { _mm512_mask3_fmadd_ps(a, b, c, m) }
+        }
+        #[inline(always)]
         fn zero_unless(self, m: __mmask16, x: __m512) -> __m512 {
             unsafe { _mm512_maskz_mov_ps(m, x) }
         }
@@ -683,6 +669,10 @@ mod x86 {
         #[inline(always)]
         fn nonzero(self, a: __m256) -> __m256 {
             unsafe { _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, _mm256_setzero_ps()) }
+        }
+        #[inline(always)]
+        fn fma_where(self, m: __m256, a: __m256, b: __m256, c: __m256) -> __m256 {
+            unsafe { _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c), m) }
         }
         #[inline(always)]
         fn zero_unless(self, m: __m256, x: __m256) -> __m256 {
@@ -890,6 +880,11 @@ unsafe fn dec_qk_rows<S: Simd, const R: usize, const C: usize>(
         }
     }
 }
+
+/// `GUARD` argument of [`dec_pv_rows`]: zero weights are skipped lane by lane.
+const GUARDED: bool = true;
+/// `GUARD` argument of [`dec_pv_rows`]: plain FMA loop (no zero weight in the block).
+const PLAIN: bool = false;
 
 /// All value columns of one row tile of [`decode_pv_block`]: tiles of `CT` vectors, single
 /// vectors, then the `dv mod LANES` scalar columns.
@@ -1101,8 +1096,3 @@ pub(crate) fn row_max<S: Simd>(s: S, x: &[f32], init: f32) -> f32 {
     store(s, &mut lanes, acc);
     lanes[..l].iter().chain(&x[i..]).fold(init, |m, &v| if v > m { v } else { m })
 }
-
-// `dot` (a slice helper above) lost its only caller when the decode path moved to the tiles of
-// this section. It is kept, not deleted, because this file is being rewritten on another branch
-// at the same time; this reference keeps the build warning-free until that merge drops both.
-const _: fn(Portable, &[f32], &[f32]) -> f32 = dot::<Portable>;
