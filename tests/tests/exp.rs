@@ -75,15 +75,7 @@ fn sweep(isa: Isa, lo: f32, hi: f32, stride: u32, bound: f64, what: &str) -> f64
 }
 
 /// [`sweep`] for either exp.
-fn sweep_of(
-    which: Which,
-    isa: Isa,
-    lo: f32,
-    hi: f32,
-    stride: u32,
-    bound: f64,
-    what: &str,
-) -> f64 {
+fn sweep_of(which: Which, isa: Isa, lo: f32, hi: f32, stride: u32, bound: f64, what: &str) -> f64 {
     let (a, b) = (lo.to_bits().min(hi.to_bits()), lo.to_bits().max(hi.to_bits()));
     let chunk = stride * (1 << 20);
     let mut max = 0.0f64;

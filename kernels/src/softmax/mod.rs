@@ -15,13 +15,14 @@
 //!   `scale·x` overflows becomes `±∞` and follows the rule above (the f64 reference may keep
 //!   it finite — the one place the two can differ beyond rounding).
 //!
-//! Accuracy, with `u = 2⁻²⁴`, `E = 1` ULP of exp, `n` visible positions:
+//! Accuracy, with `u = 2⁻²⁴`, `E` = [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP: the softmax passes use
+//! their own exp, `exp::exp_neg_v`, for arguments `z − m ≤ 0`), `n` visible positions:
 //! `ŷ_j = p_j(z̃)·(1 + ε_j)`, `|ε_j| ≤ 2E·u + γ_n + 2u`, where `z̃_j` are the f32 logits and
 //! `z̃_j − m` is rounded once; each row sums to `1 ± (γ_n + 2u)`. The tests build their
 //! tolerances from exactly these terms.
 //!
 //! Passes: the input row is read twice (max, then exp) while it sits in L1/L2, and the output
-//! written once; rows longer than [`STREAM_MIN_BYTES`] in total are staged in a per-thread
+//! written once (costs and where the cycles go: `row.rs`); rows longer than [`STREAM_MIN_BYTES`] in total are staged in a per-thread
 //! buffer and written with non-temporal stores so the output costs no read-for-ownership.
 //! Rows are spread over threads when the call has at least [`PAR_MIN_ELEMENTS`] elements.
 //!
@@ -44,7 +45,9 @@
 //!   `#[target_feature(enable = "avx512f")]` / `"avx2,fma"` on a CPU that has it), the safe
 //!   `exp_f32x8(wide::f32x8)`, and the generic `exp_v::<S: SimdF32>(S::V)` for code written
 //!   over the [`SimdF32`] trait (`Avx512`, `Avx2`, `Portable` implement it), with
-//!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`).
+//!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`), both
+//!   within 1 ULP; `exp_neg_v` / `exp_neg_n` (1.5 ULP, arguments `≤ 0` only, `K` vectors
+//!   interleaved) are what the softmax itself uses and are available to it too.
 //!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
 //! [`arch::selected`](crate::arch::selected) or checked with [`Isa::require`]; an unsupported

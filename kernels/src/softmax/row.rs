@@ -9,6 +9,14 @@
 //!   streaming), `s = Σ e_j`;
 //! - pass C: `y_j = e_j · (1/s)`, with non-temporal stores when streaming.
 //!
+//! Where the cycles go (AVX2 on Zen 2, `llvm-mca -mcpu=znver2` on the release loops, since
+//! `perf` has no counters on this machine): pass B dominates. Its exp is a dependency chain of
+//! ~45 FMA-latency cycles per vector, so it runs [`EXP_UNROLL`] vectors interleaved per
+//! iteration (~10 cycles per vector instead of ~20 for one exp per iteration); pass A takes
+//! the max of the raw input and scales it once when `scale > 0` (no multiply per element);
+//! pass C is a load, a multiply and a store. Per row, nothing divides and the f64 logsumexp is
+//! only formed when the caller asks for it.
+//!
 //! `z_j` is recomputed in pass B rather than stored in pass A, which saves one store and one
 //! load per element; both passes compute it by the same [`Logits`] code, so the values agree
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
@@ -249,10 +257,11 @@ unsafe fn logits_max<S: SimdF32, L: Logits<S>>(z: &L, n: usize, scale: f32) -> f
     }
 }
 
-/// Vectors per iteration of pass B. One exp is a dependency chain of ~60 cycles (a dozen
-/// FMAs of latency 5), and the out-of-order window holds about two of them, so a one-vector
-/// loop runs at the chain's latency (llvm-mca, znver2: 20 cycles per vector against a
-/// throughput bound of 7); four independent chains fill both FMA pipes.
+/// Vectors per iteration of pass B. One exp is a long dependency chain (~45 cycles of FMA
+/// latency) and the out-of-order window holds about two of them, so the former one-vector
+/// loop ran at the chain's latency (llvm-mca, znver2: 20 cycles per vector against a
+/// throughput bound of 7); four chains written interleaved (`exp_neg_n`) run at ~10. Eight
+/// would spill: 16 ymm registers hold four chains and the constants.
 const EXP_UNROLL: usize = 4;
 
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `w` is not null), returns `Σ w_j`.
@@ -275,7 +284,13 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
 ) -> f32 {
     let l = S::LANES;
     // SAFETY: the caller's ISA contract.
-    let exp = |v: S::V| unsafe { if NEG { exp_neg_v::<S>(v) } else { exp_low_v::<S>(v) } };
+    let exp = |v: S::V| unsafe {
+        if NEG {
+            exp_neg_v::<S>(v)
+        } else {
+            exp_low_v::<S>(v)
+        }
+    };
     // SAFETY: as in `max_pass`; `w` written at the same indices.
     unsafe {
         let mv = S::splat(m);
@@ -293,11 +308,7 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
             for (u, du) in d.iter_mut().enumerate() {
                 *du = S::sub(z.vec(j + u * l), mv);
             }
-            let e = if NEG {
-                exp_neg_n::<S, EXP_UNROLL>(d)
-            } else {
-                d.map(|v| exp_low_v::<S>(v))
-            };
+            let e = if NEG { exp_neg_n::<S, EXP_UNROLL>(d) } else { d.map(|v| exp_low_v::<S>(v)) };
             if !w.is_null() {
                 for (u, eu) in e.iter().enumerate() {
                     S::store(w.add(j + u * l), *eu);
