@@ -22,7 +22,7 @@
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
-use super::exp::{exp_low_v, exp_map_body, exp_neg_n, exp_neg_v};
+use super::exp::{exp_low_v, exp_map_body, exp_neg_n};
 use super::vector::{Portable, SimdF32};
 use crate::arch::Isa;
 
@@ -284,17 +284,27 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
 ) -> f32 {
     let l = S::LANES;
     // SAFETY: the caller's ISA contract.
-    let exp = |v: S::V| unsafe {
+    let exp = |d: [S::V; EXP_UNROLL]| unsafe {
         if NEG {
-            exp_neg_v::<S>(v)
+            exp_neg_n::<S, EXP_UNROLL>(d)
         } else {
-            exp_low_v::<S>(v)
+            d.map(|v| exp_low_v::<S>(v))
         }
     };
     // SAFETY: as in `max_pass`; `w` written at the same indices.
     unsafe {
         let mv = S::splat(m);
         let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
+        // Two accumulators: the adds are a chain of their own.
+        let mut add = |e: &[S::V; EXP_UNROLL]| {
+            for (u, eu) in e.iter().enumerate() {
+                if u % 2 == 0 {
+                    s0 = S::add(s0, *eu);
+                } else {
+                    s1 = S::add(s1, *eu);
+                }
+            }
+        };
         let mut j = 0;
         while j + EXP_UNROLL * l <= n {
             if j < next_len {
@@ -308,38 +318,40 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
             for (u, du) in d.iter_mut().enumerate() {
                 *du = S::sub(z.vec(j + u * l), mv);
             }
-            let e = if NEG { exp_neg_n::<S, EXP_UNROLL>(d) } else { d.map(|v| exp_low_v::<S>(v)) };
+            let e = exp(d);
             if !w.is_null() {
                 for (u, eu) in e.iter().enumerate() {
                     S::store(w.add(j + u * l), *eu);
                 }
             }
-            // Two accumulators: the adds are a chain of their own.
-            for (u, eu) in e.iter().enumerate() {
-                if u % 2 == 0 {
-                    s0 = S::add(s0, *eu);
-                } else {
-                    s1 = S::add(s1, *eu);
-                }
-            }
+            add(&e);
             j += EXP_UNROLL * l;
         }
-        while j + l <= n {
-            let e = exp(S::sub(z.vec(j), mv));
-            if !w.is_null() {
-                S::store(w.add(j), e);
-            }
-            s0 = S::add(s0, e);
-            j += l;
-        }
         if j < n {
-            let k = n - j;
-            // Padding lanes are −∞, so they add exp(−∞) = 0.
-            let e = exp(S::sub(z.tail(j, k), mv));
-            if !w.is_null() {
-                S::store_tail(w.add(j), k, e);
+            // The last `< EXP_UNROLL` vectors, the partial one included, as one more
+            // interleaved group (ragged rows, such as causal ones, pay one group, not a
+            // chain per vector). Padding lanes and vectors are −∞: they add exp(−∞) = 0.
+            let mut d = [S::splat(f32::NEG_INFINITY); EXP_UNROLL];
+            for (u, du) in d.iter_mut().enumerate() {
+                let ju = j + u * l;
+                if ju + l <= n {
+                    *du = S::sub(z.vec(ju), mv);
+                } else if ju < n {
+                    *du = S::sub(z.tail(ju, n - ju), mv);
+                }
             }
-            s1 = S::add(s1, e);
+            let e = exp(d);
+            if !w.is_null() {
+                for (u, eu) in e.iter().enumerate() {
+                    let ju = j + u * l;
+                    if ju + l <= n {
+                        S::store(w.add(ju), *eu);
+                    } else if ju < n {
+                        S::store_tail(w.add(ju), n - ju, *eu);
+                    }
+                }
+            }
+            add(&e);
         }
         S::reduce_add(S::add(s0, s1))
     }
