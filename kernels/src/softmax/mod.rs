@@ -434,6 +434,9 @@ fn split_rows<'a>(
     Some(out)
 }
 
+/// How many rows ahead the streaming path prefetches its input.
+const PREFETCH_ROWS: usize = 2;
+
 /// What a scale-mask-softmax call needs per row, shared read-only by the threads.
 struct Ctx<'a, 'm> {
     isa: Isa,
@@ -500,10 +503,18 @@ impl Ctx<'_, '_> {
         } else {
             None
         };
-        // Out of cache, the next row of this thread (usually r + 1) is prefetched meanwhile.
+        // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last
+        // row) is prefetched meanwhile: pass B alone is too short for DRAM to deliver the very
+        // next row in time once the exp got cheaper.
         let next = match &self.x {
             Some(x) if stream && x.layout.strides[3] == 1 && pos.r + 1 < self.rows() => {
-                let (start, cols, _) = row_span(&x.layout, pos.next(self.dims));
+                let mut ahead = pos.next(self.dims);
+                for _ in 1..PREFETCH_ROWS {
+                    if ahead.r + 1 < self.rows() {
+                        ahead = ahead.next(self.dims);
+                    }
+                }
+                let (start, cols, _) = row_span(&x.layout, ahead);
                 x.data.get(start..start + cols)
             }
             _ => None,
