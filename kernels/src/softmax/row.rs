@@ -5,8 +5,8 @@
 //! The fused softmax row (`softmax_row`) makes three passes over the row, reading the input
 //! (and mask) twice while it sits in L1/L2 and writing the output once:
 //! - pass A: `m = max_j z_j` where `z_j = scale·x_j (+ bias_j)`, masked `z_j = −∞`, NaN skipped;
-//! - pass B: `e_j = exp(z_j − m)` stored (to the output row, or to a staging buffer when
-//!   streaming), `s = Σ e_j`;
+//! - pass B: `e_j = exp(z_j − m)` by the softmax's exp (`exp_neg_n`, 1.5 ULP, arguments
+//!   `≤ 0`) stored (to the output row, or to a staging buffer when streaming), `s = Σ e_j`;
 //! - pass C: `y_j = e_j · (1/s)`, with non-temporal stores when streaming.
 //!
 //! Where the cycles go (AVX2 on Zen 2, `llvm-mca -mcpu=znver2` on the release loops, since
