@@ -1,7 +1,9 @@
 //! The vectorised exp against f64 `exp`: a dense sweep of every f32 bit pattern whose exp is a
 //! normal f32 (stride [`SWEEP_STRIDE`], plus every input in windows around 0, 1 and the range
 //! ends), the subnormal range, and the exact edges, on every ISA this CPU supports. The bound
-//! checked is the one the doc comment states (`EXP_MAX_ULP`).
+//! checked is the one the doc comment states (`EXP_MAX_ULP`). The softmax's own exp (`x ≤ 0`,
+//! `softmax_exp_slice_with_isa`) gets the same treatment over `[−87.34, 0]` and the subnormal
+//! range against its stated `SOFTMAX_EXP_MAX_ULP`; both have an ignored exhaustive sweep.
 
 use attn_kernels::softmax::exp::{
     exp_slice_with_isa, softmax_exp_slice_with_isa, EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP,
