@@ -16,7 +16,9 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use attn_kernels::softmax::scale_mask_softmax_with_isa;
+use attn_kernels::softmax::{
+    exp_slice_with_isa, scale_mask_softmax_with_isa, softmax_exp_slice_with_isa,
+};
 use attn_kernels::{Isa, Mask, Parallelism, Tensor4Layout};
 use attn_reference::{TensorMut, TensorRef};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -100,6 +102,12 @@ fn causal_64x1024(c: &mut Criterion) {
             b.iter(|| ours(isa, black_box(&x), &mut y, l, 0.125, &mask, Parallelism::Sequential))
         });
     }
+    // The same shape without the mask: what the causal mask's ragged rows (961–1024 visible
+    // columns, tails that are not a multiple of the unroll) cost over full rows.
+    let best = Isa::best();
+    g.bench_function(BenchmarkId::new("ours_no_mask", best.name()), |b| {
+        b.iter(|| ours(best, black_box(&x), &mut y, l, 0.125, &Mask::None, Parallelism::Sequential))
+    });
     g.bench_function("unfused_chain", |b| {
         b.iter(|| unfused(black_box(&x), &mut y, rows, cols, 0.125, true))
     });
@@ -170,9 +178,28 @@ fn attention_rows(c: &mut Criterion) {
     g.finish();
 }
 
+/// The two vector exps alone on 1024 values in L1 (`x ∈ [−20, 0]`): the general one (1 ULP, any
+/// `x`) and the softmax's (`x ≤ 0`), the cost floor of the exp pass.
+fn exp_l1(c: &mut Criterion) {
+    let n = 1024;
+    let x: Vec<f32> = data(n).iter().map(|v| v - 10.0).collect();
+    let mut y = vec![0.0f32; n];
+    let mut g = c.benchmark_group("softmax/exp_1024");
+    g.throughput(Throughput::Elements(n as u64));
+    for isa in Isa::supported() {
+        g.bench_function(BenchmarkId::new("exp", isa.name()), |b| {
+            b.iter(|| exp_slice_with_isa(isa, black_box(&x), &mut y).unwrap())
+        });
+        g.bench_function(BenchmarkId::new("softmax_exp", isa.name()), |b| {
+            b.iter(|| softmax_exp_slice_with_isa(isa, black_box(&x), &mut y).unwrap())
+        });
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(2));
-    targets = causal_64x1024, out_of_cache, attention_rows
+    targets = exp_l1, causal_64x1024, out_of_cache, attention_rows
 }
 criterion_main!(benches);

@@ -1,9 +1,13 @@
 //! The vectorised exp against f64 `exp`: a dense sweep of every f32 bit pattern whose exp is a
 //! normal f32 (stride [`SWEEP_STRIDE`], plus every input in windows around 0, 1 and the range
 //! ends), the subnormal range, and the exact edges, on every ISA this CPU supports. The bound
-//! checked is the one the doc comment states (`EXP_MAX_ULP`).
+//! checked is the one the doc comment states (`EXP_MAX_ULP`). The softmax's own exp (`x ≤ 0`,
+//! `softmax_exp_slice_with_isa`) gets the same treatment over `[−87.34, 0]` and the subnormal
+//! range against its stated `SOFTMAX_EXP_MAX_ULP`; both have an ignored exhaustive sweep.
 
-use attn_kernels::softmax::exp::{exp_slice_with_isa, EXP_MAX_ULP};
+use attn_kernels::softmax::exp::{
+    exp_slice_with_isa, softmax_exp_slice_with_isa, EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP,
+};
 use attn_kernels::{Error, Isa};
 
 /// Every `SWEEP_STRIDE`-th bit pattern (odd, so all residues of the low mantissa bits occur).
@@ -30,10 +34,27 @@ fn ulp_error(x: f32, got: f32) -> f64 {
     (f64::from(got) - want).abs() / ulp(want)
 }
 
-/// Runs the kernel over `xs` and returns the worst ULP error and the input where it occurs.
+/// Which exp a sweep checks.
+#[derive(Clone, Copy, Debug)]
+enum Which {
+    /// The general exp (`exp_slice_with_isa`, `EXP_MAX_ULP`).
+    Exp,
+    /// The softmax's exp for `x ≤ 0` (`softmax_exp_slice_with_isa`, `SOFTMAX_EXP_MAX_ULP`).
+    Softmax,
+}
+
+/// Runs the general exp over `xs` and returns the worst ULP error and the input where it occurs.
 fn worst(isa: Isa, xs: &[f32]) -> (f64, f32) {
+    worst_of(Which::Exp, isa, xs)
+}
+
+/// [`worst`] for either exp.
+fn worst_of(which: Which, isa: Isa, xs: &[f32]) -> (f64, f32) {
     let mut ys = vec![0.0f32; xs.len()];
-    exp_slice_with_isa(isa, xs, &mut ys).unwrap();
+    match which {
+        Which::Exp => exp_slice_with_isa(isa, xs, &mut ys).unwrap(),
+        Which::Softmax => softmax_exp_slice_with_isa(isa, xs, &mut ys).unwrap(),
+    }
     xs.iter().zip(&ys).map(|(&x, &y)| (ulp_error(x, y), x)).fold((0.0, 0.0), |a, b| {
         if b.0 > a.0 {
             b
@@ -52,6 +73,11 @@ fn around(x: f32, half: u32) -> Vec<f32> {
 /// Worst error over every `stride`-th f32 between `lo` and `hi` (same sign), generated chunk by
 /// chunk; panics with the input when the bound is exceeded.
 fn sweep(isa: Isa, lo: f32, hi: f32, stride: u32, bound: f64, what: &str) -> f64 {
+    sweep_of(Which::Exp, isa, lo, hi, stride, bound, what)
+}
+
+/// [`sweep`] for either exp.
+fn sweep_of(which: Which, isa: Isa, lo: f32, hi: f32, stride: u32, bound: f64, what: &str) -> f64 {
     let (a, b) = (lo.to_bits().min(hi.to_bits()), lo.to_bits().max(hi.to_bits()));
     let chunk = stride * (1 << 20);
     let mut max = 0.0f64;
@@ -59,7 +85,7 @@ fn sweep(isa: Isa, lo: f32, hi: f32, stride: u32, bound: f64, what: &str) -> f64
     while start <= b {
         let end = start.saturating_add(chunk - 1).min(b);
         let xs: Vec<f32> = (start..=end).step_by(stride as usize).map(f32::from_bits).collect();
-        let (e, x) = worst(isa, &xs);
+        let (e, x) = worst_of(which, isa, &xs);
         assert!(e <= bound, "{isa} {what}: {e:.3} ULP at x = {x:e} (bound {bound})");
         max = max.max(e);
         start = match end.checked_add(1) {
@@ -190,5 +216,63 @@ fn exhaustive_normal_range() {
         for (lo, hi) in [(0.0, NORMAL_HI), (-0.0, NORMAL_LO)] {
             sweep(isa, lo, hi, 1, EXP_MAX_ULP, "exhaustive");
         }
+    }
+}
+
+/// The softmax's exp over `x ≤ 0`: every `SWEEP_STRIDE`-th input down to the end of the normal
+/// range, every input near the points where `n` changes and at the range end, then every input
+/// of the subnormal range, against its stated bound `SOFTMAX_EXP_MAX_ULP`.
+#[test]
+fn softmax_exp_sweep_within_stated_ulp() {
+    for isa in Isa::supported() {
+        let b = SOFTMAX_EXP_MAX_ULP;
+        let mut max = sweep_of(Which::Softmax, isa, -SWEEP_FROM, NORMAL_LO, SWEEP_STRIDE, b, "sm");
+        max = max.max(sweep_of(Which::Softmax, isa, -1e-45, -SWEEP_FROM, 1001, b, "sm tiny"));
+        let ln2 = std::f32::consts::LN_2;
+        for c in [1e-3, 0.5 * ln2, 1.5 * ln2, 1.0, 10.0, 87.33] {
+            let xs: Vec<f32> =
+                around(-c, 1 << 18).into_iter().filter(|v| (NORMAL_LO..=0.0).contains(v)).collect();
+            let (e, at) = worst_of(Which::Softmax, isa, &xs);
+            assert!(e <= b, "{isa}: softmax exp {e:.3} ULP at x = {at:e}");
+            max = max.max(e);
+        }
+        let sub = sweep_of(Which::Softmax, isa, NORMAL_LO, -103.97, 1, b, "sm subnormal");
+        eprintln!("{isa}: softmax exp max error {max:.3} ULP, subnormal {sub:.3} (bound {b})");
+    }
+}
+
+#[test]
+fn softmax_exp_edges_are_exact() {
+    let xs = [0.0, -0.0, f32::NEG_INFINITY, f32::NAN, -103.98, -104.0, -1e10, f32::MIN, -1e-45];
+    for isa in Isa::supported() {
+        for n in 1..=xs.len() {
+            let mut y = vec![7.0f32; n];
+            softmax_exp_slice_with_isa(isa, &xs[..n], &mut y).unwrap();
+            for (x, y) in xs[..n].iter().zip(&y) {
+                let want = match *x {
+                    x if x.is_nan() => f32::NAN,
+                    x if x == 0.0 || x == -1e-45 => 1.0,
+                    _ => 0.0,
+                };
+                if want.is_nan() {
+                    assert!(y.is_nan(), "{isa}: exp({x}) = {y}");
+                } else {
+                    assert_eq!(y.to_bits(), want.to_bits(), "{isa}: exp({x}) = {y}, want {want}");
+                }
+            }
+        }
+        let err = softmax_exp_slice_with_isa(isa, &[-1.0, -2.0], &mut [0.0]).unwrap_err();
+        assert_eq!(err, Error::ShapeMismatch { arg: "y", dim: "len", expected: 2, actual: 1 });
+    }
+}
+
+/// Every f32 in `[−87.34, 0]` (~1.1·10⁹ inputs) for the softmax's exp: `cargo test --release
+/// -p attn-tests --test exp -- --ignored`.
+#[test]
+#[ignore]
+fn exhaustive_softmax_exp() {
+    for isa in Isa::supported() {
+        let m = sweep_of(Which::Softmax, isa, -0.0, NORMAL_LO, 1, SOFTMAX_EXP_MAX_ULP, "exh");
+        eprintln!("{isa}: softmax exp max error {m:.4} ULP over every x in [{NORMAL_LO}, 0]");
     }
 }

@@ -2,7 +2,8 @@
 //! this CPU supports.
 //!
 //! Tolerances come from the error analysis in `attn_kernels::softmax` (module docs), term by
-//! term, with `u = 2⁻²⁴`, `E = EXP_MAX_ULP`:
+//! term, with `u = 2⁻²⁴`, `E = SOFTMAX_EXP_MAX_ULP` (the
+//! softmax's own exp, `exp_neg_v`):
 //! - logits: `ẑ_j` is `z_j` rounded once (twice for the portable ISA without FMA), so
 //!   `|ẑ_j − z_j| ≤ ζ_j = u(|s·x_j| + |z_j|)(1 + 2u)`, and 0 when `s·x_j` and `z_j` are f32
 //!   already (scale 1 or a power of two with dyadic data: the special-value cases);
@@ -19,7 +20,7 @@
 
 use attn_kernels::softmax::{
     log_softmax_with_isa, logsumexp_with_isa, scale_mask_softmax_inplace_with_isa,
-    scale_mask_softmax_with_isa, EXP_MAX_ULP,
+    scale_mask_softmax_with_isa, SOFTMAX_EXP_MAX_ULP,
 };
 use attn_kernels::{Isa, Mask, MatLayout, Parallelism, Tensor4Layout};
 use attn_reference::softmax as reference;
@@ -100,8 +101,8 @@ fn row_bound(case: &Case, b: usize, h: usize, i: usize) -> RowBound {
     let visible = terms.iter().flatten().count();
     let m = logits.iter().flatten().copied().fold(f64::NEG_INFINITY, f64::max);
     let zeta_max = terms.iter().flatten().map(|t| t.1).fold(0.0, f64::max);
-    let e_rel = 2.0 * EXP_MAX_ULP * U;
-    let e_abs = EXP_MAX_ULP * SUBNORMAL;
+    let e_rel = 2.0 * SOFTMAX_EXP_MAX_ULP * U;
+    let e_abs = SOFTMAX_EXP_MAX_ULP * SUBNORMAL;
     let mut lo_e = vec![0.0; cols];
     let mut hi_e = vec![0.0; cols];
     for (j, t) in terms.iter().enumerate() {

@@ -25,7 +25,16 @@ fn grid(quick: bool) -> Vec<Case> {
     if quick {
         vec![(64, 256, true), (512, 1024, false)]
     } else {
-        vec![(64, 1024, true), (64, 1024, false), (8192, 4096, false)]
+        // The two target shapes, the unmasked 64×1024 beside the causal one (the causal
+        // rows are 94–100 % visible: ragged lengths, not less work), and the row lengths
+        // attention uses (8 heads of L×L, L = 64 and 512, as 8·L rows of L).
+        vec![
+            (64, 1024, true),
+            (64, 1024, false),
+            (8192, 4096, false),
+            (8 * 64, 64, false),
+            (8 * 512, 512, false),
+        ]
     }
 }
 

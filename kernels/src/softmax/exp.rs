@@ -29,7 +29,7 @@
 //! `x < −103.98` gives `+0`; results in the subnormal range (`x ∈ [−103.97, −87.34]`) are within
 //! 1 subnormal ULP (`2^−149`) of the exact value.
 
-use super::vector::SimdF32;
+use super::vector::{SimdF32, TWO_POW_M64};
 use crate::arch::Isa;
 use crate::{Error, Result};
 
@@ -118,6 +118,109 @@ unsafe fn exp_body<S: SimdF32, const LOW: bool>(x: S::V) -> S::V {
     }
 }
 
+/// `1.5·2^23 + 191`: rounds `x·log₂e` to an integer `n` like [`ROUND_MAGIC`], and leaves
+/// `n + 191` (the biased exponent of `2^(n+64)`) in the low bits, ready to shift into place.
+const NEG_MAGIC: f32 = 12_583_103.0;
+/// Degree-6 coefficients of `(e^r − 1)/r ≈ K1 + K2 r + … + K6 r⁵` on `|r| ≤ ln2/2 + 10⁻⁴`,
+/// a relative-error minimax fit (Lawson's iteration, 30 digits) rounded to f32: the rounded
+/// polynomial is within `0.29·2⁻²⁴` relative of `e^r` (degree 5 would be `1.54·2⁻²⁴` before any
+/// rounding, about 2 ULP once rounded: measured 1.97 with XNNPACK's `p5` coefficients).
+const K1: f32 = 1.0;
+const K2: f32 = f32::from_bits(0x3EFF_FFFE); // 0.49999994
+const K3: f32 = f32::from_bits(0x3E2A_AA0D); // 0.16666432
+const K4: f32 = f32::from_bits(0x3D2A_AC12); // 0.041668005
+const K5: f32 = f32::from_bits(0x3C09_33DA); // 0.008374179
+const K6: f32 = f32::from_bits(0x3AB5_7381); // 0.0013843627
+
+/// Maximum error of the softmax's exp ([`exp_neg_v`], [`softmax_exp_slice_with_isa`]) in ULP
+/// of the exact result, for `x ≤ 0` whose result is a normal f32, on every ISA; subnormal
+/// results are within this many `2^−149`. Checked over every f32 in `[−87.34, 0]` by the
+/// ignored test `tests/tests/exp.rs::exhaustive_softmax_exp` (AVX2+FMA: 1.146 ULP; the
+/// portable ISA runs [`exp_low_v`]: 0.952 ULP), and every 11th of them plus the subnormal
+/// range in the default test run. The AVX-512 build runs the same arithmetic (not yet run on
+/// such a CPU).
+pub const SOFTMAX_EXP_MAX_ULP: f64 = 1.5;
+
+/// The softmax's exp, for `x ≤ 0` (arguments `z − max`): a degree-6 polynomial and a cheaper
+/// reconstruction than [`exp_v`] (11 FMA-pipe operations instead of 12 plus two integer
+/// ones, and a dependency chain of ~45 cycles instead of ~60), at most
+/// [`SOFTMAX_EXP_MAX_ULP`] = 1.5 ULP. Steps, with an FMA:
+/// 1. clamp below at −104 (`exp` rounds to 0 there; NaN passes, `−∞` becomes 0);
+/// 2. `t = x·log₂e + NEG_MAGIC` rounds `n = round(x·log₂e)` and holds `n + 191` in its low
+///    bits: one shift gives `s = 2^(n+64)` (normal for `n ∈ [−150, 63]`);
+/// 3. `r = x − n·ln2` in two FMAs (Cody–Waite);
+/// 4. `q = 1 + r·p(r) ≈ e^r`, `p ≈ (e^r − 1)/r` of degree 5 by Estrin's scheme in `r` and
+///    `r²` (a shorter dependency chain than Horner's), the last step one FMA (the error of `p`
+///    is scaled by `|r| ≤ 0.35`, and `q` is rounded once);
+/// 5. `q·s` is exact (`s` a normal power of two); times `2^−64` is exact for normal results
+///    and the one rounding of a subnormal one.
+///
+/// ISAs without an FMA (the portable build) use [`exp_low_v`] instead, which stays within 1
+/// ULP with two roundings per multiply-add. There is no upper clamp (the softmax never passes
+/// `x > 0`): arguments in `(0, 43.6]` are as accurate but not swept, larger ones give
+/// unspecified values.
+///
+/// # Safety
+/// The CPU must support `S::ISA` (the [`SimdF32`] contract).
+#[inline(always)]
+pub(crate) unsafe fn exp_neg_v<S: SimdF32>(x: S::V) -> S::V {
+    // SAFETY: forwarded contract.
+    unsafe { exp_neg_n::<S, 1>([x])[0] }
+}
+
+/// [`exp_neg_v`] of `K` vectors at once, written step by step across the `K` so that the
+/// compiler emits `K` independent dependency chains interleaved: one chain is ~60 cycles of
+/// latency, which the out-of-order window cannot overlap far enough on its own (see
+/// `row.rs`, `EXP_UNROLL`). Same bits as `K` calls of [`exp_neg_v`].
+///
+/// # Safety
+/// The CPU must support `S::ISA` (the [`SimdF32`] contract).
+#[inline(always)]
+pub(crate) unsafe fn exp_neg_n<S: SimdF32, const K: usize>(x: [S::V; K]) -> [S::V; K] {
+    // SAFETY: forwarded contract; every operation below is a `SimdF32` method.
+    unsafe {
+        if !S::FUSED {
+            return x.map(|v| exp_low_v::<S>(v));
+        }
+        let x = x.map(|v| S::max_keep_nan(v, S::splat(EXP_LO)));
+        let t = x.map(|v| S::fmadd(v, S::splat(LOG2E), S::splat(NEG_MAGIC)));
+        let n = t.map(|v| S::sub(v, S::splat(NEG_MAGIC)));
+        let mut r = [S::splat(0.0); K];
+        for k in 0..K {
+            r[k] = S::fmadd(n[k], S::splat(-LN2_HI), x[k]);
+        }
+        for k in 0..K {
+            r[k] = S::fmadd(n[k], S::splat(-LN2_LO), r[k]);
+        }
+        // P = (K1 + K2 r) + r²·((K3 + K4 r) + r²·(K5 + K6 r)) by Estrin (three steps of latency
+        // after r instead of Horner's five, for one more multiply), then q = 1 + r·P: the error
+        // of P is scaled by |r| ≤ 0.35 and q is rounded once.
+        let r2 = r.map(|v| S::mul(v, v));
+        let mut a = [S::splat(0.0); K];
+        let mut b = [S::splat(0.0); K];
+        let mut c = [S::splat(0.0); K];
+        for k in 0..K {
+            a[k] = S::fmadd(S::splat(K2), r[k], S::splat(K1));
+            b[k] = S::fmadd(S::splat(K4), r[k], S::splat(K3));
+            c[k] = S::fmadd(S::splat(K6), r[k], S::splat(K5));
+        }
+        for k in 0..K {
+            b[k] = S::fmadd(c[k], r2[k], b[k]);
+        }
+        for k in 0..K {
+            a[k] = S::fmadd(b[k], r2[k], a[k]);
+        }
+        let mut p = [S::splat(0.0); K];
+        for k in 0..K {
+            p[k] = S::fmadd(a[k], r[k], S::splat(1.0));
+        }
+        for k in 0..K {
+            p[k] = S::mul(S::mul(p[k], S::shl23(t[k])), S::splat(TWO_POW_M64));
+        }
+        p
+    }
+}
+
 /// AVX-512F exp of 16 lanes (the module's algorithm; max error 1 ULP), for kernels that fuse it
 /// into their own loops.
 ///
@@ -186,25 +289,53 @@ pub fn exp_slice_with_isa(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// The generic body of [`exp_slice`]: full vectors, then one masked tail.
+/// `y[i] = exp(x[i])` by the softmax's exp ([`exp_neg_v`]), for `x[i] ≤ 0`: maximum error
+/// [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP; subnormal results within 1.5·2^−149); `exp(−∞) = 0`, NaN gives
+/// NaN, `x < −103.98` gives `+0`. Positive inputs are outside the stated domain (up to 43.6
+/// they are as accurate, beyond that unspecified). Errors as [`exp_slice_with_isa`].
+pub fn softmax_exp_slice_with_isa(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<()> {
+    isa.require()?;
+    if x.len() != y.len() {
+        return Err(Error::ShapeMismatch {
+            arg: "y",
+            dim: "len",
+            expected: x.len(),
+            actual: y.len(),
+        });
+    }
+    super::row::exp_neg_map(isa, x, y);
+    Ok(())
+}
+
+/// The generic body of [`exp_slice`] (`NEG = false`, [`exp_v`]) and of
+/// [`softmax_exp_slice_with_isa`] (`NEG = true`, [`exp_neg_v`]): full vectors, then one
+/// masked tail.
 ///
 /// # Safety
 /// The CPU must support `S::ISA`; `x` and `y` must have the same length.
 #[inline(always)]
-pub(crate) unsafe fn exp_map_body<S: SimdF32>(x: &[f32], y: &mut [f32]) {
+pub(crate) unsafe fn exp_map_body<S: SimdF32, const NEG: bool>(x: &[f32], y: &mut [f32]) {
     debug_assert_eq!(x.len(), y.len());
     let n = x.len().min(y.len());
     let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
+    // SAFETY: the caller's ISA contract.
+    let f = |v: S::V| unsafe {
+        if NEG {
+            exp_neg_v::<S>(v)
+        } else {
+            exp_v::<S>(v)
+        }
+    };
     let mut j = 0;
     // SAFETY: every access is below `n`, full vectors only while `j + LANES ≤ n`.
     unsafe {
         while j + S::LANES <= n {
-            S::store(yp.add(j), exp_v::<S>(S::load(xp.add(j))));
+            S::store(yp.add(j), f(S::load(xp.add(j))));
             j += S::LANES;
         }
         if j < n {
             let k = n - j;
-            S::store_tail(yp.add(j), k, exp_v::<S>(S::load_tail(xp.add(j), k)));
+            S::store_tail(yp.add(j), k, f(S::load_tail(xp.add(j), k)));
         }
     }
 }

@@ -15,13 +15,14 @@
 //!   `scale·x` overflows becomes `±∞` and follows the rule above (the f64 reference may keep
 //!   it finite — the one place the two can differ beyond rounding).
 //!
-//! Accuracy, with `u = 2⁻²⁴`, `E = 1` ULP of exp, `n` visible positions:
+//! Accuracy, with `u = 2⁻²⁴`, `E` = [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP: the softmax passes use
+//! their own exp, `exp::exp_neg_v`, for arguments `z − m ≤ 0`), `n` visible positions:
 //! `ŷ_j = p_j(z̃)·(1 + ε_j)`, `|ε_j| ≤ 2E·u + γ_n + 2u`, where `z̃_j` are the f32 logits and
 //! `z̃_j − m` is rounded once; each row sums to `1 ± (γ_n + 2u)`. The tests build their
 //! tolerances from exactly these terms.
 //!
 //! Passes: the input row is read twice (max, then exp) while it sits in L1/L2, and the output
-//! written once; rows longer than [`STREAM_MIN_BYTES`] in total are staged in a per-thread
+//! written once (costs and where the cycles go: `row.rs`); rows longer than [`STREAM_MIN_BYTES`] in total are staged in a per-thread
 //! buffer and written with non-temporal stores so the output costs no read-for-ownership.
 //! Rows are spread over threads when the call has at least [`PAR_MIN_ELEMENTS`] elements.
 //!
@@ -44,7 +45,9 @@
 //!   `#[target_feature(enable = "avx512f")]` / `"avx2,fma"` on a CPU that has it), the safe
 //!   `exp_f32x8(wide::f32x8)`, and the generic `exp_v::<S: SimdF32>(S::V)` for code written
 //!   over the [`SimdF32`] trait (`Avx512`, `Avx2`, `Portable` implement it), with
-//!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`).
+//!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`), both
+//!   within 1 ULP; `exp_neg_v` / `exp_neg_n` (1.5 ULP, arguments `≤ 0` only, `K` vectors
+//!   interleaved) are what the softmax itself uses and are available to it too.
 //!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
 //! [`arch::selected`](crate::arch::selected) or checked with [`Isa::require`]; an unsupported
@@ -54,7 +57,9 @@ pub mod exp;
 mod row;
 mod vector;
 
-pub use exp::{exp_slice, exp_slice_with_isa, EXP_MAX_ULP};
+pub use exp::{
+    exp_slice, exp_slice_with_isa, softmax_exp_slice_with_isa, EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP,
+};
 
 #[allow(unused_imports)] // the attention kernel's API (module docs)
 pub(crate) use exp::{exp_f32x8, exp_low_v, exp_v};
@@ -197,8 +202,8 @@ pub fn log_softmax_with_isa(
     x.check("x")?;
     let yt = TensorMut::new(y.data, Tensor4Layout::from_mat(y.layout));
     let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
-    for_each_row(yt, None, par, |scratch, r, yrow, _| {
-        let xrow = gather(&xt, r, &mut scratch.x);
+    for_each_row(yt, None, par, |scratch, pos, yrow, _| {
+        let xrow = gather(&xt, pos, &mut scratch.x);
         row::lse_row(isa, xrow, Some(yrow));
     });
     Ok(())
@@ -217,8 +222,10 @@ pub fn logsumexp_with_isa(isa: Isa, x: MatRef<'_>, par: Parallelism) -> Result<V
     x.check("x")?;
     let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
     let rows = x.layout.rows;
-    let f =
-        |scratch: &mut Scratch, r: usize| row::lse_row(isa, gather(&xt, r, &mut scratch.x), None);
+    let f = |scratch: &mut Scratch, r: usize| {
+        let pos = RowPos { r, b: 0, h: 0, i: r };
+        row::lse_row(isa, gather(&xt, pos, &mut scratch.x), None)
+    };
     if use_threads(par, x.layout.len()) {
         let min = min_rows_per_task(x.layout.cols);
         Ok(par.install(|| {
@@ -255,10 +262,48 @@ struct Scratch {
     stage: Vec<f32>,
 }
 
-/// Row `r` (flat over `[batch, heads, rows]`) of `t`: the slice itself when its columns are
-/// contiguous, else a copy in `buf`.
-fn gather<'a>(t: &TensorRef<'a>, r: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
-    let (start, cols, stride) = row_span(&t.layout, r);
+/// A row of a `[batch, heads, rows, cols]` view: its flat index `r` over `[batch, heads, rows]`
+/// and its coordinates. Rows are visited by [`RowPos::next`], without the four 64-bit
+/// divisions per row that recovering `(b, h, i)` from `r` costs (tens of cycles each, a
+/// noticeable share of a short row's softmax).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowPos {
+    r: usize,
+    b: usize,
+    h: usize,
+    i: usize,
+}
+
+impl RowPos {
+    const FIRST: RowPos = RowPos { r: 0, b: 0, h: 0, i: 0 };
+
+    /// The coordinates of flat row `r` (divides: for setting up, not per row).
+    fn of(r: usize, dims: [usize; 4]) -> Self {
+        let [_, heads, rows, _] = dims;
+        let (bh, i) = (r / rows.max(1), r % rows.max(1));
+        RowPos { r, b: bh / heads.max(1), h: bh % heads.max(1), i }
+    }
+
+    /// The row after this one.
+    fn next(self, dims: [usize; 4]) -> Self {
+        let [_, heads, rows, _] = dims;
+        let RowPos { r, mut b, mut h, mut i } = self;
+        i += 1;
+        if i >= rows {
+            i = 0;
+            h += 1;
+            if h >= heads {
+                h = 0;
+                b += 1;
+            }
+        }
+        RowPos { r: r + 1, b, h, i }
+    }
+}
+
+/// Row `pos` of `t`: the slice itself when its columns are contiguous, else a copy in `buf`.
+fn gather<'a>(t: &TensorRef<'a>, pos: RowPos, buf: &'a mut Vec<f32>) -> &'a [f32] {
+    let (start, cols, stride) = row_span(&t.layout, pos);
     if cols == 0 {
         return &[];
     }
@@ -275,10 +320,10 @@ fn gather<'a>(t: &TensorRef<'a>, r: usize, buf: &'a mut Vec<f32>) -> &'a [f32] {
 fn gather_mask<'a, T: Copy>(
     data: &'a [T],
     layout: &Tensor4Layout,
-    r: usize,
+    pos: RowPos,
     buf: &'a mut Vec<T>,
 ) -> &'a [T] {
-    let (start, cols, stride) = row_span(layout, r);
+    let (start, cols, stride) = row_span(layout, pos);
     if cols == 0 {
         return &[];
     }
@@ -291,22 +336,20 @@ fn gather_mask<'a, T: Copy>(
     }
 }
 
-/// (index of element 0, cols, column stride) of flat row `r`.
-fn row_span(l: &Tensor4Layout, r: usize) -> (usize, usize, usize) {
-    let [_, heads, rows, cols] = l.dims;
-    let (bh, i) = (r / rows.max(1), r % rows.max(1));
-    let (b, h) = (bh / heads.max(1), bh % heads.max(1));
-    (l.index(b, h, i, 0), cols, l.strides[3])
+/// (index of element 0, cols, column stride) of row `pos`.
+fn row_span(l: &Tensor4Layout, pos: RowPos) -> (usize, usize, usize) {
+    (l.index(pos.b, pos.h, pos.i, 0), l.dims[3], l.strides[3])
 }
 
-/// Runs `f(scratch, flat_row, y_row, lse_slot)` for every row of `y`, where `y_row` is a
+/// Runs `f(scratch, row, y_row, lse_slot)` for every row of `y`, where `y_row` is a
 /// contiguous buffer holding the row (the row itself, or a gathered copy scattered back after
 /// `f`). Rows go to rayon tasks when the call is large enough and the rows are contiguous.
 fn for_each_row<F>(mut y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism, f: F)
 where
-    F: Fn(&mut Scratch, usize, &mut [f32], Option<&mut f32>) + Sync,
+    F: Fn(&mut Scratch, RowPos, &mut [f32], Option<&mut f32>) + Sync,
 {
-    let [batch, heads, rows, cols] = y.layout.dims;
+    let dims = y.layout.dims;
+    let [batch, heads, rows, cols] = dims;
     let nrows = batch * heads * rows;
     let mut slots: Vec<Option<&mut f32>> = match lse {
         Some(l) => l.iter_mut().map(Some).collect(),
@@ -315,17 +358,19 @@ where
     if cols == 0 {
         // Nothing to index: an empty view's offset and strides need not lie inside its slice.
         let mut scratch = Scratch::default();
+        let mut pos = RowPos::FIRST;
         for r in 0..nrows {
-            f(&mut scratch, r, &mut [], take_slot(&mut slots, r));
+            f(&mut scratch, pos, &mut [], take_slot(&mut slots, r));
+            pos = pos.next(dims);
         }
         return;
     }
     let contiguous = y.layout.strides[3] == 1 || cols <= 1;
     if contiguous && use_threads(par, nrows.saturating_mul(cols)) {
         if let Some(mut jobs) = split_rows(y.data, &y.layout) {
-            let mut work: Vec<(usize, &mut [f32], Option<&mut f32>)> = Vec::with_capacity(nrows);
-            for (r, row) in jobs.drain(..) {
-                work.push((r, row, take_slot(&mut slots, r)));
+            let mut work: Vec<(RowPos, &mut [f32], Option<&mut f32>)> = Vec::with_capacity(nrows);
+            for (pos, row) in jobs.drain(..) {
+                work.push((pos, row, take_slot(&mut slots, pos.r)));
             }
             let min = min_rows_per_task(cols);
             par.install(|| {
@@ -337,21 +382,23 @@ where
         }
     }
     let mut scratch = Scratch::default();
+    let mut pos = RowPos::FIRST;
     for r in 0..nrows {
-        let (start, _, stride) = row_span(&y.layout, r);
+        let (start, _, stride) = row_span(&y.layout, pos);
         let l = take_slot(&mut slots, r);
         if contiguous {
-            f(&mut scratch, r, &mut y.rb().data[start..start + cols], l);
+            f(&mut scratch, pos, &mut y.rb().data[start..start + cols], l);
         } else {
             let mut buf = std::mem::take(&mut scratch.y);
             buf.clear();
             buf.extend((0..cols).map(|j| y.data[start + j * stride]));
-            f(&mut scratch, r, &mut buf, l);
+            f(&mut scratch, pos, &mut buf, l);
             for (j, v) in buf.iter().enumerate() {
                 y.data[start + j * stride] = *v;
             }
             scratch.y = buf;
         }
+        pos = pos.next(dims);
     }
 }
 
@@ -360,14 +407,15 @@ fn take_slot<'a>(slots: &mut [Option<&'a mut f32>], r: usize) -> Option<&'a mut 
 }
 
 /// Splits `data` into the disjoint contiguous rows of `layout` (column stride 1), tagged with
-/// their flat row index. `None` if two rows overlap (impossible after `check_output`).
+/// their position. `None` if two rows overlap (impossible after `check_output`).
 fn split_rows<'a>(
     data: &'a mut [f32],
     layout: &Tensor4Layout,
-) -> Option<Vec<(usize, &'a mut [f32])>> {
+) -> Option<Vec<(RowPos, &'a mut [f32])>> {
     let [batch, heads, rows, cols] = layout.dims;
     let nrows = batch * heads * rows;
-    let mut order: Vec<(usize, usize)> = (0..nrows).map(|r| (row_span(layout, r).0, r)).collect();
+    let mut order: Vec<(usize, usize)> =
+        (0..nrows).map(|r| (row_span(layout, RowPos::of(r, layout.dims)).0, r)).collect();
     order.sort_unstable();
     let mut out = Vec::with_capacity(nrows);
     let mut rest = data;
@@ -379,12 +427,19 @@ fn split_rows<'a>(
         }
         let (_, tail) = std::mem::take(&mut rest).split_at_mut(skip);
         let (row, tail) = tail.split_at_mut(cols);
-        out.push((r, row));
+        out.push((RowPos::of(r, layout.dims), row));
         rest = tail;
         consumed = start + cols;
     }
     Some(out)
 }
+
+/// How many rows ahead the streaming path prefetches its input: the row being prefetched
+/// plus the ones already in flight stay far inside the 512 KiB L2 for rows up to ~16 K
+/// columns (4 × 64 KiB). One row ahead left pass A waiting on DRAM once pass B got twice as
+/// fast; in A/B runs on the busy machine two rows ahead took 8192×4096 from ~41 ms to 25–32
+/// ms, and four rows ahead beat two in both interleaved pairs (36 against 45–52 ms).
+const PREFETCH_ROWS: usize = 4;
 
 /// What a scale-mask-softmax call needs per row, shared read-only by the threads.
 struct Ctx<'a, 'm> {
@@ -406,25 +461,27 @@ impl Ctx<'_, '_> {
         let [_, _, rows, cols] = self.dims;
         let stream =
             self.isa != Isa::Portable && y.layout.len().saturating_mul(4) >= STREAM_MIN_BYTES;
-        for_each_row(y, lse, par, |scratch, r, yrow, l| {
-            let v = self.row(scratch, r, rows, cols, yrow, stream);
+        for_each_row(y, lse, par, |scratch, pos, yrow, l| {
+            let v = self.row(scratch, pos, rows, cols, yrow, stream, l.is_some());
             if let Some(l) = l {
                 *l = v;
             }
         });
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn row(
         &self,
         scratch: &mut Scratch,
-        r: usize,
+        pos: RowPos,
         rows: usize,
         cols: usize,
         y: &mut [f32],
         stream: bool,
+        want_lse: bool,
     ) -> f32 {
         let Scratch { x: xbuf, bias: bbuf, keep: kbuf, stage, .. } = scratch;
-        let i = r % rows.max(1);
+        let i = pos.i;
         let (visible, mask) = match self.mask {
             Mask::None => (cols, RowMask::None),
             Mask::Causal { offset } => {
@@ -435,13 +492,13 @@ impl Ctx<'_, '_> {
                 (visible, RowMask::None)
             }
             Mask::Keep { keep, layout } => {
-                (cols, RowMask::Keep(gather_mask(keep, layout, r, kbuf)))
+                (cols, RowMask::Keep(gather_mask(keep, layout, pos, kbuf)))
             }
             Mask::Bias { bias, layout } => {
-                (cols, RowMask::Bias(gather_mask(bias, layout, r, bbuf)))
+                (cols, RowMask::Bias(gather_mask(bias, layout, pos, bbuf)))
             }
         };
-        let src = self.x.as_ref().map(|x| gather(x, r, xbuf));
+        let src = self.x.as_ref().map(|x| gather(x, pos, xbuf));
         let stage = if stream {
             if stage.len() < visible {
                 stage.resize(visible, 0.0);
@@ -450,15 +507,22 @@ impl Ctx<'_, '_> {
         } else {
             None
         };
-        // Out of cache, the next row of this thread (usually r + 1) is prefetched meanwhile.
+        // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last
+        // row) is prefetched meanwhile (see PREFETCH_ROWS).
         let next = match &self.x {
-            Some(x) if stream && x.layout.strides[3] == 1 && r + 1 < self.rows() => {
-                let (start, cols, _) = row_span(&x.layout, r + 1);
+            Some(x) if stream && x.layout.strides[3] == 1 && pos.r + 1 < self.rows() => {
+                let mut ahead = pos.next(self.dims);
+                for _ in 1..PREFETCH_ROWS {
+                    if ahead.r + 1 < self.rows() {
+                        ahead = ahead.next(self.dims);
+                    }
+                }
+                let (start, cols, _) = row_span(&x.layout, ahead);
                 x.data.get(start..start + cols)
             }
             _ => None,
         };
-        let job = RowJob { src, y, visible, mask, scale: self.scale, stage, next };
+        let job = RowJob { src, y, visible, mask, scale: self.scale, stage, next, want_lse };
         row::softmax_row(self.isa, job)
     }
 }

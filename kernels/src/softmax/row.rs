@@ -5,16 +5,24 @@
 //! The fused softmax row (`softmax_row`) makes three passes over the row, reading the input
 //! (and mask) twice while it sits in L1/L2 and writing the output once:
 //! - pass A: `m = max_j z_j` where `z_j = scale·x_j (+ bias_j)`, masked `z_j = −∞`, NaN skipped;
-//! - pass B: `e_j = exp(z_j − m)` stored (to the output row, or to a staging buffer when
-//!   streaming), `s = Σ e_j`;
+//! - pass B: `e_j = exp(z_j − m)` by the softmax's exp (`exp_neg_n`, 1.5 ULP, arguments
+//!   `≤ 0`) stored (to the output row, or to a staging buffer when streaming), `s = Σ e_j`;
 //! - pass C: `y_j = e_j · (1/s)`, with non-temporal stores when streaming.
+//!
+//! Where the cycles go (AVX2 on Zen 2, `llvm-mca -mcpu=znver2` on the release loops, since
+//! `perf` has no counters on this machine): pass B dominates. Its exp is a dependency chain of
+//! ~45 FMA-latency cycles per vector, so it runs [`EXP_UNROLL`] vectors interleaved per
+//! iteration (~10 cycles per vector instead of ~20 for one exp per iteration); pass A takes
+//! the max of the raw input and scales it once when `scale > 0` (no multiply per element);
+//! pass C is a load, a multiply and a store. Per row, nothing divides and the f64 logsumexp is
+//! only formed when the caller asks for it.
 //!
 //! `z_j` is recomputed in pass B rather than stored in pass A, which saves one store and one
 //! load per element; both passes compute it by the same [`Logits`] code, so the values agree
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
-use super::exp::{exp_low_v, exp_map_body};
+use super::exp::{exp_low_v, exp_map_body, exp_neg_n};
 use super::vector::{Portable, SimdF32};
 use crate::arch::Isa;
 
@@ -48,6 +56,8 @@ pub(crate) struct RowJob<'a> {
     /// The input row this thread handles next, prefetched during pass B so that its memory
     /// traffic overlaps this row's exp (out-of-cache calls only).
     pub next: Option<&'a [f32]>,
+    /// Whether the caller wants the row's logsumexp (else `softmax_row` returns 0).
+    pub want_lse: bool,
 }
 
 /// How the logits `z_j` of a row are formed from the input and the mask, one vector at a time.
@@ -63,6 +73,44 @@ trait Logits<S: SimdF32> {
     /// # Safety
     /// `S::ISA` supported; `k < LANES`; `j + k ≤` the row's visible length.
     unsafe fn tail(&self, j: usize, k: usize) -> S::V;
+    /// True when `z_j = scale·u_j` with `u_j` what [`raw`](Self::raw) returns (masked lanes
+    /// `−∞`): then for `scale > 0` the row max is `scale·max_j u_j`, bit for bit (rounding is
+    /// monotone), and pass A needs no multiply.
+    const SCALE_AFTER: bool;
+    /// `u[j .. j + LANES]` (only called when [`SCALE_AFTER`](Self::SCALE_AFTER)).
+    ///
+    /// # Safety
+    /// As [`vec`](Self::vec).
+    unsafe fn raw(&self, j: usize) -> S::V;
+    /// `u[j .. j + k]`, lanes `≥ k` set to `−∞`.
+    ///
+    /// # Safety
+    /// As [`tail`](Self::tail).
+    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V;
+}
+
+/// The unscaled values of a [`Logits::SCALE_AFTER`] row, as logits of their own.
+struct Raw<'a, L>(&'a L);
+
+// SAFETY: forwards the caller's contract.
+impl<S: SimdF32, L: Logits<S>> Logits<S> for Raw<'_, L> {
+    const SCALE_AFTER: bool = false;
+    #[inline(always)]
+    unsafe fn vec(&self, j: usize) -> S::V {
+        unsafe { self.0.raw(j) }
+    }
+    #[inline(always)]
+    unsafe fn tail(&self, j: usize, k: usize) -> S::V {
+        unsafe { self.0.raw_tail(j, k) }
+    }
+    #[inline(always)]
+    unsafe fn raw(&self, j: usize) -> S::V {
+        unsafe { self.0.raw(j) }
+    }
+    #[inline(always)]
+    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        unsafe { self.0.raw_tail(j, k) }
+    }
 }
 
 struct Plain<S: SimdF32> {
@@ -82,6 +130,7 @@ struct Bias<S: SimdF32> {
 
 // SAFETY (the three impls): pointers valid for the visible length, per the trait contract.
 impl<S: SimdF32> Logits<S> for Plain<S> {
+    const SCALE_AFTER: bool = true;
     #[inline(always)]
     unsafe fn vec(&self, j: usize) -> S::V {
         unsafe { S::mul(self.scale, S::load(self.x.add(j))) }
@@ -93,10 +142,22 @@ impl<S: SimdF32> Logits<S> for Plain<S> {
             S::select(S::first(k), z, S::splat(f32::NEG_INFINITY))
         }
     }
+    #[inline(always)]
+    unsafe fn raw(&self, j: usize) -> S::V {
+        unsafe { S::load(self.x.add(j)) }
+    }
+    #[inline(always)]
+    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        unsafe {
+            S::select(S::first(k), S::load_tail(self.x.add(j), k), S::splat(f32::NEG_INFINITY))
+        }
+    }
 }
 impl<S: SimdF32> Logits<S> for Keep<S> {
+    const SCALE_AFTER: bool = true;
     #[inline(always)]
     unsafe fn vec(&self, j: usize) -> S::V {
+        // The mask is applied after the scale: `0·(−∞)` would be NaN.
         unsafe {
             let z = S::mul(self.scale, S::load(self.x.add(j)));
             S::select(S::keep(self.keep.add(j)), z, S::splat(f32::NEG_INFINITY))
@@ -109,8 +170,31 @@ impl<S: SimdF32> Logits<S> for Keep<S> {
             S::select(S::keep_tail(self.keep.add(j), k), z, S::splat(f32::NEG_INFINITY))
         }
     }
+    #[inline(always)]
+    unsafe fn raw(&self, j: usize) -> S::V {
+        unsafe {
+            let u = S::load(self.x.add(j));
+            S::select(S::keep(self.keep.add(j)), u, S::splat(f32::NEG_INFINITY))
+        }
+    }
+    #[inline(always)]
+    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        unsafe {
+            let u = S::load_tail(self.x.add(j), k);
+            S::select(S::keep_tail(self.keep.add(j), k), u, S::splat(f32::NEG_INFINITY))
+        }
+    }
 }
 impl<S: SimdF32> Logits<S> for Bias<S> {
+    const SCALE_AFTER: bool = false;
+    #[inline(always)]
+    unsafe fn raw(&self, j: usize) -> S::V {
+        unsafe { self.vec(j) }
+    }
+    #[inline(always)]
+    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        unsafe { self.tail(j, k) }
+    }
     #[inline(always)]
     unsafe fn vec(&self, j: usize) -> S::V {
         unsafe { S::fmadd(self.scale, S::load(self.x.add(j)), S::load(self.bias.add(j))) }
@@ -157,15 +241,40 @@ unsafe fn max_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> f32 {
     }
 }
 
+/// Pass A with the scale taken out where that is exact (module docs): `max_j z_j`.
+///
+/// # Safety
+/// As [`max_pass`]; `scale` is the scale `z` applies.
+#[inline(always)]
+unsafe fn logits_max<S: SimdF32, L: Logits<S>>(z: &L, n: usize, scale: f32) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        if L::SCALE_AFTER && scale > 0.0 {
+            scale * max_pass::<S, _>(&Raw(z), n)
+        } else {
+            max_pass::<S, L>(z, n)
+        }
+    }
+}
+
+/// Vectors per iteration of pass B. One exp is a long dependency chain (~45 cycles of FMA
+/// latency) and the out-of-order window holds about two of them, so the former one-vector
+/// loop ran at the chain's latency (llvm-mca, znver2: 20 cycles per vector against a
+/// throughput bound of 7); four chains written interleaved (`exp_neg_n`) run at ~10. Eight
+/// would spill: 16 ymm registers hold four chains and the constants.
+const EXP_UNROLL: usize = 4;
+
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `w` is not null), returns `Σ w_j`.
-/// Prefetches `next[..next_len]` along the way, one vector's span per iteration.
+/// `NEG` selects the softmax's exp (`exp_neg_v`, needs `z_j − m ≤ 0`: `m` the row max) over
+/// `exp_low_v` (`z_j − m ≤ 43`). Prefetches `next[..next_len]` along the way, one cache line
+/// per 16 floats.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits; `w` null or valid for `n` writes (it may be
 /// the input row itself: each vector is read before it is written). `next` is only
 /// prefetched, never read.
 #[inline(always)]
-unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(
+unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
     z: &L,
     n: usize,
     m: f32,
@@ -174,35 +283,77 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>>(
     next_len: usize,
 ) -> f32 {
     let l = S::LANES;
+    // SAFETY: the caller's ISA contract.
+    let exp = |d: [S::V; EXP_UNROLL]| unsafe {
+        if NEG {
+            exp_neg_n::<S, EXP_UNROLL>(d)
+        } else {
+            d.map(|v| exp_low_v::<S>(v))
+        }
+    };
     // SAFETY: as in `max_pass`; `w` written at the same indices.
     unsafe {
-        // One vector per iteration and one accumulator: the exp has ample instruction-level
-        // parallelism across iterations, and with 16 AVX2 registers a second chain only spills.
         let mv = S::splat(m);
-        let mut s = S::splat(0.0);
+        let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
+        // Two accumulators: the adds are a chain of their own.
+        let mut add = |e: &[S::V; EXP_UNROLL]| {
+            for (u, eu) in e.iter().enumerate() {
+                if u % 2 == 0 {
+                    s0 = S::add(s0, *eu);
+                } else {
+                    s1 = S::add(s1, *eu);
+                }
+            }
+        };
         let mut j = 0;
-        while j + l <= n {
+        while j + EXP_UNROLL * l <= n {
             if j < next_len {
-                S::prefetch(next.wrapping_add(j));
+                let mut k = 0;
+                while k < EXP_UNROLL * l {
+                    S::prefetch(next.wrapping_add(j + k));
+                    k += 16;
+                }
             }
-            let e = exp_low_v::<S>(S::sub(z.vec(j), mv));
+            let mut d = [S::splat(0.0); EXP_UNROLL];
+            for (u, du) in d.iter_mut().enumerate() {
+                *du = S::sub(z.vec(j + u * l), mv);
+            }
+            let e = exp(d);
             if !w.is_null() {
-                S::store(w.add(j), e);
+                for (u, eu) in e.iter().enumerate() {
+                    S::store(w.add(j + u * l), *eu);
+                }
             }
-            s = S::add(s, e);
-            j += l;
+            add(&e);
+            j += EXP_UNROLL * l;
         }
         if j < n {
-            let k = n - j;
-            // Padding lanes are −∞, so they add exp(−∞) = 0 (and a padded row sums in the same
-            // order as the unpadded one).
-            let e = exp_low_v::<S>(S::sub(z.tail(j, k), mv));
-            if !w.is_null() {
-                S::store_tail(w.add(j), k, e);
+            // The last `< EXP_UNROLL` vectors, the partial one included, as one more
+            // interleaved group (ragged rows, such as causal ones, pay one group, not a
+            // chain per vector). Padding lanes and vectors are −∞: they add exp(−∞) = 0.
+            let mut d = [S::splat(f32::NEG_INFINITY); EXP_UNROLL];
+            for (u, du) in d.iter_mut().enumerate() {
+                let ju = j + u * l;
+                if ju + l <= n {
+                    *du = S::sub(z.vec(ju), mv);
+                } else if ju < n {
+                    *du = S::sub(z.tail(ju, n - ju), mv);
+                }
             }
-            s = S::add(s, e);
+            let e = exp(d);
+            if !w.is_null() {
+                for (u, eu) in e.iter().enumerate() {
+                    let ju = j + u * l;
+                    if ju + l <= n {
+                        S::store(w.add(ju), *eu);
+                    } else if ju < n {
+                        S::store_tail(w.add(ju), n - ju, *eu);
+                    }
+                }
+            }
+            add(&e);
         }
-        S::reduce_add(s)
+        S::reduce_add(S::add(s0, s1))
     }
 }
 
@@ -313,23 +464,26 @@ unsafe fn special_row<S: SimdF32, L: Logits<S>>(z: &L, n: usize, y: *mut f32, to
 /// `S::ISA` supported; `z` valid for `n` logits (reading the input from `y` or not); `y` valid
 /// for `total ≥ n` writes; `stage` null or valid for `n` writes and disjoint from `y`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
     z: &L,
+    scale: f32,
     n: usize,
     y: *mut f32,
     total: usize,
     stage: *mut f32,
     next: &[f32],
+    want_lse: bool,
 ) -> f32 {
     // SAFETY: forwarded contract.
     unsafe {
-        let m = max_pass::<S, L>(z, n);
+        let m = logits_max::<S, L>(z, n, scale);
         if !m.is_finite() {
             return special_row::<S, L>(z, n, y, total);
         }
         let stream = !stage.is_null();
         let w = if stream { stage } else { y };
-        let s = exp_sum_pass::<S, L>(z, n, m, w, next.as_ptr(), next.len());
+        let s = exp_sum_pass::<S, L, true>(z, n, m, w, next.as_ptr(), next.len());
         if s.is_nan() {
             // A NaN logit: with a finite max nothing else makes the sum NaN.
             std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
@@ -337,8 +491,15 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
         }
         // s ≥ 1: the max contributes exp(0) = 1 exactly.
         scale_pass::<S>(w, y, n, 1.0 / s, stream);
-        std::slice::from_raw_parts_mut(y.add(n), total - n).fill(0.0);
-        (f64::from(m) + f64::from(s).ln()) as f32
+        if total > n {
+            std::slice::from_raw_parts_mut(y.add(n), total - n).fill(0.0);
+        }
+        // The f64 log costs as much as a short row: only when asked for.
+        if want_lse {
+            (f64::from(m) + f64::from(s).ln()) as f32
+        } else {
+            0.0
+        }
     }
 }
 
@@ -348,7 +509,7 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
 /// `S::ISA` supported; the job's lengths validated by [`softmax_row`].
 #[inline(always)]
 unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
-    let RowJob { src, y, visible: n, mask, scale, stage, next } = job;
+    let RowJob { src, y, visible: n, mask, scale, stage, next, want_lse } = job;
     let next = next.unwrap_or(&[]);
     let total = y.len();
     let yp = y.as_mut_ptr();
@@ -358,24 +519,35 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
     unsafe {
         let sc = S::splat(scale);
         match mask {
-            RowMask::None => {
-                softmax_row_body::<S, _>(&Plain::<S> { x, scale: sc }, n, yp, total, stage, next)
-            }
-            RowMask::Keep(k) => softmax_row_body::<S, _>(
-                &Keep::<S> { x, keep: k.as_ptr(), scale: sc },
+            RowMask::None => softmax_row_body::<S, _>(
+                &Plain::<S> { x, scale: sc },
+                scale,
                 n,
                 yp,
                 total,
                 stage,
                 next,
+                want_lse,
+            ),
+            RowMask::Keep(k) => softmax_row_body::<S, _>(
+                &Keep::<S> { x, keep: k.as_ptr(), scale: sc },
+                scale,
+                n,
+                yp,
+                total,
+                stage,
+                next,
+                want_lse,
             ),
             RowMask::Bias(b) => softmax_row_body::<S, _>(
                 &Bias::<S> { x, bias: b.as_ptr(), scale: sc },
+                scale,
                 n,
                 yp,
                 total,
                 stage,
                 next,
+                want_lse,
             ),
         }
     }
@@ -393,7 +565,8 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
         let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
         let m = max_pass::<S, _>(&z, n);
         let lse = if m.is_finite() {
-            let s = exp_sum_pass::<S, _>(&z, n, m, std::ptr::null_mut(), std::ptr::null(), 0);
+            let null = std::ptr::null_mut();
+            let s = exp_sum_pass::<S, _, true>(&z, n, m, null, std::ptr::null(), 0);
             (f64::from(m) + f64::from(s).ln()) as f32
         } else if x.iter().any(|v| v.is_nan()) {
             f32::NAN
@@ -440,7 +613,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
     unsafe {
         let z = Plain::<S> { x: p, scale: S::splat(1.0) };
-        exp_sum_pass::<S, _>(&z, x.len(), m, p, std::ptr::null(), 0)
+        exp_sum_pass::<S, _, false>(&z, x.len(), m, p, std::ptr::null(), 0)
     }
 }
 
@@ -495,7 +668,12 @@ macro_rules! isa_fns {
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn exp_map(x: &[f32], y: &mut [f32]) {
                 // SAFETY: as above.
-                unsafe { exp_map_body::<$S>(x, y) }
+                unsafe { exp_map_body::<$S, false>(x, y) }
+            }
+            $(#[target_feature(enable = $feature)])?
+            pub(super) unsafe fn exp_neg_map(x: &[f32], y: &mut [f32]) {
+                // SAFETY: as above.
+                unsafe { exp_map_body::<$S, true>(x, y) }
             }
         }
     };
@@ -556,6 +734,13 @@ pub(crate) fn lse_row(isa: Isa, x: &[f32], y: Option<&mut [f32]>) -> f32 {
 pub(crate) fn exp_map(isa: Isa, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
     dispatch!(isa, exp_map(&x[..n], &mut y[..n]))
+}
+
+/// The softmax's exp (`exp_neg_v`) of a slice into another of the same length (shorter one
+/// wins).
+pub(crate) fn exp_neg_map(isa: Isa, x: &[f32], y: &mut [f32]) {
+    let n = x.len().min(y.len());
+    dispatch!(isa, exp_neg_map(&x[..n], &mut y[..n]))
 }
 
 // ---- The crate-internal row API the attention kernel builds on (see `softmax/mod.rs`). ----

@@ -17,7 +17,7 @@
 use crate::arch::Isa;
 
 /// `2^−64`, the fixed second factor of [`SimdF32::ldexp_low`].
-const TWO_POW_M64: f32 = f32::from_bits((127 - 64) << 23);
+pub(crate) const TWO_POW_M64: f32 = f32::from_bits((127 - 64) << 23);
 
 /// An f32 SIMD instruction set: vector type, lane mask type, and the handful of operations the
 /// softmax needs. See the module docs for the safety contract shared by all methods.
@@ -66,6 +66,8 @@ pub(crate) trait SimdF32: Copy + 'static {
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// Lane-wise maximum that keeps `acc` where `v` is NaN (a NaN never enters `acc`).
     unsafe fn max_skip_nan(acc: Self::V, v: Self::V) -> Self::V;
+    /// `max(v, lo)` lane-wise, NaN lanes of `v` left NaN.
+    unsafe fn max_keep_nan(v: Self::V, lo: Self::V) -> Self::V;
     /// `v` clamped to `[lo, hi]`, NaN lanes left NaN.
     unsafe fn clamp_keep_nan(v: Self::V, lo: Self::V, hi: Self::V) -> Self::V;
     /// Largest lane (`acc` lanes are never NaN where this is used).
@@ -85,6 +87,10 @@ pub(crate) trait SimdF32: Copy + 'static {
         // SAFETY: forwarded contract.
         unsafe { Self::ldexp(p, n, t) }
     }
+
+    /// The bits of each lane shifted left by 23 (into the exponent field), as f32: `2^(k−127)`
+    /// when the low 9 bits of `t`'s bits hold `k ∈ [1, 254]`.
+    unsafe fn shl23(t: Self::V) -> Self::V;
 
     /// Lanes `< k` set.
     unsafe fn first(k: usize) -> Self::M;
@@ -183,6 +189,11 @@ mod portable {
             acc.max(v)
         }
         #[inline(always)]
+        unsafe fn max_keep_nan(v: f32x8, lo: f32x8) -> f32x8 {
+            // Ordered compares are false for NaN, so NaN lanes keep `v`.
+            v.simd_lt(lo).select(lo, v)
+        }
+        #[inline(always)]
         unsafe fn clamp_keep_nan(v: f32x8, lo: f32x8, hi: f32x8) -> f32x8 {
             // Ordered compares are false for NaN, so NaN lanes keep `v`.
             let v = v.simd_lt(lo).select(lo, v);
@@ -212,6 +223,10 @@ mod portable {
             // bits(2^(n+64)) = (n + 127 + 64) << 23 with n = bits(t) − bits(magic).
             let s = from_i32((to_i32(t) + i32x8::splat(191 - ROUND_MAGIC_BITS)) << 23);
             (p * s) * f32x8::splat(TWO_POW_M64)
+        }
+        #[inline(always)]
+        unsafe fn shl23(t: f32x8) -> f32x8 {
+            from_i32(to_i32(t) << 23)
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> f32x8 {
@@ -337,6 +352,11 @@ mod avx2 {
             unsafe { _mm256_max_ps(v, acc) }
         }
         #[inline(always)]
+        unsafe fn max_keep_nan(v: __m256, lo: __m256) -> __m256 {
+            // Second operand on NaN.
+            unsafe { _mm256_max_ps(lo, v) }
+        }
+        #[inline(always)]
         unsafe fn clamp_keep_nan(v: __m256, lo: __m256, hi: __m256) -> __m256 {
             // Second operand on NaN: a NaN `v` passes through both.
             unsafe { _mm256_min_ps(hi, _mm256_max_ps(lo, v)) }
@@ -384,6 +404,10 @@ mod avx2 {
                 let s = _mm256_castsi256_ps(_mm256_slli_epi32(b, 23));
                 _mm256_mul_ps(_mm256_mul_ps(p, s), _mm256_set1_ps(TWO_POW_M64))
             }
+        }
+        #[inline(always)]
+        unsafe fn shl23(t: __m256) -> __m256 {
+            unsafe { _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)) }
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> __m256 {
@@ -499,6 +523,11 @@ mod avx512 {
             unsafe { _mm512_max_ps(v, acc) }
         }
         #[inline(always)]
+        unsafe fn max_keep_nan(v: __m512, lo: __m512) -> __m512 {
+            // Second operand on NaN.
+            unsafe { _mm512_max_ps(lo, v) }
+        }
+        #[inline(always)]
         unsafe fn clamp_keep_nan(v: __m512, lo: __m512, hi: __m512) -> __m512 {
             unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
         }
@@ -515,6 +544,10 @@ mod avx512 {
             // vscalefps: p·2^floor(n) with a single rounding, overflow to ∞ and gradual
             // underflow included.
             unsafe { _mm512_scalef_ps(p, n) }
+        }
+        #[inline(always)]
+        unsafe fn shl23(t: __m512) -> __m512 {
+            unsafe { _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(t), 23)) }
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> __mmask16 {
