@@ -21,10 +21,7 @@
 use rayon::prelude::*;
 
 use super::blocking::{BC, QT, QV};
-use super::simd::{
-    load, pack_keys, pack_values_t, pv_block, qk_block, store, tile_rows, vectorize, Kernel, Simd,
-    Values,
-};
+use super::simd::{load, pv_block, qk_block, store, tile_rows, vectorize, Kernel, Simd};
 use super::sink::Sink;
 use super::{matrix, Problem};
 use crate::arch::Isa;
@@ -42,9 +39,6 @@ pub(super) struct Scratch {
     qp: AlignedBuf,
     /// The score / probability block of the tile being processed.
     s: AlignedBuf,
-    /// The current key block and `Vᵀ` block, packed as the micro-kernel's A panels.
-    kp: AlignedBuf,
-    vp: AlignedBuf,
     /// Output accumulators, `dv·QR` floats per tile.
     o: Vec<f32>,
     /// Copy of one accumulator while a guarded block runs (see [`pv_block`]).
@@ -64,8 +58,6 @@ impl Scratch {
         Scratch {
             qp,
             s,
-            kp: AlignedBuf::default(),
-            vp: AlignedBuf::default(),
             o: vec![0.0; QT * dv * MAX_QR],
             save: vec![0.0; dv * MAX_QR],
             m: vec![0.0; QT * MAX_QR],
@@ -149,8 +141,6 @@ impl Kernel for Task<'_, '_, '_> {
         let mut j0 = 0;
         while j0 < kend_task {
             let nb_task = (kend_task - j0).min(BC);
-            let kp = pack_keys::<S>(keys, dk, j0, nb_task, &mut scr.kp);
-            let vp = pack_values_t::<S>(values, dv, j0, nb_task, &mut scr.vp);
             for u in 0..tiles {
                 let (i0, rows) = tile(u);
                 let kend = p.key_end(i0 + rows - 1);
@@ -159,15 +149,13 @@ impl Kernel for Task<'_, '_, '_> {
                 }
                 let nb = nb_task.min(kend - j0);
                 let sb = scr.s.get(nb * qr);
-                qk_block(s, &qps[u * dk * qr..(u + 1) * dk * qr], dk, kp, nb, sb);
+                qk_block(s, &qps[u * dk * qr..(u + 1) * dk * qr], dk, keys, j0, nb, sb);
                 p.apply_mask(b, h, i0, rows, j0, nb, qr, sb);
                 let (m, lsum) =
                     (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);
                 let guard = softmax_step(s, sb, nb, m, lsum, &mut scr.alpha[..qr]);
                 let oacc = &mut scr.o[u * dv * qr..(u + 1) * dv * qr];
-                // A tile that stops at its causal diagonal inside the block reads V in place.
-                let vals = if nb == nb_task { Values::Packed(vp) } else { Values::InPlace };
-                pv_block(s, guard, sb, nb, values, vals, j0, dv, &scr.alpha, oacc, &mut scr.save);
+                pv_block(s, guard, sb, nb, values, j0, dv, &scr.alpha, oacc, &mut scr.save);
             }
             j0 += nb_task;
         }

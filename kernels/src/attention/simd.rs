@@ -18,16 +18,17 @@
 //! - the only packing is the query tile, once per task, and the probability block, which the
 //!   softmax step writes directly in the packed layout;
 //! - K and V are never copied or transposed: any strides, GQA sharing and both tensor layouts
-//!   come for free, and a packed copy of a K/V block would be read once per query tile
-//!   exactly as the rows in place are (broadcast loads, one element at a time);
+//!   come for free. A broadcast operand gains nothing from being contiguous (it is read one
+//!   element at a time either way), and packing it costs: packing each K and `Vᵀ` block once
+//!   per task of four query tiles (`gemm::pack::pack_a`) measured 17 % slower at 2 heads,
+//!   N = 1024, d = 64 (9.08 against 7.68 ms, best of 30, interleaved runs), about 2
+//!   instructions per packed element against the strided kernel's integer address arithmetic,
+//!   which runs beside the FMAs on the otherwise idle integer ports;
 //! - the online softmax needs no horizontal reductions: the running max, sum and rescale
 //!   factors of `QR` queries are `QV` vectors.
 
 use super::blocking::QV;
 use crate::arch::Isa;
-use attn_reference::{MatLayout, MatRef};
-
-use crate::gemm::pack::{pack_a, AlignedBuf};
 use crate::gemm::ukernel::{kernel_for, macro_kernel, ABlock, Kernel as GemmKernel};
 
 /// A vector ISA: lanes, register-tile width and the handful of operations the attention
@@ -162,100 +163,46 @@ pub(crate) fn tile_rows(isa: Isa) -> usize {
     kernel_for(isa).nr
 }
 
-/// Packs keys `j0..j0 + nb` of `k` (`dk` columns) into the A micro-panels of the GEMM
-/// micro-kernel of `S`: `MR` keys per panel, `dk` steps (see the `ukernel` module docs). The
-/// result is what [`qk_block`] reads; it is shared by every query tile of a flash task.
-/// Panics (never UB) if the block is not inside `k`.
-pub(crate) fn pack_keys<'b, S: Simd>(
-    k: Strided<'_>,
-    dk: usize,
-    j0: usize,
-    nb: usize,
-    dst: &'b mut AlignedBuf,
-) -> &'b [f32] {
-    let mr = gemm_kernel::<S>().mr;
-    let out = dst.get(nb.div_ceil(mr) * mr * dk);
-    if nb > 0 && dk > 0 {
-        let m = MatRef::new(k.data, MatLayout::strided(j0 + nb, dk, k.rs, k.cs, k.offset));
-        assert!(m.check("k").is_ok(), "key block outside K");
-        // SAFETY: the view was checked to fit its slice; rows j0..j0 + nb and columns 0..dk are
-        // inside it; `out` holds ceil(nb/MR)·MR·dk floats.
-        unsafe { pack_a(mr, &m, j0, nb, 0, dk, out) };
-    }
-    out
-}
-
-/// Packs `Vᵀ` for value rows `j0..j0 + nb` (`dv` columns of V become `dv` rows) into the A
-/// micro-panels of the GEMM micro-kernel of `S`: `MR` value columns per panel, `nb` steps. The
-/// result is what [`pv_block`] reads for a full block; it is shared by every query tile of a
-/// flash task. Panics (never UB) if the block is not inside `v`.
-pub(crate) fn pack_values_t<'b, S: Simd>(
-    v: Strided<'_>,
-    dv: usize,
-    j0: usize,
-    nb: usize,
-    dst: &'b mut AlignedBuf,
-) -> &'b [f32] {
-    let mr = gemm_kernel::<S>().mr;
-    let out = dst.get(dv.div_ceil(mr) * mr * nb);
-    if nb > 0 && dv > 0 {
-        let vt = MatRef::new(v.data, MatLayout::strided(dv, j0 + nb, v.cs, v.rs, v.offset));
-        assert!(vt.check("v").is_ok(), "value block outside V");
-        // SAFETY: the view was checked to fit its slice; rows 0..dv and columns j0..j0 + nb are
-        // inside it; `out` holds ceil(dv/MR)·MR·nb floats.
-        unsafe { pack_a(mr, &vt, 0, dv, j0, nb, out) };
-    }
-    out
-}
-
 /// `s[j·QR + r] = Σ_d qp[d·QR + r] · k(j0 + j, d)` for `j < nb`: the scores of one query tile
-/// against `nb` keys, i.e. the block `Sᵀ = K·Q̃ᵀ` on the GEMM macro-kernel. `kp` is the key
-/// block packed by [`pack_keys`] (at least `nb` keys) and `qp` (`dk` rows of `QR` pre-scaled
-/// queries, 64-byte aligned) is exactly one packed B micro-panel. Panics (never UB) if a buffer
-/// is too small, which the callers' sizing rules out.
+/// against keys `j0..j0 + nb`, i.e. the block `Sᵀ = K·Q̃ᵀ` on the GEMM macro-kernel: K is the
+/// broadcast operand, read in place through its strides, and `qp` (`dk` rows of `QR`
+/// pre-scaled queries, 64-byte aligned) is exactly one packed B micro-panel. Panics (never UB)
+/// if a buffer is too small, which the callers' sizing rules out. With `dk = 0` the scores are
+/// 0 and no key pointer is formed (the K view is empty, so its row stride may be anything,
+/// e.g. so large that `j·rs` overflows).
 #[inline(always)]
 pub(crate) fn qk_block<S: Simd>(
     _s: S,
     qp: &[f32],
     dk: usize,
-    kp: &[f32],
+    k: Strided<'_>,
+    j0: usize,
     nb: usize,
     out: &mut [f32],
 ) {
     let kern = gemm_kernel::<S>();
     let qr = kern.nr;
-    assert!(qp.len() >= dk * qr && out.len() >= nb * qr);
-    assert!(kp.len() >= nb.div_ceil(kern.mr) * kern.mr * dk);
+    assert!(qp.len() >= dk * qr && out.len() >= nb * qr && k.covers(j0, nb, dk));
     if dk == 0 || nb == 0 {
         out[..nb * qr].fill(0.0);
         return;
     }
     // SAFETY: `kern` is the kernel of S's ISA, which the token proves supported. Checked above:
-    // the packed key panels (A, `nb × dk`), the one packed query panel of `dk·QR` floats (B),
-    // and the `nb × QR` output tile (C, row stride QR, unit column stride), which nothing else
-    // touches during the call.
+    // K rows j0..j0+nb × dk columns through the strides (A, `nb × dk`), the one packed panel of
+    // `dk·QR` floats (B), and the `nb × QR` output tile (C, row stride QR, unit column stride),
+    // which nothing else touches during the call.
     unsafe {
-        let a = ABlock::Packed(kp.as_ptr());
+        let a =
+            ABlock::Strided { ptr: k.data.as_ptr().add(k.offset + j0 * k.rs), rs: k.rs, cs: k.cs };
         macro_kernel(kern, nb, qr, dk, 1.0, a, qp.as_ptr(), 0.0, out.as_mut_ptr(), qr, 1);
     }
-}
-
-/// The value operand of [`pv_block`]: value rows `j0..j0 + nb` of V, packed by
-/// [`pack_values_t`] when the whole packed block is used, read in place otherwise (a tile
-/// that stops at its causal diagonal inside the block).
-#[derive(Clone, Copy)]
-pub(crate) enum Values<'a> {
-    /// `Vᵀ` of exactly the block's `nb` rows, packed.
-    Packed(&'a [f32]),
-    /// V in place.
-    InPlace,
 }
 
 /// `o[c·QR + r] = alpha[r]·o[c·QR + r] + Σ_j p[j·QR + r] · v(j0 + j, c)` for all `dv` columns:
 /// one query tile's output accumulator (`Oᵀ`, `[column][QR]`) rescaled by the online-softmax
 /// correction and updated with one block of `nb` value rows, i.e. `Oᵀ += Vᵀ·P̃ᵀ` on the GEMM
-/// macro-kernel: `Vᵀ` is the A operand (packed, or V read in place with its strides swapped,
-/// see [`Values`]), and the probability block `p` (`nb` rows of `QR`, 64-byte aligned, as
+/// macro-kernel: V is the broadcast operand, read in place (`Vᵀ` is V with its strides
+/// swapped), and the probability block `p` (`nb` rows of `QR`, 64-byte aligned, as
 /// [`qk_block`] laid out the scores) is exactly one packed B micro-panel.
 ///
 /// Zero weights contribute exactly nothing, as in the reference, which skips them:
@@ -276,7 +223,6 @@ pub(crate) fn pv_block<S: Simd>(
     p: &[f32],
     nb: usize,
     v: Strided<'_>,
-    vp: Values<'_>,
     j0: usize,
     dv: usize,
     alpha: &[f32],
@@ -301,23 +247,15 @@ pub(crate) fn pv_block<S: Simd>(
     if guard {
         save.copy_from_slice(o);
     }
-    let a = match vp {
-        Values::Packed(vp) => {
-            assert!(vp.len() >= dv.div_ceil(kern.mr) * kern.mr * nb);
-            ABlock::Packed(vp.as_ptr())
-        }
-        // SAFETY: element (j0, 0) of V is inside its slice (checked by `covers` above).
-        Values::InPlace => ABlock::Strided {
-            ptr: unsafe { v.data.as_ptr().add(v.offset + j0 * v.rs) },
-            rs: v.cs,
-            cs: v.rs,
-        },
-    };
     // SAFETY: `kern` is the kernel of S's ISA, which the token proves supported. Checked above:
-    // `Vᵀ` (A, `dv × nb`: the packed panels, or V rows j0..j0+nb × dv columns through the
-    // strides), the one packed panel of `nb·QR` floats (B), and the `dv × QR` accumulator (C),
-    // which nothing else touches during the call.
-    unsafe { macro_kernel(kern, dv, qr, nb, 1.0, a, p.as_ptr(), 1.0, o.as_mut_ptr(), qr, 1) };
+    // V rows j0..j0+nb × dv columns through the strides (A = Vᵀ, `dv × nb`), the one packed
+    // panel of `nb·QR` floats (B), and the `dv × QR` accumulator (C), which nothing else
+    // touches during the call.
+    unsafe {
+        let a =
+            ABlock::Strided { ptr: v.data.as_ptr().add(v.offset + j0 * v.rs), rs: v.cs, cs: v.rs };
+        macro_kernel(kern, dv, qr, nb, 1.0, a, p.as_ptr(), 1.0, o.as_mut_ptr(), qr, 1);
+    }
     if guard && o.iter().any(|x| !x.is_finite()) {
         o.copy_from_slice(save);
         for j in 0..nb {
