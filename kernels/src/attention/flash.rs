@@ -197,8 +197,27 @@ fn softmax_step<S: Simd>(
         for j in 0..nb {
             m_new = s.max(m_new, load(s, &sb[j * qr + at..]));
         }
-        let mut sum = s.splat(0.0);
-        for j in 0..nb {
+        // Four independent exps per step: one exp is a long chain of dependent operations,
+        // and the scheduler overlaps only about two of them on its own.
+        let (mut s0, mut s1) = (s.splat(0.0), s.splat(0.0));
+        let mut j = 0;
+        while j + 4 <= nb {
+            let x = &mut sb[j * qr + at..(j + 3) * qr + at + l];
+            let e0 = s.exp(s.sub(load(s, x), m_new));
+            let e1 = s.exp(s.sub(load(s, &x[qr..]), m_new));
+            let e2 = s.exp(s.sub(load(s, &x[2 * qr..]), m_new));
+            let e3 = s.exp(s.sub(load(s, &x[3 * qr..]), m_new));
+            store(s, x, e0);
+            store(s, &mut x[qr..], e1);
+            store(s, &mut x[2 * qr..], e2);
+            store(s, &mut x[3 * qr..], e3);
+            s0 = s.add(s0, s.add(e0, e1));
+            s1 = s.add(s1, s.add(e2, e3));
+            *pm = s.min(s.min(e0, e1), s.min(s.min(e2, e3), *pm));
+            j += 4;
+        }
+        let mut sum = s.add(s0, s1);
+        for j in j..nb {
             let x = &mut sb[j * qr + at..];
             let e = s.exp(s.sub(load(s, x), m_new));
             store(s, x, e);
