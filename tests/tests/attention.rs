@@ -189,31 +189,9 @@ fn all_paths(case: &Case, check: impl Fn(&str, &[f32], &[f32])) {
 /// The design's golden example (from the seed "8 steps" article), scale 1 and 1/√3.
 #[test]
 fn golden_example() {
-    let queries = [1., 0., 2., 2., 2., 2., 2., 1., 3.];
-    let keys = [0., 1., 1., 4., 4., 0., 2., 3., 1.];
-    let values = [1., 2., 3., 2., 8., 0., 2., 6., 3.];
-    let want1: [f64; 9] = [
-        1.936621062,
-        6.683105308,
-        1.595068407,
-        1.999993966,
-        7.963991595,
-        0.053976405,
-        1.999704613,
-        7.759892255,
-        0.358389295,
-    ];
-    let want3: [f64; 9] = [
-        1.863874202,
-        6.319371012,
-        1.704188696,
-        1.999109553,
-        7.814123505,
-        0.273472058,
-        1.992555108,
-        7.479635592,
-        0.735877258,
-    ];
+    use attn_tests::reference_support::golden;
+    let (queries, keys, values) = (golden::QUERIES, golden::KEYS, golden::VALUES);
+    let (want1, want3) = (golden::OUTPUT_SCALE_1, golden::OUTPUT_SCALE_RSQRT3);
     let l = Tensor4Layout::bhsd(1, 1, 3, 3);
     for (scale, want) in [(1.0f32, want1), (attn_reference::attention::default_scale(3), want3)] {
         for (name, f) in PATHS {

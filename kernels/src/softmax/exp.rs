@@ -276,6 +276,13 @@ pub fn exp_slice(x: &[f32], y: &mut [f32]) -> Result<()> {
 /// lacks it, `ShapeMismatch` when `y.len() != x.len()`. Maximum error 1 ULP, as documented
 /// there.
 pub fn exp_slice_with_isa(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<()> {
+    check_exp_args(isa, x, y)?;
+    super::row::exp_map(isa, x, y);
+    Ok(())
+}
+
+/// The checks shared by the exp slice entry points: a supported ISA, `y.len() == x.len()`.
+fn check_exp_args(isa: Isa, x: &[f32], y: &[f32]) -> Result<()> {
     isa.require()?;
     if x.len() != y.len() {
         return Err(Error::ShapeMismatch {
@@ -285,7 +292,6 @@ pub fn exp_slice_with_isa(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<()> {
             actual: y.len(),
         });
     }
-    super::row::exp_map(isa, x, y);
     Ok(())
 }
 
@@ -294,15 +300,7 @@ pub fn exp_slice_with_isa(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<()> {
 /// NaN, `x < −103.98` gives `+0`. Positive inputs are outside the stated domain (up to 43.6
 /// they are as accurate, beyond that unspecified). Errors as [`exp_slice_with_isa`].
 pub fn softmax_exp_slice_with_isa(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<()> {
-    isa.require()?;
-    if x.len() != y.len() {
-        return Err(Error::ShapeMismatch {
-            arg: "y",
-            dim: "len",
-            expected: x.len(),
-            actual: y.len(),
-        });
-    }
+    check_exp_args(isa, x, y)?;
     super::row::exp_neg_map(isa, x, y);
     Ok(())
 }
