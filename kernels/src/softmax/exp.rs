@@ -29,6 +29,7 @@
 //! `x < −103.98` gives `+0`; results in the subnormal range (`x ∈ [−103.97, −87.34]`) are within
 //! 1 subnormal ULP (`2^−149`) of the exact value.
 
+use super::row::EXP_UNROLL;
 use super::vector::{SimdF32, TWO_POW_M64};
 use crate::arch::Isa;
 use crate::{Error, Result};
@@ -141,42 +142,122 @@ const K6: f32 = f32::from_bits(0x3AB5_7381); // 0.0013843627
 /// such a CPU).
 pub const SOFTMAX_EXP_MAX_ULP: f64 = 1.5;
 
-/// The softmax's exp, for `x ≤ 0` (arguments `z − max`): a degree-6 polynomial and a cheaper
-/// reconstruction than [`exp_v`] (11 FMA-pipe operations instead of 12 plus two integer
-/// ones, and a dependency chain of ~45 cycles instead of ~60), at most
-/// [`SOFTMAX_EXP_MAX_ULP`] = 1.5 ULP. Steps, with an FMA:
-/// 1. clamp below at −104 (`exp` rounds to 0 there; NaN passes, `−∞` becomes 0);
-/// 2. `t = x·log₂e + NEG_MAGIC` rounds `n = round(x·log₂e)` and holds `n + 191` in its low
-///    bits: one shift gives `s = 2^(n+64)` (normal for `n ∈ [−150, 63]`);
-/// 3. `r = x − n·ln2` in two FMAs (Cody–Waite);
-/// 4. `q = 1 + r·p(r) ≈ e^r`, `p ≈ (e^r − 1)/r` of degree 5 by Estrin's scheme in `r` and
-///    `r²` (a shorter dependency chain than Horner's), the last step one FMA (the error of `p`
-///    is scaled by `|r| ≤ 0.35`, and `q` is rounded once);
-/// 5. `q·s` is exact (`s` a normal power of two); times `2^−64` is exact for normal results
-///    and the one rounding of a subnormal one.
-///
-/// ISAs without an FMA (the portable build) use [`exp_low_v`] instead, which stays within 1
-/// ULP with two roundings per multiply-add. There is no upper clamp (the softmax never passes
-/// `x > 0`): arguments in `(0, 43.6]` are as accurate but not swept, larger ones give
-/// unspecified values.
-///
-/// # Safety
-/// The CPU must support `S::ISA` (the [`SimdF32`] contract).
-#[inline(always)]
-pub(crate) unsafe fn exp_neg_v<S: SimdF32>(x: S::V) -> S::V {
-    // SAFETY: forwarded contract.
-    unsafe { exp_neg_n::<S, 1>([x])[0] }
-}
-
-/// [`exp_neg_v`] of `K` vectors at once, written step by step across the `K` so that the
-/// compiler emits `K` independent dependency chains interleaved: one chain is ~60 cycles of
-/// latency, which the out-of-order window cannot overlap far enough on its own (see
-/// `row.rs`, `EXP_UNROLL`). Same bits as `K` calls of [`exp_neg_v`].
+/// The softmax's exp of `K` vectors, `x ≤ 0`, within [`SOFTMAX_EXP_MAX_ULP`]: [`exp_neg_lut_n`] when no lane is below
+/// [`LUT_MIN`], else [`exp_neg_scaled_n`] for the whole group (subnormal results, `−∞`). The
+/// softmax makes the same choice once per row (`row.rs`); this per-group form serves the
+/// slice function, so that its tests sweep both paths.
 ///
 /// # Safety
 /// The CPU must support `S::ISA` (the [`SimdF32`] contract).
 #[inline(always)]
 pub(crate) unsafe fn exp_neg_n<S: SimdF32, const K: usize>(x: [S::V; K]) -> [S::V; K] {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let mut lo = S::splat(0.0);
+        for v in &x {
+            lo = S::min_skip_nan(lo, *v);
+        }
+        if S::any_lt(lo, S::splat(LUT_MIN)) {
+            exp_neg_scaled_n::<S, K>(x)
+        } else {
+            exp_neg_lut_n::<S, K>(x)
+        }
+    }
+}
+
+/// The softmax's exp on its usual range: `K` vectors, every lane NaN or `≥` [`LUT_MIN`]
+/// (other lanes give unspecified values), written step by step across the `K` so that the
+/// compiler emits `K` independent dependency chains (one is ~35 cycles of latency, more than
+/// the out-of-order window overlaps on its own; see `row.rs`, `EXP_UNROLL`).
+/// 8 FMA-pipe operations per vector (the full-range [`exp_neg_scaled_n`] takes 13):
+/// 1. `t = x·8log₂e + ROUND_MAGIC` rounds `k = round(8x·log₂e)` into the low bits of `t`;
+/// 2. `r = x − k·ln2/8` in two FMAs (Cody–Waite), `|r| ≤ ln2/16 + 10⁻⁵`;
+/// 3. `s = 2^(k/8)`, exact: the table entry for `k mod 8` with `⌊k/8⌋` added to its exponent
+///    bits ([`SimdF32::exp2_k8`]; normal because `k ≥ −1008`);
+/// 4. `e^r − 1 ≈ r + r²·(Q2 + Q3 r)`, then `e = s + s·(e^r − 1)` in one FMA, so the result is
+///    rounded once at the end; the other errors are the table entry's rounding (≤ 0.5 ULP),
+///    the polynomial's (≤ 0.44·2⁻²⁴ relative) and the small term's roundings.
+///
+/// ISAs without an FMA (the portable build) use [`exp_low_v`] instead.
+///
+/// # Safety
+/// The CPU must support `S::ISA` (the [`SimdF32`] contract).
+#[inline(always)]
+pub(crate) unsafe fn exp_neg_lut_n<S: SimdF32, const K: usize>(x: [S::V; K]) -> [S::V; K] {
+    // SAFETY: forwarded contract; every operation below is a `SimdF32` method.
+    unsafe {
+        if !S::FUSED {
+            return x.map(|v| exp_low_v::<S>(v));
+        }
+        // k = round(8·x·log₂e), held in the low bits of t; x = k·ln2/8 + r, |r| ≤ ln2/16 + ε.
+        // s = 2^(k/8) = 2^⌊k/8⌋ · 2^((k mod 8)/8), exact from the table and the exponent bits.
+        // e^r − 1 ≈ r + r²·(Q2 + Q3 r), then e = s + s·(e^r − 1): one rounding at the end.
+        // (Loops, not `array::map`: its closure does not inline into `#[target_feature]` code.)
+        let table = S::load(LUT_EXP2.as_ptr());
+        let mut t = [S::splat(0.0); K];
+        let mut r = [S::splat(0.0); K];
+        let mut e = [S::splat(0.0); K];
+        for i in 0..K {
+            t[i] = S::fmadd(x[i], S::splat(LUT_LOG2E), S::splat(ROUND_MAGIC));
+        }
+        for i in 0..K {
+            let k = S::sub(t[i], S::splat(ROUND_MAGIC));
+            r[i] = S::fmadd(k, S::splat(-LUT_LN2_HI), x[i]);
+            r[i] = S::fmadd(k, S::splat(-LUT_LN2_LO), r[i]);
+        }
+        for i in 0..K {
+            let q = S::fmadd(S::splat(LUT_Q3), r[i], S::splat(LUT_Q2));
+            let tail = S::fmadd(S::mul(r[i], r[i]), q, r[i]);
+            let s = S::exp2_k8(table, t[i]);
+            e[i] = S::fmadd(s, tail, s);
+        }
+        e
+    }
+}
+
+/// `8·log₂e`: `round(x·LUT_LOG2E) = k` indexes eighths of an octave.
+const LUT_LOG2E: f32 = 8.0 * LOG2E;
+/// `ln2/8` split as [`LN2_HI`] / [`LN2_LO`] (exact scalings by 1/8).
+const LUT_LN2_HI: f32 = LN2_HI / 8.0;
+const LUT_LN2_LO: f32 = LN2_LO / 8.0;
+/// `e^r ≈ 1 + r + r²·(Q2 + Q3 r)` on `|r| ≤ ln2/16 + 10⁻⁵`: a relative-error minimax fit
+/// (Lawson's iteration in f64) rounded to f32, within `0.44·2⁻²⁴` of `e^r` after rounding.
+const LUT_Q2: f32 = f32::from_bits(0x3F00_043D); // 0.5000647
+const LUT_Q3: f32 = f32::from_bits(0x3E2A_AB2B); // 0.16666858
+/// `bits(2^(j/8)) − (j << 20)` for `j < 8` (f32 `2^(j/8)` rounded to nearest), twice, for
+/// [`SimdF32::exp2_k8`]; checked against `f64::powf` by a unit test.
+static LUT_EXP2: [f32; 16] = {
+    const B: [u32; 8] = [
+        0x3F80_0000,
+        0x3F7B_95C2,
+        0x3F78_37F0,
+        0x3F75_FED7,
+        0x3F75_04F3,
+        0x3F75_672A,
+        0x3F77_44FD,
+        0x3F7A_C0C7,
+    ];
+    let mut t = [0.0f32; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = f32::from_bits(B[i % 8]);
+        i += 1;
+    }
+    t
+};
+/// The table path ([`exp_neg_lut_n`]) needs every argument `≥ LUT_MIN`: `2^⌊k/8⌋` must stay
+/// a normal f32 (`k ≥ −1008`, `x ≳ −87.38`); below, and for `−∞`, the full-range path runs.
+pub(crate) const LUT_MIN: f32 = -87.0;
+
+/// The softmax's exp over its whole domain `x ≤ 0`, for rows (or groups) that hold an
+/// argument below [`LUT_MIN`]: a degree-6 polynomial on `|r| ≤ ln2/2` and a scaling by
+/// `2^(n+64)` then `2^−64`, the one rounding of a subnormal result; `−∞` gives 0. Portable
+/// builds without an FMA run [`exp_low_v`].
+///
+/// # Safety
+/// The CPU must support `S::ISA` (the [`SimdF32`] contract).
+#[inline(always)]
+pub(crate) unsafe fn exp_neg_scaled_n<S: SimdF32, const K: usize>(x: [S::V; K]) -> [S::V; K] {
     // SAFETY: forwarded contract; every operation below is a `SimdF32` method.
     unsafe {
         if !S::FUSED {
@@ -306,34 +387,48 @@ pub fn softmax_exp_slice_with_isa(isa: Isa, x: &[f32], y: &mut [f32]) -> Result<
 }
 
 /// The generic body of [`exp_slice`] (`NEG = false`, [`exp_v`]) and of
-/// [`softmax_exp_slice_with_isa`] (`NEG = true`, [`exp_neg_v`]): full vectors, then one
-/// masked tail.
+/// [`softmax_exp_slice_with_isa`] (`NEG = true`, [`exp_neg_n`] on groups of
+/// [`EXP_UNROLL`] vectors, as the softmax's pass B runs it): full groups, then one group
+/// holding the rest, its padding lanes 0 and not stored.
 ///
 /// # Safety
 /// The CPU must support `S::ISA`; `x` and `y` must have the same length.
 #[inline(always)]
 pub(crate) unsafe fn exp_map_body<S: SimdF32, const NEG: bool>(x: &[f32], y: &mut [f32]) {
+    const G: usize = EXP_UNROLL;
     debug_assert_eq!(x.len(), y.len());
-    let n = x.len().min(y.len());
+    let (n, l) = (x.len().min(y.len()), S::LANES);
     let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
     // SAFETY: the caller's ISA contract.
-    let f = |v: S::V| unsafe {
+    let f = |v: [S::V; G]| unsafe {
         if NEG {
-            exp_neg_v::<S>(v)
+            exp_neg_n::<S, G>(v)
         } else {
-            exp_v::<S>(v)
+            v.map(|v| exp_v::<S>(v))
         }
     };
-    let mut j = 0;
-    // SAFETY: every access is below `n`, full vectors only while `j + LANES ≤ n`.
+    // SAFETY: every access is below `n`: whole vectors where `ju + LANES ≤ n`, one masked tail.
     unsafe {
-        while j + S::LANES <= n {
-            S::store(yp.add(j), f(S::load(xp.add(j))));
-            j += S::LANES;
-        }
-        if j < n {
-            let k = n - j;
-            S::store_tail(yp.add(j), k, f(S::load_tail(xp.add(j), k)));
+        let mut j = 0;
+        while j < n {
+            let mut v = [S::splat(0.0); G];
+            for (u, vu) in v.iter_mut().enumerate() {
+                let ju = j + u * l;
+                if ju + l <= n {
+                    *vu = S::load(xp.add(ju));
+                } else if ju < n {
+                    *vu = S::load_tail(xp.add(ju), n - ju);
+                }
+            }
+            for (u, eu) in f(v).iter().enumerate() {
+                let ju = j + u * l;
+                if ju + l <= n {
+                    S::store(yp.add(ju), *eu);
+                } else if ju < n {
+                    S::store_tail(yp.add(ju), n - ju, *eu);
+                }
+            }
+            j += G * l;
         }
     }
 }

@@ -22,7 +22,7 @@
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
-use super::exp::{exp_low_v, exp_map_body, exp_neg_n};
+use super::exp::{exp_low_v, exp_map_body, exp_neg_lut_n, exp_neg_scaled_n, LUT_MIN};
 use super::vector::{Portable, SimdF32};
 use crate::arch::Isa;
 
@@ -212,69 +212,120 @@ impl<S: SimdF32> Logits<S> for Bias<S> {
     }
 }
 
-/// Pass A: `max_j z_j` over `n` logits, NaN skipped, `−∞` when empty.
+/// Pass A: `(max_j z_j, min_j z_j)` over `n` logits, NaN skipped, `(−∞, +∞)` when empty.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits.
 #[inline(always)]
-unsafe fn max_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> f32 {
+unsafe fn range_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> (f32, f32) {
     debug_assert!(S::ISA.is_supported());
     let l = S::LANES;
     // SAFETY: indices stay below `n` (full vectors while `j + LANES ≤ n`, then one tail).
     unsafe {
-        let (mut m0, mut m1) = (S::splat(f32::NEG_INFINITY), S::splat(f32::NEG_INFINITY));
+        let (mut hi0, mut hi1) = (S::splat(f32::NEG_INFINITY), S::splat(f32::NEG_INFINITY));
+        let (mut lo0, mut lo1) = (S::splat(f32::INFINITY), S::splat(f32::INFINITY));
         let mut j = 0;
-        // Two accumulators hide the latency of vmaxps.
+        // Two accumulators each hide the latency of vmaxps / vminps.
         while j + 2 * l <= n {
-            m0 = S::max_skip_nan(m0, z.vec(j));
-            m1 = S::max_skip_nan(m1, z.vec(j + l));
+            let (a, b) = (z.vec(j), z.vec(j + l));
+            hi0 = S::max_skip_nan(hi0, a);
+            lo0 = S::min_skip_nan(lo0, a);
+            hi1 = S::max_skip_nan(hi1, b);
+            lo1 = S::min_skip_nan(lo1, b);
             j += 2 * l;
         }
         if j + l <= n {
-            m0 = S::max_skip_nan(m0, z.vec(j));
+            let a = z.vec(j);
+            hi0 = S::max_skip_nan(hi0, a);
+            lo0 = S::min_skip_nan(lo0, a);
             j += l;
         }
         if j < n {
-            m1 = S::max_skip_nan(m1, z.tail(j, n - j));
+            let k = n - j;
+            let a = z.tail(j, k);
+            hi1 = S::max_skip_nan(hi1, a);
+            // The padding lanes are −∞ too: only the first k count for the min.
+            lo1 = S::min_skip_nan(lo1, S::select(S::first(k), a, S::splat(f32::INFINITY)));
         }
-        S::reduce_max(S::max_skip_nan(m0, m1))
+        (S::reduce_max(S::max_skip_nan(hi0, hi1)), S::reduce_min(S::min_skip_nan(lo0, lo1)))
     }
 }
 
-/// Pass A with the scale taken out where that is exact (module docs): `max_j z_j`.
+/// Pass A with the scale taken out where that is exact (module docs): `(max_j z_j, min_j z_j)`.
 ///
 /// # Safety
-/// As [`max_pass`]; `scale` is the scale `z` applies.
+/// As [`range_pass`]; `scale` is the scale `z` applies.
 #[inline(always)]
-unsafe fn logits_max<S: SimdF32, L: Logits<S>>(z: &L, n: usize, scale: f32) -> f32 {
+unsafe fn logits_range<S: SimdF32, L: Logits<S>>(z: &L, n: usize, scale: f32) -> (f32, f32) {
     // SAFETY: forwarded contract.
     unsafe {
         if L::SCALE_AFTER && scale > 0.0 {
-            scale * max_pass::<S, _>(&Raw(z), n)
+            let (hi, lo) = range_pass::<S, _>(&Raw(z), n);
+            (scale * hi, scale * lo)
         } else {
-            max_pass::<S, L>(z, n)
+            range_pass::<S, L>(z, n)
         }
     }
 }
 
-/// Vectors per iteration of pass B. One exp is a long dependency chain (~45 cycles of FMA
-/// latency) and the out-of-order window holds about two of them, so the former one-vector
-/// loop ran at the chain's latency (llvm-mca, znver2: 20 cycles per vector against a
-/// throughput bound of 7); four chains written interleaved (`exp_neg_n`) run at ~10. Eight
-/// would spill: 16 ymm registers hold four chains and the constants.
-const EXP_UNROLL: usize = 4;
+/// Vectors per iteration of pass B. One exp is a long dependency chain (~35–45 cycles of FMA
+/// latency) and the out-of-order window holds about two of them, so a one-vector loop runs at
+/// the chain's latency (llvm-mca, znver2: 20 cycles per vector against a throughput bound of
+/// 7); four chains written interleaved run at the throughput. Eight would spill: 16 ymm
+/// registers hold four chains and the constants.
+pub(crate) const EXP_UNROLL: usize = 4;
 
-/// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `w` is not null), returns `Σ w_j`.
-/// `NEG` selects the softmax's exp (`exp_neg_v`, needs `z_j − m ≤ 0`: `m` the row max) over
-/// `exp_low_v` (`z_j − m ≤ 43`). Prefetches `next[..next_len]` along the way, one cache line
-/// per 16 floats.
+/// The exp pass B applies to a group of [`EXP_UNROLL`] vectors of `z_j − m`.
+trait GroupExp {
+    /// `exp` of each lane.
+    ///
+    /// # Safety
+    /// `S::ISA` supported; the lanes within the implementation's domain.
+    unsafe fn exp<S: SimdF32>(d: [S::V; EXP_UNROLL]) -> [S::V; EXP_UNROLL];
+}
+
+/// The softmax's table exp ([`exp_neg_lut_n`]): every lane `≥ LUT_MIN` or NaN. Rows whose
+/// range `min_j z_j − m` is at least [`LUT_MIN`] (no `−∞`, no masked lane) run on it.
+struct TableExp;
+/// The softmax's full-range exp ([`exp_neg_scaled_n`]): any lane `≤ 0`, `−∞` included.
+struct FullExp;
+/// The 1-ULP exp for lanes `≤ 43` ([`exp_low_v`]): the attention kernel's running max.
+struct LowExp;
+
+// SAFETY (the three impls): forward the caller's contract.
+impl GroupExp for TableExp {
+    #[inline(always)]
+    unsafe fn exp<S: SimdF32>(d: [S::V; EXP_UNROLL]) -> [S::V; EXP_UNROLL] {
+        unsafe { exp_neg_lut_n::<S, EXP_UNROLL>(d) }
+    }
+}
+impl GroupExp for FullExp {
+    #[inline(always)]
+    unsafe fn exp<S: SimdF32>(d: [S::V; EXP_UNROLL]) -> [S::V; EXP_UNROLL] {
+        unsafe { exp_neg_scaled_n::<S, EXP_UNROLL>(d) }
+    }
+}
+impl GroupExp for LowExp {
+    #[inline(always)]
+    unsafe fn exp<S: SimdF32>(mut d: [S::V; EXP_UNROLL]) -> [S::V; EXP_UNROLL] {
+        // A loop, not `array::map`: the map's closure does not inline into target-feature code.
+        for v in &mut d {
+            *v = unsafe { exp_low_v::<S>(*v) };
+        }
+        d
+    }
+}
+
+/// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `w` is not null) by the exp `E`,
+/// returns `Σ w_j`. Prefetches `next[..next_len]` along the way, one cache line per 16
+/// floats.
 ///
 /// # Safety
-/// `S::ISA` supported; `z` valid for `n` logits; `w` null or valid for `n` writes (it may be
-/// the input row itself: each vector is read before it is written). `next` is only
-/// prefetched, never read.
+/// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain; `w` null or
+/// valid for `n` writes (it may be the input row itself: each vector is read before it is
+/// written). `next` is only prefetched, never read.
 #[inline(always)]
-unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
+unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp>(
     z: &L,
     n: usize,
     m: f32,
@@ -283,15 +334,7 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
     next_len: usize,
 ) -> f32 {
     let l = S::LANES;
-    // SAFETY: the caller's ISA contract.
-    let exp = |d: [S::V; EXP_UNROLL]| unsafe {
-        if NEG {
-            exp_neg_n::<S, EXP_UNROLL>(d)
-        } else {
-            d.map(|v| exp_low_v::<S>(v))
-        }
-    };
-    // SAFETY: as in `max_pass`; `w` written at the same indices.
+    // SAFETY: as in `range_pass`; `w` written at the same indices.
     unsafe {
         let mv = S::splat(m);
         let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
@@ -318,7 +361,7 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
             for (u, du) in d.iter_mut().enumerate() {
                 *du = S::sub(z.vec(j + u * l), mv);
             }
-            let e = exp(d);
+            let e = E::exp::<S>(d);
             if !w.is_null() {
                 for (u, eu) in e.iter().enumerate() {
                     S::store(w.add(j + u * l), *eu);
@@ -330,8 +373,9 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
         if j < n {
             // The last `< EXP_UNROLL` vectors, the partial one included, as one more
             // interleaved group (ragged rows, such as causal ones, pay one group, not a
-            // chain per vector). Padding lanes and vectors are −∞: they add exp(−∞) = 0.
-            let mut d = [S::splat(f32::NEG_INFINITY); EXP_UNROLL];
+            // chain per vector). Padding lanes and vectors hold 0 and are zeroed after the
+            // exp (the table exp is not defined on the −∞ that `tail` pads with).
+            let mut d = [S::splat(0.0); EXP_UNROLL];
             for (u, du) in d.iter_mut().enumerate() {
                 let ju = j + u * l;
                 if ju + l <= n {
@@ -340,20 +384,50 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, const NEG: bool>(
                     *du = S::sub(z.tail(ju, n - ju), mv);
                 }
             }
-            let e = exp(d);
-            if !w.is_null() {
-                for (u, eu) in e.iter().enumerate() {
-                    let ju = j + u * l;
-                    if ju + l <= n {
+            let mut e = E::exp::<S>(d);
+            for (u, eu) in e.iter_mut().enumerate() {
+                let ju = j + u * l;
+                if ju + l <= n {
+                    if !w.is_null() {
                         S::store(w.add(ju), *eu);
-                    } else if ju < n {
+                    }
+                } else if ju < n {
+                    *eu = S::select(S::first(n - ju), *eu, S::splat(0.0));
+                    if !w.is_null() {
                         S::store_tail(w.add(ju), n - ju, *eu);
                     }
+                } else {
+                    *eu = S::splat(0.0);
                 }
             }
             add(&e);
         }
         S::reduce_add(S::add(s0, s1))
+    }
+}
+
+/// Pass B of a softmax row whose finite max is `m` and min `lo` (`range`): the table exp
+/// when every `z_j − m ≥ lo − m` (rounding is monotone) is at least [`LUT_MIN`], else the
+/// full-range exp. Returns `Σ_j exp(z_j − m)`, storing the terms to `w` unless it is null.
+///
+/// # Safety
+/// As [`exp_sum_pass`]; `m` and `lo` are the max and min of `z` (NaN skipped).
+#[inline(always)]
+unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
+    z: &L,
+    n: usize,
+    (m, lo): (f32, f32),
+    w: *mut f32,
+    next: &[f32],
+) -> f32 {
+    let (next, next_len) = (next.as_ptr(), next.len());
+    // SAFETY: forwarded contract; the domain of each exp is what the test establishes.
+    unsafe {
+        if lo - m >= LUT_MIN {
+            exp_sum_pass::<S, L, TableExp>(z, n, m, w, next, next_len)
+        } else {
+            exp_sum_pass::<S, L, FullExp>(z, n, m, w, next, next_len)
+        }
     }
 }
 
@@ -477,13 +551,13 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
 ) -> f32 {
     // SAFETY: forwarded contract.
     unsafe {
-        let m = logits_max::<S, L>(z, n, scale);
+        let (m, lo) = logits_range::<S, L>(z, n, scale);
         if !m.is_finite() {
             return special_row::<S, L>(z, n, y, total);
         }
         let stream = !stage.is_null();
         let w = if stream { stage } else { y };
-        let s = exp_sum_pass::<S, L, true>(z, n, m, w, next.as_ptr(), next.len());
+        let s = softmax_sum::<S, L>(z, n, (m, lo), w, next);
         if s.is_nan() {
             // A NaN logit: with a finite max nothing else makes the sum NaN.
             std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
@@ -563,10 +637,9 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
     // SAFETY: forwarded contract; indices below `n`.
     unsafe {
         let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
-        let m = max_pass::<S, _>(&z, n);
+        let (m, lo) = range_pass::<S, _>(&z, n);
         let lse = if m.is_finite() {
-            let null = std::ptr::null_mut();
-            let s = exp_sum_pass::<S, _, true>(&z, n, m, null, std::ptr::null(), 0);
+            let s = softmax_sum::<S, _>(&z, n, (m, lo), std::ptr::null_mut(), &[]);
             (f64::from(m) + f64::from(s).ln()) as f32
         } else if x.iter().any(|v| v.is_nan()) {
             f32::NAN
@@ -599,7 +672,7 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
 #[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
     // SAFETY: forwarded contract.
-    unsafe { max_pass::<S, _>(&Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) }, x.len()) }
+    unsafe { range_pass::<S, _>(&Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) }, x.len()).0 }
 }
 
 /// `x_j ← exp(x_j − m)`, returns `Σ_j x_j` (after the update).
@@ -613,7 +686,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
     unsafe {
         let z = Plain::<S> { x: p, scale: S::splat(1.0) };
-        exp_sum_pass::<S, _, false>(&z, x.len(), m, p, std::ptr::null(), 0)
+        exp_sum_pass::<S, _, LowExp>(&z, x.len(), m, p, std::ptr::null(), 0)
     }
 }
 

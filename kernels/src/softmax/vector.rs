@@ -72,6 +72,8 @@ pub(crate) trait SimdF32: Copy + 'static {
     unsafe fn clamp_keep_nan(v: Self::V, lo: Self::V, hi: Self::V) -> Self::V;
     /// Largest lane (`acc` lanes are never NaN where this is used).
     unsafe fn reduce_max(v: Self::V) -> f32;
+    /// Smallest lane (`acc` lanes are never NaN where this is used).
+    unsafe fn reduce_min(v: Self::V) -> f32;
     /// Sum of the lanes.
     unsafe fn reduce_add(v: Self::V) -> f32;
 
@@ -91,6 +93,17 @@ pub(crate) trait SimdF32: Copy + 'static {
     /// The bits of each lane shifted left by 23 (into the exponent field), as f32: `2^(k−127)`
     /// when the low 9 bits of `t`'s bits hold `k ∈ [1, 254]`.
     unsafe fn shl23(t: Self::V) -> Self::V;
+
+    /// `2^(k/8)` for the integers `k` that `t` holds the way [`ldexp`](Self::ldexp)'s `t`
+    /// does (`t = v + exp::ROUND_MAGIC`, `|k| < 2^22`), given `table[j] = bits(2^(j/8)) −
+    /// (j << 20)` for `j < 8` (repeated to fill the vector): lane `i` is
+    /// `bits(table[k_i mod 8]) + (bits(t_i) << 20)`, exact while the result is a normal f32
+    /// (`k ≥ −1008`).
+    unsafe fn exp2_k8(table: Self::V, t: Self::V) -> Self::V;
+    /// `min(acc, v)` lane-wise, keeping `acc` where `v` is NaN.
+    unsafe fn min_skip_nan(acc: Self::V, v: Self::V) -> Self::V;
+    /// True when some lane of `v` is `< lo` (NaN lanes are not).
+    unsafe fn any_lt(v: Self::V, lo: Self::V) -> bool;
 
     /// Lanes `< k` set.
     unsafe fn first(k: usize) -> Self::M;
@@ -204,6 +217,10 @@ mod portable {
             v.to_array().into_iter().fold(f32::NEG_INFINITY, f32::max)
         }
         #[inline(always)]
+        unsafe fn reduce_min(v: f32x8) -> f32 {
+            v.to_array().into_iter().fold(f32::INFINITY, f32::min)
+        }
+        #[inline(always)]
         unsafe fn reduce_add(v: f32x8) -> f32 {
             v.reduce_add()
         }
@@ -227,6 +244,21 @@ mod portable {
         #[inline(always)]
         unsafe fn shl23(t: f32x8) -> f32x8 {
             from_i32(to_i32(t) << 23)
+        }
+        #[inline(always)]
+        unsafe fn exp2_k8(table: f32x8, t: f32x8) -> f32x8 {
+            let (tab, k) = (table.to_array(), to_i32(t).to_array());
+            let looked = f32x8::new(k.map(|k| tab[(k & 7) as usize]));
+            from_i32(to_i32(looked) + (to_i32(t) << 20))
+        }
+        #[inline(always)]
+        unsafe fn min_skip_nan(acc: f32x8, v: f32x8) -> f32x8 {
+            // Ordered compares are false for NaN, so NaN lanes keep `acc`.
+            v.simd_lt(acc).select(v, acc)
+        }
+        #[inline(always)]
+        unsafe fn any_lt(v: f32x8, lo: f32x8) -> bool {
+            v.simd_lt(lo).any()
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> f32x8 {
@@ -371,6 +403,15 @@ mod avx2 {
             }
         }
         #[inline(always)]
+        unsafe fn reduce_min(v: __m256) -> f32 {
+            unsafe {
+                let m = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let m = _mm_min_ps(m, _mm_movehl_ps(m, m));
+                let m = _mm_min_ss(m, _mm_movehdup_ps(m));
+                _mm_cvtss_f32(m)
+            }
+        }
+        #[inline(always)]
         unsafe fn reduce_add(v: __m256) -> f32 {
             unsafe {
                 let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -408,6 +449,24 @@ mod avx2 {
         #[inline(always)]
         unsafe fn shl23(t: __m256) -> __m256 {
             unsafe { _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(t), 23)) }
+        }
+        #[inline(always)]
+        unsafe fn exp2_k8(table: __m256, t: __m256) -> __m256 {
+            // vpermps reads the low 3 bits of each index lane.
+            unsafe {
+                let t = _mm256_castps_si256(t);
+                let looked = _mm256_castps_si256(_mm256_permutevar8x32_ps(table, t));
+                _mm256_castsi256_ps(_mm256_add_epi32(looked, _mm256_slli_epi32(t, 20)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn min_skip_nan(acc: __m256, v: __m256) -> __m256 {
+            // vminps returns its second operand when either is NaN.
+            unsafe { _mm256_min_ps(v, acc) }
+        }
+        #[inline(always)]
+        unsafe fn any_lt(v: __m256, lo: __m256) -> bool {
+            unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(v, lo)) != 0 }
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> __m256 {
@@ -536,6 +595,10 @@ mod avx512 {
             unsafe { _mm512_reduce_max_ps(v) }
         }
         #[inline(always)]
+        unsafe fn reduce_min(v: __m512) -> f32 {
+            unsafe { _mm512_reduce_min_ps(v) }
+        }
+        #[inline(always)]
         unsafe fn reduce_add(v: __m512) -> f32 {
             unsafe { _mm512_reduce_add_ps(v) }
         }
@@ -548,6 +611,24 @@ mod avx512 {
         #[inline(always)]
         unsafe fn shl23(t: __m512) -> __m512 {
             unsafe { _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(t), 23)) }
+        }
+        #[inline(always)]
+        unsafe fn exp2_k8(table: __m512, t: __m512) -> __m512 {
+            // vpermps reads the low 4 bits of each index lane; the table repeats its 8 entries.
+            unsafe {
+                let t = _mm512_castps_si512(t);
+                let looked = _mm512_castps_si512(_mm512_permutexvar_ps(t, table));
+                _mm512_castsi512_ps(_mm512_add_epi32(looked, _mm512_slli_epi32(t, 20)))
+            }
+        }
+        #[inline(always)]
+        unsafe fn min_skip_nan(acc: __m512, v: __m512) -> __m512 {
+            // vminps returns its second operand when either is NaN.
+            unsafe { _mm512_min_ps(v, acc) }
+        }
+        #[inline(always)]
+        unsafe fn any_lt(v: __m512, lo: __m512) -> bool {
+            unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo) != 0 }
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> __mmask16 {
