@@ -508,11 +508,12 @@ impl Ctx<'_, '_> {
             None
         };
         // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last
-        // row) is prefetched meanwhile (see PREFETCH_ROWS).
+        // row) is prefetched meanwhile (see PREFETCH_ROWS); in cache, the next row, so that
+        // its pass A reads L1 (64×1024 from L2: 2.77 → 2.83 G elem/s, best of 2000 calls).
         let next = match &self.x {
-            Some(x) if stream && x.layout.strides[3] == 1 && pos.r + 1 < self.rows() => {
+            Some(x) if x.layout.strides[3] == 1 && pos.r + 1 < self.rows() => {
                 let mut ahead = pos.next(self.dims);
-                for _ in 1..PREFETCH_ROWS {
+                for _ in 1..(if stream { PREFETCH_ROWS } else { 1 }) {
                     if ahead.r + 1 < self.rows() {
                         ahead = ahead.next(self.dims);
                     }

@@ -53,8 +53,8 @@ pub(crate) struct RowJob<'a> {
     /// When given (length ≥ `visible`), pass B writes here and pass C writes `y` with
     /// non-temporal stores: `y` is then written once and never read.
     pub stage: Option<&'a mut [f32]>,
-    /// The input row this thread handles next, prefetched during pass B so that its memory
-    /// traffic overlaps this row's exp (out-of-cache calls only).
+    /// An input row this thread handles later, prefetched during pass B so that its memory
+    /// traffic overlaps this row's exp (see `PREFETCH_ROWS` in `mod.rs`).
     pub next: Option<&'a [f32]>,
     /// Whether the caller wants the row's logsumexp (else `softmax_row` returns 0).
     pub want_lse: bool,
@@ -212,7 +212,14 @@ impl<S: SimdF32> Logits<S> for Bias<S> {
     }
 }
 
+/// Vectors per iteration of the light loops (passes A and C): their bodies are a few
+/// instructions per vector, so loop control is amortised over four (at one or two vectors
+/// per iteration it was a fifth of the softmax's instructions, counted by cachegrind).
+const UNROLL: usize = 4;
+const _: () = assert!(UNROLL == 4, "range_pass reduces four accumulators by hand");
+
 /// Pass A: `(max_j z_j, min_j z_j)` over `n` logits, NaN skipped, `(−∞, +∞)` when empty.
+/// Four accumulators of each kind, one per vector of an iteration.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits.
@@ -220,34 +227,39 @@ impl<S: SimdF32> Logits<S> for Bias<S> {
 unsafe fn range_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> (f32, f32) {
     debug_assert!(S::ISA.is_supported());
     let l = S::LANES;
-    // SAFETY: indices stay below `n` (full vectors while `j + LANES ≤ n`, then one tail).
+    // SAFETY: indices stay below `n` (full vectors below `end`, then at most `UNROLL − 1`
+    // full vectors and one tail).
     unsafe {
-        let (mut hi0, mut hi1) = (S::splat(f32::NEG_INFINITY), S::splat(f32::NEG_INFINITY));
-        let (mut lo0, mut lo1) = (S::splat(f32::INFINITY), S::splat(f32::INFINITY));
+        let mut hi = [S::splat(f32::NEG_INFINITY); UNROLL];
+        let mut lo = [S::splat(f32::INFINITY); UNROLL];
+        let end = n - n % (UNROLL * l);
         let mut j = 0;
-        // Two accumulators each hide the latency of vmaxps / vminps.
-        while j + 2 * l <= n {
-            let (a, b) = (z.vec(j), z.vec(j + l));
-            hi0 = S::max_skip_nan(hi0, a);
-            lo0 = S::min_skip_nan(lo0, a);
-            hi1 = S::max_skip_nan(hi1, b);
-            lo1 = S::min_skip_nan(lo1, b);
-            j += 2 * l;
+        while j < end {
+            for u in 0..UNROLL {
+                let v = z.vec(j + u * l);
+                hi[u] = S::max_skip_nan(hi[u], v);
+                lo[u] = S::min_skip_nan(lo[u], v);
+            }
+            j += UNROLL * l;
         }
-        if j + l <= n {
-            let a = z.vec(j);
-            hi0 = S::max_skip_nan(hi0, a);
-            lo0 = S::min_skip_nan(lo0, a);
-            j += l;
+        for u in 0..UNROLL {
+            if j + l <= n {
+                let v = z.vec(j);
+                hi[u] = S::max_skip_nan(hi[u], v);
+                lo[u] = S::min_skip_nan(lo[u], v);
+                j += l;
+            } else if j < n {
+                let k = n - j;
+                let v = z.tail(j, k);
+                hi[u] = S::max_skip_nan(hi[u], v);
+                // The padding lanes are −∞ too: only the first k count for the min.
+                lo[u] = S::min_skip_nan(lo[u], S::select(S::first(k), v, S::splat(f32::INFINITY)));
+                j = n;
+            }
         }
-        if j < n {
-            let k = n - j;
-            let a = z.tail(j, k);
-            hi1 = S::max_skip_nan(hi1, a);
-            // The padding lanes are −∞ too: only the first k count for the min.
-            lo1 = S::min_skip_nan(lo1, S::select(S::first(k), a, S::splat(f32::INFINITY)));
-        }
-        (S::reduce_max(S::max_skip_nan(hi0, hi1)), S::reduce_min(S::min_skip_nan(lo0, lo1)))
+        let hi = S::max_skip_nan(S::max_skip_nan(hi[0], hi[1]), S::max_skip_nan(hi[2], hi[3]));
+        let lo = S::min_skip_nan(S::min_skip_nan(lo[0], lo[1]), S::min_skip_nan(lo[2], lo[3]));
+        (S::reduce_max(hi), S::reduce_min(lo))
     }
 }
 
@@ -316,16 +328,16 @@ impl GroupExp for LowExp {
     }
 }
 
-/// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `w` is not null) by the exp `E`,
+/// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `STORE`) by the exp `E`,
 /// returns `Σ w_j`. Prefetches `next[..next_len]` along the way, one cache line per 16
 /// floats.
 ///
 /// # Safety
-/// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain; `w` null or
-/// valid for `n` writes (it may be the input row itself: each vector is read before it is
+/// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain; `w` (when
+/// `STORE`) valid for `n` writes (it may be the input row itself: each vector is read before it is
 /// written). `next` is only prefetched, never read.
 #[inline(always)]
-unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp>(
+unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>(
     z: &L,
     n: usize,
     m: f32,
@@ -338,7 +350,8 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp>(
     unsafe {
         let mv = S::splat(m);
         let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
-        // Two accumulators: the adds are a chain of their own.
+        // Two accumulators: the adds are a chain of their own (four measured slower: the
+        // registers they take from the exp cost more than the shorter chains gain).
         let mut add = |e: &[S::V; EXP_UNROLL]| {
             for (u, eu) in e.iter().enumerate() {
                 if u % 2 == 0 {
@@ -348,27 +361,41 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp>(
                 }
             }
         };
+        let g = EXP_UNROLL * l;
+        // One whole group at `j` (`j + g ≤ n`). A macro, not a closure: closures do not
+        // inherit `#[target_feature]`, so the intrinsics in one would not inline.
+        macro_rules! group {
+            ($j:expr) => {{
+                let j = $j;
+                let mut d = [S::splat(0.0); EXP_UNROLL];
+                for (u, du) in d.iter_mut().enumerate() {
+                    *du = S::sub(z.vec(j + u * l), mv);
+                }
+                let e = E::exp::<S>(d);
+                if STORE {
+                    for (u, eu) in e.iter().enumerate() {
+                        S::store(w.add(j + u * l), *eu);
+                    }
+                }
+                add(&e);
+            }};
+        }
+        // Whole groups: the first `prefetched` of them also prefetch `next` (no per-group test).
+        let end = n - n % g;
+        let prefetched = end.min(next_len.next_multiple_of(g));
         let mut j = 0;
-        while j + EXP_UNROLL * l <= n {
-            if j < next_len {
-                let mut k = 0;
-                while k < EXP_UNROLL * l {
-                    S::prefetch(next.wrapping_add(j + k));
-                    k += 16;
-                }
+        while j < prefetched {
+            let mut k = 0;
+            while k < g {
+                S::prefetch(next.wrapping_add(j + k));
+                k += 16;
             }
-            let mut d = [S::splat(0.0); EXP_UNROLL];
-            for (u, du) in d.iter_mut().enumerate() {
-                *du = S::sub(z.vec(j + u * l), mv);
-            }
-            let e = E::exp::<S>(d);
-            if !w.is_null() {
-                for (u, eu) in e.iter().enumerate() {
-                    S::store(w.add(j + u * l), *eu);
-                }
-            }
-            add(&e);
-            j += EXP_UNROLL * l;
+            group!(j);
+            j += g;
+        }
+        while j < end {
+            group!(j);
+            j += g;
         }
         if j < n {
             // The last `< EXP_UNROLL` vectors, the partial one included, as one more
@@ -388,12 +415,12 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp>(
             for (u, eu) in e.iter_mut().enumerate() {
                 let ju = j + u * l;
                 if ju + l <= n {
-                    if !w.is_null() {
+                    if STORE {
                         S::store(w.add(ju), *eu);
                     }
                 } else if ju < n {
                     *eu = S::select(S::first(n - ju), *eu, S::splat(0.0));
-                    if !w.is_null() {
+                    if STORE {
                         S::store_tail(w.add(ju), n - ju, *eu);
                     }
                 } else {
@@ -423,10 +450,11 @@ unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
     let (next, next_len) = (next.as_ptr(), next.len());
     // SAFETY: forwarded contract; the domain of each exp is what the test establishes.
     unsafe {
-        if lo - m >= LUT_MIN {
-            exp_sum_pass::<S, L, TableExp>(z, n, m, w, next, next_len)
-        } else {
-            exp_sum_pass::<S, L, FullExp>(z, n, m, w, next, next_len)
+        match (lo - m >= LUT_MIN, !w.is_null()) {
+            (true, true) => exp_sum_pass::<S, L, TableExp, true>(z, n, m, w, next, next_len),
+            (true, false) => exp_sum_pass::<S, L, TableExp, false>(z, n, m, w, next, next_len),
+            (false, true) => exp_sum_pass::<S, L, FullExp, true>(z, n, m, w, next, next_len),
+            (false, false) => exp_sum_pass::<S, L, FullExp, false>(z, n, m, w, next, next_len),
         }
     }
 }
@@ -455,12 +483,16 @@ unsafe fn scale_pass<S: SimdF32>(w: *const f32, y: *mut f32, n: usize, r: f32, s
                 j += l;
             }
         } else {
-            while j + 2 * l <= n {
-                let a = S::mul(S::load(w.add(j)), rv);
-                let b = S::mul(S::load(w.add(j + l)), rv);
-                S::store(y.add(j), a);
-                S::store(y.add(j + l), b);
-                j += 2 * l;
+            let end = n - n % (UNROLL * l);
+            while j < end {
+                let mut v = [S::splat(0.0); UNROLL];
+                for (u, vu) in v.iter_mut().enumerate() {
+                    *vu = S::mul(S::load(w.add(j + u * l)), rv);
+                }
+                for (u, vu) in v.iter().enumerate() {
+                    S::store(y.add(j + u * l), *vu);
+                }
+                j += UNROLL * l;
             }
             while j + l <= n {
                 S::store(y.add(j), S::mul(S::load(w.add(j)), rv));
@@ -686,7 +718,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
     unsafe {
         let z = Plain::<S> { x: p, scale: S::splat(1.0) };
-        exp_sum_pass::<S, _, LowExp>(&z, x.len(), m, p, std::ptr::null(), 0)
+        exp_sum_pass::<S, _, LowExp, true>(&z, x.len(), m, p, std::ptr::null(), 0)
     }
 }
 
