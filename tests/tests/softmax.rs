@@ -3,7 +3,7 @@
 //!
 //! Tolerances come from the error analysis in `attn_kernels::softmax` (module docs), term by
 //! term, with `u = 2⁻²⁴`, `E = SOFTMAX_EXP_MAX_ULP` (the
-//! softmax's own exp, `exp_neg_v`):
+//! softmax's own exp for arguments `≤ 0`):
 //! - logits: `ẑ_j` is `z_j` rounded once (twice for the portable ISA without FMA), so
 //!   `|ẑ_j − z_j| ≤ ζ_j = u(|s·x_j| + |z_j|)(1 + 2u)`, and 0 when `s·x_j` and `z_j` are f32
 //!   already (scale 1 or a power of two with dyadic data: the special-value cases);
@@ -446,11 +446,41 @@ proptest! {
     }
 }
 
+/// Rows whose range `max − min` of the logits is just below and just above 87, where the
+/// kernel switches from its table exp to the full-range one (subnormal results, `−∞`), each
+/// within the derived bounds: ranges 80…120, with and without a keep-mask (a masked lane
+/// takes the full-range exp whatever the range).
+#[test]
+fn rows_on_both_sides_of_the_table_exp_range() {
+    for range in [80.0f32, 86.9, 87.0, 87.1, 95.0, 104.5, 120.0] {
+        let cols = 301;
+        let dims = [1, 2, 3, cols];
+        let layout = Tensor4Layout::bhsd(1, 2, 3, cols);
+        // Logits from 0 down to −range, shuffled, per row; scale 0.5 on doubled values.
+        let x: Vec<f32> = (0..layout.len())
+            .map(|k| -(((k * 37) % cols) as f32) / (cols - 1) as f32 * range * 2.0)
+            .collect();
+        let keep: Vec<bool> = (0..cols).map(|j| j % 7 != 3).collect();
+        let masks = [
+            MaskSpec::None,
+            MaskSpec::Causal(Some(200)),
+            MaskSpec::Keep(keep, Tensor4Layout::strided(dims, [0, 0, 0, 1], 0)),
+        ];
+        for mask in masks {
+            let case =
+                Case { dims, x: x.clone(), x_layout: layout, y_layout: layout, scale: 0.5, mask };
+            if let Err(e) = run_case(&case) {
+                panic!("range {range}: {e}");
+            }
+        }
+    }
+}
+
 /// Threads change nothing: the same bits as sequential, above the parallel threshold, for each
 /// mask kind and both the out-of-place and in-place forms.
 #[test]
 fn threaded_equals_sequential_bitwise() {
-    let dims = [2, 3, 40, 301];
+    let dims = [2, 3, 80, 301];
     let n: usize = dims.iter().product();
     assert!(n >= attn_kernels::softmax::PAR_MIN_ELEMENTS);
     let x: Vec<f32> = (0..n).map(|k| ((k * 7919 % 1000) as f32 - 500.0) * 0.03).collect();

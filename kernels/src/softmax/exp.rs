@@ -28,6 +28,14 @@
 //! `exp(±0) = 1`; `exp(−∞) = 0`; `exp(+∞) = +∞`; `exp(NaN) = NaN`; `x > 88.7228` gives `+∞`;
 //! `x < −103.98` gives `+0`; results in the subnormal range (`x ∈ [−103.97, −87.34]`) are within
 //! 1 subnormal ULP (`2^−149`) of the exact value.
+//!
+//! # The softmax's exp
+//!
+//! The softmax exponentiates `z − max ≤ 0` by its own exp, within [`SOFTMAX_EXP_MAX_ULP`]
+//! (1.5 ULP) instead of 1: `exp_neg_lut_n` when every argument is `≥` `LUT_MIN` (−87: no
+//! subnormal result, no `−∞`), 8 FMA-pipe operations per vector against 13 for the
+//! full-range `exp_neg_scaled_n` below it; the softmax picks one per row from the row's
+//! range, [`softmax_exp_slice_with_isa`] per group of vectors.
 
 use super::row::EXP_UNROLL;
 use super::vector::{SimdF32, TWO_POW_M64};
@@ -133,19 +141,20 @@ const K4: f32 = f32::from_bits(0x3D2A_AC12); // 0.041668005
 const K5: f32 = f32::from_bits(0x3C09_33DA); // 0.008374179
 const K6: f32 = f32::from_bits(0x3AB5_7381); // 0.0013843627
 
-/// Maximum error of the softmax's exp ([`exp_neg_v`], [`softmax_exp_slice_with_isa`]) in ULP
-/// of the exact result, for `x ≤ 0` whose result is a normal f32, on every ISA; subnormal
-/// results are within this many `2^−149`. Checked over every f32 in `[−87.34, 0]` by the
-/// ignored test `tests/tests/exp.rs::exhaustive_softmax_exp` (AVX2+FMA: 1.146 ULP; the
-/// portable ISA runs [`exp_low_v`]: 0.952 ULP), and every 11th of them plus the subnormal
-/// range in the default test run. The AVX-512 build runs the same arithmetic (not yet run on
-/// such a CPU).
+/// Maximum error of the softmax's exp (`exp_neg_n`: `exp_neg_lut_n` on `[−87, 0]`,
+/// `exp_neg_scaled_n` below; [`softmax_exp_slice_with_isa`]) in ULP of the exact result,
+/// for `x ≤ 0` whose result is a normal f32, on every ISA; subnormal results are within this
+/// many `2^−149`. Checked over every f32 in `[−87.34, 0]` by the ignored test
+/// `tests/tests/exp.rs::exhaustive_softmax_exp` (AVX2+FMA: 1.136 ULP; the portable ISA runs
+/// `exp_low_v`: 0.952 ULP), and every 11th of them plus the subnormal range in the default
+/// test run. The AVX-512 build runs the same arithmetic (not yet run on such a CPU).
 pub const SOFTMAX_EXP_MAX_ULP: f64 = 1.5;
 
-/// The softmax's exp of `K` vectors, `x ≤ 0`, within [`SOFTMAX_EXP_MAX_ULP`]: [`exp_neg_lut_n`] when no lane is below
-/// [`LUT_MIN`], else [`exp_neg_scaled_n`] for the whole group (subnormal results, `−∞`). The
-/// softmax makes the same choice once per row (`row.rs`); this per-group form serves the
-/// slice function, so that its tests sweep both paths.
+/// The softmax's exp of `K` vectors, `x ≤ 0`, within [`SOFTMAX_EXP_MAX_ULP`]:
+/// [`exp_neg_lut_n`] when no lane is below [`LUT_MIN`], else [`exp_neg_scaled_n`] for the
+/// whole group (subnormal results, `−∞`). The softmax makes the same choice once per row
+/// (`row.rs`); this per-group form serves the slice function, so that its tests sweep both
+/// paths. Arguments in `(0, 43.6]` are as accurate but not swept.
 ///
 /// # Safety
 /// The CPU must support `S::ISA` (the [`SimdF32`] contract).
@@ -376,7 +385,7 @@ fn check_exp_args(isa: Isa, x: &[f32], y: &[f32]) -> Result<()> {
     Ok(())
 }
 
-/// `y[i] = exp(x[i])` by the softmax's exp ([`exp_neg_v`]), for `x[i] ≤ 0`: maximum error
+/// `y[i] = exp(x[i])` by the softmax's exp (`exp_neg_n`), for `x[i] ≤ 0`: maximum error
 /// [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP; subnormal results within 1.5·2^−149); `exp(−∞) = 0`, NaN gives
 /// NaN, `x < −103.98` gives `+0`. Positive inputs are outside the stated domain (up to 43.6
 /// they are as accurate, beyond that unspecified). Errors as [`exp_slice_with_isa`].
@@ -456,6 +465,17 @@ mod tests {
             for k in 0..l {
                 assert_eq!(a[k].to_bits(), b[k].to_bits(), "{:?} x = {}", S::ISA, c[k]);
             }
+        }
+    }
+
+    /// The table behind `exp_neg_lut_n`: entry `j` plus `j << 20` in its bits is `2^(j/8)`
+    /// rounded to f32 (and the second half repeats the first).
+    #[test]
+    fn lut_table_holds_eighth_powers_of_two() {
+        for (j, v) in LUT_EXP2.iter().enumerate() {
+            let j8 = (j % 8) as u32;
+            let want = 2f64.powf(f64::from(j8) / 8.0) as f32;
+            assert_eq!(v.to_bits() + (j8 << 20), want.to_bits(), "entry {j}");
         }
     }
 

@@ -16,7 +16,7 @@
 //!   it finite — the one place the two can differ beyond rounding).
 //!
 //! Accuracy, with `u = 2⁻²⁴`, `E` = [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP: the softmax passes use
-//! their own exp, `exp::exp_neg_v`, for arguments `z − m ≤ 0`), `n` visible positions:
+//! their own exp for arguments `z − m ≤ 0`, see [`exp`]), `n` visible positions:
 //! `ŷ_j = p_j(z̃)·(1 + ε_j)`, `|ε_j| ≤ 2E·u + γ_n + 2u`, where `z̃_j` are the f32 logits and
 //! `z̃_j − m` is rounded once; each row sums to `1 ± (γ_n + 2u)`. The tests build their
 //! tolerances from exactly these terms.
@@ -46,8 +46,8 @@
 //!   `exp_f32x8(wide::f32x8)`, and the generic `exp_v::<S: SimdF32>(S::V)` for code written
 //!   over the [`SimdF32`] trait (`Avx512`, `Avx2`, `Portable` implement it), with
 //!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`), both
-//!   within 1 ULP; `exp_neg_v` / `exp_neg_n` (1.5 ULP, arguments `≤ 0` only, `K` vectors
-//!   interleaved) are what the softmax itself uses and are available to it too.
+//!   within 1 ULP; `exp_neg_n` (1.5 ULP, arguments `≤ 0` only, `K` vectors interleaved)
+//!   and its two paths are what the softmax itself uses and are available to it too.
 //!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
 //! [`arch::selected`](crate::arch::selected) or checked with [`Isa::require`]; an unsupported
@@ -84,8 +84,10 @@ use crate::{Mask, Result, Tensor4Layout};
 use row::{RowJob, RowMask};
 
 /// Calls with fewer elements than this run on the calling thread whatever the [`Parallelism`]:
-/// 32 Ki elements are ~10 µs of work at 3 G elements/s, the order of a rayon fork-join.
-pub const PAR_MIN_ELEMENTS: usize = 1 << 15;
+/// 128 Ki elements are ~45 µs of work at 2.8 G elements/s. Measured on this machine (best of
+/// 500 calls): 64×1024 ran slower on two threads than on one (2.19 against 2.85 G elem/s),
+/// 128×1024 faster (3.88 against 2.84).
+pub const PAR_MIN_ELEMENTS: usize = 1 << 17;
 /// Each parallel task gets at least this many elements (whole rows), so that a task outweighs
 /// its scheduling cost.
 const PAR_MIN_TASK_ELEMENTS: usize = 1 << 13;

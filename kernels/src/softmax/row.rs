@@ -4,18 +4,22 @@
 //!
 //! The fused softmax row (`softmax_row`) makes three passes over the row, reading the input
 //! (and mask) twice while it sits in L1/L2 and writing the output once:
-//! - pass A: `m = max_j z_j` where `z_j = scale·x_j (+ bias_j)`, masked `z_j = −∞`, NaN skipped;
-//! - pass B: `e_j = exp(z_j − m)` by the softmax's exp (`exp_neg_n`, 1.5 ULP, arguments
-//!   `≤ 0`) stored (to the output row, or to a staging buffer when streaming), `s = Σ e_j`;
+//! - pass A: `m = max_j z_j` and `min_j z_j`, where `z_j = scale·x_j (+ bias_j)`, masked
+//!   `z_j = −∞`, NaN skipped;
+//! - pass B: `e_j = exp(z_j − m)` by the softmax's exp (1.5 ULP, arguments `≤ 0`): the table
+//!   exp when `min − m ≥ LUT_MIN` (8 FMA-pipe operations per vector), else the full-range one
+//!   (13), stored to the output row (or to a staging buffer when streaming), `s = Σ e_j`;
 //! - pass C: `y_j = e_j · (1/s)`, with non-temporal stores when streaming.
 //!
-//! Where the cycles go (AVX2 on Zen 2, `llvm-mca -mcpu=znver2` on the release loops, since
-//! `perf` has no counters on this machine): pass B dominates. Its exp is a dependency chain of
-//! ~45 FMA-latency cycles per vector, so it runs [`EXP_UNROLL`] vectors interleaved per
-//! iteration (~10 cycles per vector instead of ~20 for one exp per iteration); pass A takes
-//! the max of the raw input and scales it once when `scale > 0` (no multiply per element);
-//! pass C is a load, a multiply and a store. Per row, nothing divides and the f64 logsumexp is
-//! only formed when the caller asks for it.
+//! Where the time goes (`perf` has no counters on this machine; variants timed best-of-2000
+//! on 64×1024, instructions counted by cachegrind): the exp is ~45 % of it, pass A and pass C
+//! ~17 % each. One exp is a dependency chain of ~35 cycles, so pass B runs [`EXP_UNROLL`]
+//! vectors interleaved per iteration; pass A takes the max of the raw input and scales it
+//! once when `scale > 0` (no multiply per element); pass C is a load, a multiply and a store.
+//! Per row, nothing divides and the f64 logsumexp is only formed when the caller asks for it.
+//! Measured and not kept, as no faster: pass A run during the previous row's pass C, pass C
+//! during the next row's pass B, the exp software-pipelined across groups, four sum
+//! accumulators, staging the output in L1, prefetching it for writing.
 //!
 //! `z_j` is recomputed in pass B rather than stored in pass A, which saves one store and one
 //! load per element; both passes compute it by the same [`Logits`] code, so the values agree
@@ -841,7 +845,7 @@ pub(crate) fn exp_map(isa: Isa, x: &[f32], y: &mut [f32]) {
     dispatch!(isa, exp_map(&x[..n], &mut y[..n]))
 }
 
-/// The softmax's exp (`exp_neg_v`) of a slice into another of the same length (shorter one
+/// The softmax's exp (`exp_neg_n`) of a slice into another of the same length (shorter one
 /// wins).
 pub(crate) fn exp_neg_map(isa: Isa, x: &[f32], y: &mut [f32]) {
     let n = x.len().min(y.len());
