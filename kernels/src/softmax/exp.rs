@@ -183,9 +183,9 @@ pub(crate) unsafe fn exp_neg_n<S: SimdF32, const K: usize>(x: [S::V; K]) -> [S::
 /// 2. `r = x − k·ln2/8` in two FMAs (Cody–Waite), `|r| ≤ ln2/16 + 10⁻⁵`;
 /// 3. `s = 2^(k/8)`, exact: the table entry for `k mod 8` with `⌊k/8⌋` added to its exponent
 ///    bits ([`SimdF32::exp2_k8`]; normal because `k ≥ −1008`);
-/// 4. `e^r − 1 ≈ r + r²·(Q2 + Q3 r)`, then `e = s + s·(e^r − 1)` in one FMA, so the result is
-///    rounded once at the end; the other errors are the table entry's rounding (≤ 0.5 ULP),
-///    the polynomial's (≤ 0.44·2⁻²⁴ relative) and the small term's roundings.
+/// 4. `e^r − 1 ≈ r·(1 + r·(Q2 + Q3 r))` by Horner, then `e = s + s·(e^r − 1)` in one FMA, so
+///    the result is rounded once at the end; the other errors are the table entry's rounding
+///    (≤ 0.5 ULP), the polynomial's (≤ 0.44·2⁻²⁴ relative) and the small term's roundings.
 ///
 /// ISAs without an FMA (the portable build) use [`exp_low_v`] instead.
 ///
@@ -193,30 +193,94 @@ pub(crate) unsafe fn exp_neg_n<S: SimdF32, const K: usize>(x: [S::V; K]) -> [S::
 /// The CPU must support `S::ISA` (the [`SimdF32`] contract).
 #[inline(always)]
 pub(crate) unsafe fn exp_neg_lut_n<S: SimdF32, const K: usize>(x: [S::V; K]) -> [S::V; K] {
+    // SAFETY: forwarded contract.
+    unsafe { exp_neg_lut_folded_n::<S, K>(x, &LutConsts::new(1.0)) }
+}
+
+/// The constants of [`exp_neg_lut_n`] with a power-of-two `scale` folded in: for `x = d/scale`,
+/// [`exp_neg_lut_folded_n`] returns `exp(d)`, the same bits as [`exp_neg_lut_n`] of `d`
+/// (every constant is an exact multiple of its unscaled value, and every step's rounding
+/// commutes with a power-of-two scaling while nothing leaves the normal range). The softmax
+/// uses it on `x_j − max_j x_j` (its scale a power of two, as `1/√d_k` for `d_k = 16, 64,
+/// 256`): `scale·(x_j − max)` is then the logit difference it would have formed, and the
+/// multiply by the scale leaves the loop.
+pub(crate) struct LutConsts<S: SimdF32> {
+    /// `8·log₂e·scale`.
+    log2e: S::V,
+    /// `−ln2_hi/(8·scale)`, `−ln2_lo/(8·scale)`.
+    ln2: (S::V, S::V),
+    /// The polynomial `r'·(A + r'·(B + C·r'))` in `r' = r/scale`: `A = scale`,
+    /// `B = Q2·scale²`, `C = Q3·scale³`.
+    poly: (S::V, S::V, S::V),
+}
+
+/// The powers of two that [`LutConsts::folds`] accepts: every folded constant stays normal.
+const FOLD_RANGE: std::ops::RangeInclusive<f32> = (1.0 / 65536.0)..=65536.0;
+
+impl<S: SimdF32> LutConsts<S> {
+    /// Whether `scale` can be folded: a power of two in `[2^−16, 2^16]`.
+    pub(crate) fn folds(scale: f32) -> bool {
+        FOLD_RANGE.contains(&scale) && scale.to_bits() & 0x007F_FFFF == 0
+    }
+
+    /// The constants for `scale` (`folds(scale)`; `1.0` for [`exp_neg_lut_n`]).
+    ///
+    /// # Safety
+    /// The CPU must support `S::ISA`.
+    #[inline(always)]
+    pub(crate) unsafe fn new(scale: f32) -> Self {
+        debug_assert!(Self::folds(scale));
+        let (s2, s3) = (scale * scale, scale * scale * scale);
+        // SAFETY: the caller's ISA contract.
+        unsafe {
+            LutConsts {
+                log2e: S::splat(LUT_LOG2E * scale),
+                ln2: (S::splat(-LUT_LN2_HI / scale), S::splat(-LUT_LN2_LO / scale)),
+                poly: (S::splat(scale), S::splat(LUT_Q2 * s2), S::splat(LUT_Q3 * s3)),
+            }
+        }
+    }
+}
+
+/// [`exp_neg_lut_n`] of `scale·x` for the `scale` folded into `c` ([`LutConsts`]).
+///
+/// # Safety
+/// The CPU must support `S::ISA` (the [`SimdF32`] contract).
+#[inline(always)]
+pub(crate) unsafe fn exp_neg_lut_folded_n<S: SimdF32, const K: usize>(
+    x: [S::V; K],
+    c: &LutConsts<S>,
+) -> [S::V; K] {
     // SAFETY: forwarded contract; every operation below is a `SimdF32` method.
     unsafe {
         if !S::FUSED {
-            return x.map(|v| exp_low_v::<S>(v));
+            let mut e = [S::splat(0.0); K];
+            for i in 0..K {
+                e[i] = exp_low_v::<S>(S::mul(x[i], c.poly.0));
+            }
+            return e;
         }
         // k = round(8·x·log₂e), held in the low bits of t; x = k·ln2/8 + r, |r| ≤ ln2/16 + ε.
         // s = 2^(k/8) = 2^⌊k/8⌋ · 2^((k mod 8)/8), exact from the table and the exponent bits.
-        // e^r − 1 ≈ r + r²·(Q2 + Q3 r), then e = s + s·(e^r − 1): one rounding at the end.
-        // (Loops, not `array::map`: its closure does not inline into `#[target_feature]` code.)
+        // e^r − 1 ≈ r·(1 + r·(Q2 + Q3 r)), then e = s + s·(e^r − 1): one rounding at the end.
+        // (All in r' = r/scale with the folded constants; loops, not `array::map`: its
+        // closure does not inline into `#[target_feature]` code.)
         let table = S::load(LUT_EXP2.as_ptr());
+        let (a, b, cc) = c.poly;
         let mut t = [S::splat(0.0); K];
         let mut r = [S::splat(0.0); K];
         let mut e = [S::splat(0.0); K];
         for i in 0..K {
-            t[i] = S::fmadd(x[i], S::splat(LUT_LOG2E), S::splat(ROUND_MAGIC));
+            t[i] = S::fmadd(x[i], c.log2e, S::splat(ROUND_MAGIC));
         }
         for i in 0..K {
             let k = S::sub(t[i], S::splat(ROUND_MAGIC));
-            r[i] = S::fmadd(k, S::splat(-LUT_LN2_HI), x[i]);
-            r[i] = S::fmadd(k, S::splat(-LUT_LN2_LO), r[i]);
+            r[i] = S::fmadd(k, c.ln2.0, x[i]);
+            r[i] = S::fmadd(k, c.ln2.1, r[i]);
         }
         for i in 0..K {
-            let q = S::fmadd(S::splat(LUT_Q3), r[i], S::splat(LUT_Q2));
-            let tail = S::fmadd(S::mul(r[i], r[i]), q, r[i]);
+            let p = S::fmadd(S::fmadd(cc, r[i], b), r[i], a);
+            let tail = S::mul(p, r[i]);
             let s = S::exp2_k8(table, t[i]);
             e[i] = S::fmadd(s, tail, s);
         }
@@ -464,6 +528,46 @@ mod tests {
             }
             for k in 0..l {
                 assert_eq!(a[k].to_bits(), b[k].to_bits(), "{:?} x = {}", S::ISA, c[k]);
+            }
+        }
+    }
+
+    /// The folded table exp of `d/scale` is the table exp of `d`, bit for bit, for power-of-two
+    /// scales (what lets the softmax drop its multiply by the scale).
+    fn folded_same_bits<S: SimdF32>() {
+        let l = S::LANES;
+        let ds: Vec<f32> = (0..100_000).map(|i| -87.0 * i as f32 / 100_000.0).collect();
+        for e in -8..=8 {
+            let scale = 2f32.powi(e);
+            assert!(LutConsts::<S>::folds(scale));
+            for c in ds.chunks_exact(l) {
+                let (mut a, mut b) = ([0.0f32; 16], [0.0f32; 16]);
+                let scaled: Vec<f32> = c.iter().map(|d| d / scale).collect();
+                // SAFETY: the caller checked the ISA; `c` and `scaled` hold LANES elements.
+                unsafe {
+                    let consts = LutConsts::<S>::new(scale);
+                    S::store(a.as_mut_ptr(), exp_neg_lut_n::<S, 1>([S::load(c.as_ptr())])[0]);
+                    let v = [S::load(scaled.as_ptr())];
+                    S::store(b.as_mut_ptr(), exp_neg_lut_folded_n::<S, 1>(v, &consts)[0]);
+                }
+                for k in 0..l {
+                    assert_eq!(a[k].to_bits(), b[k].to_bits(), "scale {scale} d = {}", c[k]);
+                }
+            }
+        }
+        assert!(!LutConsts::<S>::folds(0.125 * 3.0) && !LutConsts::<S>::folds(2f32.powi(17)));
+    }
+
+    #[test]
+    fn folded_table_exp_equals_unfolded() {
+        folded_same_bits::<Portable>();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::Avx2.is_supported() {
+                folded_same_bits::<crate::softmax::vector::Avx2>();
+            }
+            if Isa::Avx512.is_supported() {
+                folded_same_bits::<crate::softmax::vector::Avx512>();
             }
         }
     }
