@@ -558,18 +558,25 @@ mod tests {
         assert!(!LutConsts::<S>::folds(0.125 * 3.0) && !LutConsts::<S>::folds(2f32.powi(17)));
     }
 
+    /// Runs the generic check `$f::<S>()` for every ISA `S` this CPU supports.
+    macro_rules! on_every_isa {
+        ($f:ident) => {{
+            $f::<Portable>();
+            #[cfg(target_arch = "x86_64")]
+            {
+                if Isa::Avx2.is_supported() {
+                    $f::<crate::softmax::vector::Avx2>();
+                }
+                if Isa::Avx512.is_supported() {
+                    $f::<crate::softmax::vector::Avx512>();
+                }
+            }
+        }};
+    }
+
     #[test]
     fn folded_table_exp_equals_unfolded() {
-        folded_same_bits::<Portable>();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if Isa::Avx2.is_supported() {
-                folded_same_bits::<crate::softmax::vector::Avx2>();
-            }
-            if Isa::Avx512.is_supported() {
-                folded_same_bits::<crate::softmax::vector::Avx512>();
-            }
-        }
+        on_every_isa!(folded_same_bits);
     }
 
     /// The table behind `exp_neg_lut_n`: entry `j` plus `j << 20` in its bits is `2^(j/8)`
@@ -585,15 +592,6 @@ mod tests {
 
     #[test]
     fn exp_low_equals_exp() {
-        same_bits::<Portable>();
-        #[cfg(target_arch = "x86_64")]
-        {
-            if Isa::Avx2.is_supported() {
-                same_bits::<crate::softmax::vector::Avx2>();
-            }
-            if Isa::Avx512.is_supported() {
-                same_bits::<crate::softmax::vector::Avx512>();
-            }
-        }
+        on_every_isa!(same_bits);
     }
 }
