@@ -472,14 +472,6 @@ pub(crate) unsafe fn exp_map_body<S: SimdF32, const NEG: bool>(x: &[f32], y: &mu
     debug_assert_eq!(x.len(), y.len());
     let (n, l) = (x.len().min(y.len()), S::LANES);
     let (xp, yp) = (x.as_ptr(), y.as_mut_ptr());
-    // SAFETY: the caller's ISA contract.
-    let f = |v: [S::V; G]| unsafe {
-        if NEG {
-            exp_neg_n::<S, G>(v)
-        } else {
-            v.map(|v| exp_v::<S>(v))
-        }
-    };
     // SAFETY: every access is below `n`: whole vectors where `ju + LANES ≤ n`, one masked tail.
     unsafe {
         let mut j = 0;
@@ -493,7 +485,15 @@ pub(crate) unsafe fn exp_map_body<S: SimdF32, const NEG: bool>(x: &[f32], y: &mu
                     *vu = S::load_tail(xp.add(ju), n - ju);
                 }
             }
-            for (u, eu) in f(v).iter().enumerate() {
+            // No closures here: they do not inherit `#[target_feature]` (see `row.rs`).
+            if NEG {
+                v = exp_neg_n::<S, G>(v);
+            } else {
+                for vu in &mut v {
+                    *vu = exp_v::<S>(*vu);
+                }
+            }
+            for (u, eu) in v.iter().enumerate() {
                 let ju = j + u * l;
                 if ju + l <= n {
                     S::store(yp.add(ju), *eu);

@@ -343,15 +343,14 @@ impl GroupExp for LowExp {
     }
 }
 
-/// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `STORE`) by the exp `E` (times the
-/// scale folded into `c`, for the table exp),
-/// returns `Σ w_j`. Prefetches `next[..next_len]` along the way, one cache line per 16
-/// floats.
+/// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `STORE`) by the exp `E` (of the
+/// scale folded into `c` times `z_j − m`, for the table exp); returns `Σ w_j`. Prefetches
+/// `next[..next_len]` along the way, one cache line per 16 floats.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain; `w` (when
-/// `STORE`) valid for `n` writes (it may be the input row itself: each vector is read before it is
-/// written). `next` is only prefetched, never read.
+/// `STORE`) valid for `n` writes (it may be the input row itself: each vector is read before
+/// it is written). `next` is only prefetched, never read.
 #[inline(always)]
 unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>(
     z: &L,
@@ -465,7 +464,6 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>
 /// As [`exp_sum_pass`]; `m` and `lo` are the max and min of `z` (NaN skipped), `raw_max` the
 /// max of `Raw(z)` when given.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
     z: &L,
     n: usize,
