@@ -134,6 +134,29 @@ proptest! {
     }
 }
 
+/// The flash kernel's online softmax runs the table exp on a key block when every score of the
+/// block lies within 87 of the running max, and the full-range exp otherwise. Amplitudes from 2
+/// to 12 (dk = 16, scale 1/4: score ranges per block from ~10 to far beyond 87), with and
+/// without a causal mask (its diagonal blocks hold `−∞`), put blocks on both sides; every
+/// result must stay within the derived bound. Letting the table exp take ranges down to −200
+/// makes this fail.
+#[test]
+fn flash_blocks_on_both_sides_of_the_table_exp_range() {
+    for amp in [2.0f32, 5.0, 8.0, 12.0] {
+        for mask in [MaskKind::None, MaskKind::Causal(None)] {
+            let case = Case::new(11, 1, 2, 1, 70, 400, 16, 16, false, 0, mask, amp);
+            let (want, bounds) = (case.reference(), case.bounds());
+            for isa in Isa::supported() {
+                let p = Parallelism::Sequential;
+                let got = case.run(|q, k, v, s, m, o, l| flash(isa, q, k, v, s, m, o, l, p));
+                if let Err(e) = compare(&case, "flash", &got, &want, &bounds, 1.0) {
+                    panic!("amp {amp}, {mask:?}, {isa}: {e}");
+                }
+            }
+        }
+    }
+}
+
 /// `attention` takes the decode path up to 16 queries and the flash path above: its results are
 /// bit-identical to the explicit entry point of that path.
 #[test]

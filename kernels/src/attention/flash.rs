@@ -21,7 +21,7 @@
 use rayon::prelude::*;
 
 use super::blocking::{BC, QT, QV};
-use super::simd::{load, pv_block, qk_block, store, tile_rows, vectorize, Kernel, Simd};
+use super::simd::{load, pv_block, qk_block, store, tile_rows, vectorize, Kernel, Simd, EXP4_MIN};
 use super::sink::Sink;
 use super::{matrix, Problem};
 use crate::arch::Isa;
@@ -178,7 +178,9 @@ impl Kernel for Task<'_, '_, '_> {
 /// per query lane: `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` in place,
 /// `l ← α·l + Σ_j P_j`, `m ← m'`. Returns whether some probability is 0 (a masked key, or one
 /// that underflowed): [`pv_block`] must then guard against `0·∞` (see there). One `min` per
-/// probability vector finds out, against its ~20-operation exp.
+/// probability vector finds out, against its exp. The exp is the softmax's table exp (1.5 ULP)
+/// on blocks whose scores all lie within 87 of the running max, else the full-range 1-ULP one:
+/// 68.9 → 76.6 GFLOP/s on 8 heads, N = 1024, d = 64, one thread (best of 40 calls, A/B).
 #[inline(always)]
 fn softmax_step<S: Simd>(
     s: S,
@@ -193,20 +195,37 @@ fn softmax_step<S: Simd>(
     for (v, pm) in pmin.iter_mut().enumerate() {
         let at = v * l;
         let m_old = load(s, &m[at..]);
-        let mut m_new = m_old;
+        let (mut m_new, mut lo) = (m_old, s.splat(f32::INFINITY));
         for j in 0..nb {
-            m_new = s.max(m_new, load(s, &sb[j * qr + at..]));
+            let v = load(s, &sb[j * qr + at..]);
+            m_new = s.max(m_new, v);
+            lo = s.min(lo, v);
         }
+        // The table exp (8 FMA-pipe operations per vector, against 13) when every `S_j − m'`
+        // of these lanes is within its range: no masked key (blocks off the causal diagonal)
+        // and no score 87 below the max. A NaN score gives NaN on either path.
+        let table = {
+            let mut d = [f32::NEG_INFINITY; MAX_QR];
+            store(s, &mut d, s.sub(lo, m_new));
+            d[..l].iter().all(|v| *v >= EXP4_MIN)
+        };
         // Four independent exps per step: one exp is a long chain of dependent operations,
         // and the scheduler overlaps only about two of them on its own.
         let (mut s0, mut s1) = (s.splat(0.0), s.splat(0.0));
         let mut j = 0;
         while j + 4 <= nb {
             let x = &mut sb[j * qr + at..(j + 3) * qr + at + l];
-            let e0 = s.exp(s.sub(load(s, x), m_new));
-            let e1 = s.exp(s.sub(load(s, &x[qr..]), m_new));
-            let e2 = s.exp(s.sub(load(s, &x[2 * qr..]), m_new));
-            let e3 = s.exp(s.sub(load(s, &x[3 * qr..]), m_new));
+            let d = [
+                s.sub(load(s, x), m_new),
+                s.sub(load(s, &x[qr..]), m_new),
+                s.sub(load(s, &x[2 * qr..]), m_new),
+                s.sub(load(s, &x[3 * qr..]), m_new),
+            ];
+            let [e0, e1, e2, e3] = if table {
+                s.exp_neg4(d)
+            } else {
+                [s.exp(d[0]), s.exp(d[1]), s.exp(d[2]), s.exp(d[3])]
+            };
             store(s, x, e0);
             store(s, &mut x[qr..], e1);
             store(s, &mut x[2 * qr..], e2);

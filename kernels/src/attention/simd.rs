@@ -70,6 +70,10 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// `e^x` lane-wise: the softmax module's vectorised exp (`crate::softmax::exp`: 1 ULP,
     /// `exp(−∞) = 0`, NaN stays NaN, `exp(0) = 1` exactly).
     fn exp(self, x: Self::V) -> Self::V;
+    /// `e^x` of four vectors whose lanes are NaN or in `[EXP4_MIN, 0]`: the softmax's table
+    /// exp (`crate::softmax::exp`, `exp_neg_lut_n`: 1.5 ULP, 8 FMA-pipe operations per vector
+    /// against the 1-ULP exp's 13). Other lanes give unspecified values.
+    fn exp_neg4(self, x: [Self::V; 4]) -> [Self::V; 4];
     /// Sum of the lanes.
     fn reduce_add(self, a: Self::V) -> f32;
     /// Lane-wise minimum (which lane wins when one is NaN is unspecified).
@@ -337,6 +341,10 @@ pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
     total
 }
 
+/// The lowest argument [`Simd::exp_neg4`] takes (the softmax's table exp range: every result
+/// normal).
+pub(crate) const EXP4_MIN: f32 = crate::softmax::LUT_MIN;
+
 /// Scalar `e^x` through the vector code (lane 0), for the few per-row corrections.
 #[inline(always)]
 pub(crate) fn exp_scalar<S: Simd>(s: S, x: f32) -> f32 {
@@ -397,6 +405,10 @@ impl Simd for Portable {
     #[inline(always)]
     fn exp(self, x: Self::V) -> Self::V {
         crate::softmax::exp_f32x8(x)
+    }
+    #[inline(always)]
+    fn exp_neg4(self, x: [Self::V; 4]) -> [Self::V; 4] {
+        crate::softmax::exp_neg_lut4_f32x8(x)
     }
     #[inline(always)]
     fn reduce_add(self, a: Self::V) -> f32 {
@@ -499,6 +511,10 @@ mod x86 {
             unsafe { crate::softmax::exp_ps_avx512(x) }
         }
         #[inline(always)]
+        fn exp_neg4(self, x: [__m512; 4]) -> [__m512; 4] {
+            unsafe { crate::softmax::exp_neg_lut4_avx512(x) }
+        }
+        #[inline(always)]
         fn reduce_add(self, a: __m512) -> f32 {
             unsafe { _mm512_reduce_add_ps(a) }
         }
@@ -590,6 +606,10 @@ mod x86 {
         #[inline(always)]
         fn exp(self, x: __m256) -> __m256 {
             unsafe { crate::softmax::exp_ps_avx2(x) }
+        }
+        #[inline(always)]
+        fn exp_neg4(self, x: [__m256; 4]) -> [__m256; 4] {
+            unsafe { crate::softmax::exp_neg_lut4_avx2(x) }
         }
         #[inline(always)]
         fn reduce_add(self, a: __m256) -> f32 {

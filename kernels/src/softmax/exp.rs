@@ -405,6 +405,42 @@ pub(crate) unsafe fn exp_ps_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86
     unsafe { exp_v::<super::vector::Avx2>(x) }
 }
 
+/// The softmax's table exp ([`exp_neg_lut_n`], 1.5 ULP) of four AVX-512 vectors whose lanes
+/// are NaN or in `[`[`LUT_MIN`]`, 0]`, for kernels that fuse it into their own loops (the
+/// attention kernel's online softmax, on blocks whose range allows it).
+///
+/// # Safety
+/// As [`exp_ps_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn exp_neg_lut4_avx512(
+    x: [std::arch::x86_64::__m512; 4],
+) -> [std::arch::x86_64::__m512; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { exp_neg_lut_n::<super::vector::Avx512, 4>(x) }
+}
+
+/// [`exp_neg_lut4_avx512`] for four AVX2 vectors.
+///
+/// # Safety
+/// As [`exp_ps_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn exp_neg_lut4_avx2(
+    x: [std::arch::x86_64::__m256; 4],
+) -> [std::arch::x86_64::__m256; 4] {
+    // SAFETY: forwarded contract.
+    unsafe { exp_neg_lut_n::<super::vector::Avx2, 4>(x) }
+}
+
+/// [`exp_neg_lut4_avx512`] for four `wide::f32x8` (without an FMA this is the 1-ULP
+/// [`exp_low_v`]).
+#[inline(always)]
+pub(crate) fn exp_neg_lut4_f32x8(x: [wide::f32x8; 4]) -> [wide::f32x8; 4] {
+    // SAFETY: the portable ISA is supported everywhere.
+    unsafe { exp_neg_lut_n::<super::vector::Portable, 4>(x) }
+}
+
 /// Portable exp of 8 lanes of `wide::f32x8` (the module's algorithm; max error 1 ULP).
 #[inline(always)]
 #[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)

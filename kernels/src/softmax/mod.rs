@@ -62,10 +62,10 @@ pub use exp::{
 };
 
 #[allow(unused_imports)] // the attention kernel's API (module docs)
-pub(crate) use exp::{exp_f32x8, exp_low_v, exp_v};
+pub(crate) use exp::{exp_f32x8, exp_low_v, exp_neg_lut4_f32x8, exp_v, LUT_MIN};
 #[cfg(target_arch = "x86_64")]
 #[allow(unused_imports)]
-pub(crate) use exp::{exp_ps_avx2, exp_ps_avx512};
+pub(crate) use exp::{exp_neg_lut4_avx2, exp_neg_lut4_avx512, exp_ps_avx2, exp_ps_avx512};
 #[allow(unused_imports)]
 pub(crate) use row::{exp_sub_sum, row_max, scale as scale_row};
 #[cfg(target_arch = "x86_64")]
