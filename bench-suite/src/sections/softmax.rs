@@ -1,6 +1,6 @@
 //! Fused scale-mask-softmax over score rows, against the same operation written the way an
-//! eager framework runs it (one pass over the tensor per elementary operation) and against the
-//! reference. The rate is elements per second; the bandwidth (one read and one write of every
+//! eager framework runs it (one pass over the tensor per elementary operation), a plain
+//! iterator version (per row: max, exp and sum, divide) and the reference. The rate is elements per second; the bandwidth (one read and one write of every
 //! element) is compared with the copy bandwidth for that working set, since a fused softmax is
 //! memory-bound once the rows leave cache.
 
@@ -61,6 +61,7 @@ const IMPLS: &[Impl] = &[
         },
     },
     Impl { name: "unfused", threaded: true, call: |x, mask, y, t| unfused(x, SCALE, mask, y, t) },
+    Impl { name: "iterator", threaded: true, call: |x, mask, y, t| iterator(x, SCALE, mask, y, t) },
     Impl {
         name: "reference",
         threaded: false,
@@ -79,26 +80,7 @@ pub fn unfused(
     y: TensorMut<'_>,
     threads: usize,
 ) -> Result<()> {
-    let [batch, heads, rows, cols] = x.layout.dims;
-    let contiguous = Tensor4Layout::bhsd(batch, heads, rows, cols);
-    if x.layout != contiguous || y.layout != contiguous {
-        return Err(attn_reference::Error::InvalidParameter {
-            arg: "x",
-            requirement: "unfused: contiguous tensors only",
-        });
-    }
-    let offset = match *mask {
-        Mask::None => None,
-        Mask::Causal { offset } => Some(Mask::causal_offset(offset, rows, cols)),
-        _ => {
-            return Err(attn_reference::Error::InvalidParameter {
-                arg: "mask",
-                requirement: "unfused: none or causal",
-            })
-        }
-    };
-    x.check("x")?;
-    y.check("y")?;
+    let (rows, cols, offset) = plain_args(&x, &y, mask)?;
     let n = x.layout.len();
     let (x, y) = (&x.data[..n], &mut y.data[..n]);
     if cols == 0 {
@@ -118,10 +100,7 @@ pub fn unfused(
         // 2. masked scores → −∞
         if let Some(off) = offset {
             rows_mut(&mut t, cols, threads, |r, row| {
-                let first_hidden =
-                    ((r % rows.max(1)) as isize).saturating_add(off).saturating_add(1);
-                let first_hidden = first_hidden.clamp(0, cols as isize) as usize;
-                row[first_hidden..].fill(f32::NEG_INFINITY);
+                row[first_hidden(r % rows.max(1), off, cols)..].fill(f32::NEG_INFINITY);
             });
         }
         // 3. row max
@@ -146,6 +125,76 @@ pub fn unfused(
         });
     });
     Ok(())
+}
+
+/// The plain iterator version: per row, the max of the scaled logits, then `exp` and the sum,
+/// then `exp` again over the sum (three iterator passes over the row, `f32::exp`, no
+/// temporaries; rows split over threads). The same tensors and masks as [`unfused`].
+pub fn iterator(
+    x: TensorRef<'_>,
+    scale: f32,
+    mask: &Mask<'_>,
+    y: TensorMut<'_>,
+    threads: usize,
+) -> Result<()> {
+    let (rows, cols, offset) = plain_args(&x, &y, mask)?;
+    let n = x.layout.len();
+    let (x, y) = (&x.data[..n], &mut y.data[..n]);
+    if cols == 0 {
+        return Ok(());
+    }
+    Parallelism::threads(threads).install(|| {
+        rows_mut(y, cols, threads, |r, yr| {
+            let xr = &x[r * cols..(r + 1) * cols];
+            let vis = offset.map_or(cols, |off| first_hidden(r % rows.max(1), off, cols));
+            let m = xr[..vis].iter().map(|v| v * scale).fold(f32::NEG_INFINITY, f32::max);
+            if m == f32::NEG_INFINITY {
+                yr.fill(0.0); // fully masked (or all −∞): zeros, not NaN
+                return;
+            }
+            let s: f32 = xr[..vis].iter().map(|v| (v * scale - m).exp()).sum();
+            for (o, v) in yr[..vis].iter_mut().zip(&xr[..vis]) {
+                *o = (v * scale - m).exp() / s;
+            }
+            yr[vis..].fill(0.0);
+        });
+    });
+    Ok(())
+}
+
+/// `(rows, cols, causal offset)` of the plain peers' arguments: contiguous
+/// `[batch, heads, rows, cols]` tensors with a `None` or causal mask.
+fn plain_args(
+    x: &TensorRef<'_>,
+    y: &TensorMut<'_>,
+    mask: &Mask<'_>,
+) -> Result<(usize, usize, Option<isize>)> {
+    let [batch, heads, rows, cols] = x.layout.dims;
+    let contiguous = Tensor4Layout::bhsd(batch, heads, rows, cols);
+    if x.layout != contiguous || y.layout != contiguous {
+        return Err(attn_reference::Error::InvalidParameter {
+            arg: "x",
+            requirement: "plain peers: contiguous tensors only",
+        });
+    }
+    let offset = match *mask {
+        Mask::None => None,
+        Mask::Causal { offset } => Some(Mask::causal_offset(offset, rows, cols)),
+        _ => {
+            return Err(attn_reference::Error::InvalidParameter {
+                arg: "mask",
+                requirement: "plain peers: none or causal",
+            })
+        }
+    };
+    x.check("x")?;
+    y.check("y")?;
+    Ok((rows, cols, offset))
+}
+
+/// The first masked column of row `i` under a causal mask with offset `off` (`cols` when none).
+fn first_hidden(i: usize, off: isize, cols: usize) -> usize {
+    (i as isize).saturating_add(off).saturating_add(1).clamp(0, cols as isize) as usize
 }
 
 /// Calls `f(r, row)` for each `cols`-wide row of `data`, over rayon's current pool when
