@@ -476,6 +476,54 @@ fn rows_on_both_sides_of_the_table_exp_range() {
     }
 }
 
+/// Contiguous tensors with no mask or a causal one take a fast path (whole blocks of rows per
+/// call into the row kernel); every other layout takes the general per-row path. Both must give
+/// the same bits: here the input is also copied into a padded layout (row stride `cols + 3`,
+/// general path) for causal offsets that hide whole rows, cut rows and show everything, below
+/// and above the thread threshold, with the lse.
+#[test]
+fn contiguous_fast_path_equals_general_path() {
+    for (dims, par) in [
+        ([2, 3, 37, 301], Parallelism::Sequential),
+        ([2, 3, 80, 301], Parallelism::threads(2)),
+        ([1, 2, 9, 64], Parallelism::Sequential),
+    ] {
+        let n: usize = dims.iter().product();
+        let cols = dims[3];
+        let nrows = n / cols;
+        let x: Vec<f32> = (0..n).map(|k| ((k * 7919 % 1000) as f32 - 500.0) * 0.05).collect();
+        let dense = Tensor4Layout::bhsd(dims[0], dims[1], dims[2], dims[3]);
+        let pitch = cols + 3;
+        let padded =
+            Tensor4Layout::strided(dims, [dims[1] * dims[2] * pitch, dims[2] * pitch, pitch, 1], 0);
+        let mut xp = vec![f32::NAN; padded.required_len().unwrap()];
+        for r in 0..nrows {
+            xp[r * pitch..r * pitch + cols].copy_from_slice(&x[r * cols..(r + 1) * cols]);
+        }
+        let masks = [
+            Mask::None,
+            Mask::Causal { offset: None },
+            Mask::Causal { offset: Some(-5) },
+            Mask::Causal { offset: Some(0) },
+            Mask::Causal { offset: Some(cols as isize) },
+        ];
+        for isa in Isa::supported() {
+            for mask in &masks {
+                let run = |xv: TensorRef<'_>| {
+                    let (mut y, mut lse) = (vec![0.0; n], vec![0.0; nrows]);
+                    let yv = TensorMut::new(&mut y, dense);
+                    scale_mask_softmax_with_isa(isa, xv, 0.6, mask, yv, Some(&mut lse), par)
+                        .unwrap();
+                    (bits(&y), bits(&lse))
+                };
+                let fast = run(TensorRef::new(&x, dense));
+                let general = run(TensorRef::new(&xp, padded));
+                assert_eq!(fast, general, "{isa} {mask:?} {dims:?}");
+            }
+        }
+    }
+}
+
 /// Threads change nothing: the same bits as sequential, above the parallel threshold, for each
 /// mask kind and both the out-of-place and in-place forms.
 #[test]

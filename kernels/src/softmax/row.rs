@@ -76,6 +76,39 @@ pub(crate) struct RowJob<'a> {
     pub want_lse: bool,
 }
 
+/// A block of consecutive contiguous rows with no mask or a causal one: `mod.rs`'s fast path,
+/// which runs the rows one after another inside one `#[target_feature]` function, with no
+/// per-row dispatch, job or closure (~400 instructions per row fewer). Best of 4000 calls,
+/// A/B against the per-row path: 64×1024 causal 2.95 → 3.03 G elem/s, unmasked 2.97 → 3.13;
+/// 4096×512 2.57 → 2.90 on one thread and 2.76 → 5.57 on two (blocks of rows per task instead
+/// of one task per row).
+#[derive(Debug)]
+pub(crate) struct RowsJob<'a> {
+    /// The input rows (`y.len()` floats); `None` reads them from `y` (in place).
+    pub src: Option<&'a [f32]>,
+    /// The output rows, a multiple of `cols` floats.
+    pub y: &'a mut [f32],
+    /// Row length (`> 0`).
+    pub cols: usize,
+    /// Causal mask: `(offset, query rows per head, query index of the first row)`.
+    pub causal: Option<(isize, usize, usize)>,
+    /// Logit scale.
+    pub scale: f32,
+    /// Receives each row's logsumexp when given (one per row).
+    pub lse: Option<&'a mut [f32]>,
+}
+
+/// Visible length of query row `i` under a causal mask with offset `off` over `cols` keys:
+/// keys `j ≤ i + off`.
+pub(crate) fn causal_visible(i: usize, off: isize, cols: usize) -> usize {
+    let last = (i as isize).saturating_add(off);
+    if last < 0 {
+        0
+    } else {
+        (last as usize).saturating_add(1).min(cols)
+    }
+}
+
 /// How the logits `z_j` of a row are formed from the input and the mask, one vector at a time.
 /// Implementations are the only place the mask kinds differ.
 trait Logits<S: SimdF32> {
@@ -704,6 +737,47 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
     }
 }
 
+/// The rows of a [`RowsJob`], each by [`softmax_row_body`], prefetching the next row's input
+/// (so that its pass A reads L1) as `mod.rs` does for single rows.
+///
+/// # Safety
+/// `S::ISA` supported; the job's lengths validated by [`softmax_rows`].
+#[inline(always)]
+unsafe fn softmax_rows_body<S: SimdF32>(job: RowsJob<'_>) {
+    let RowsJob { src, y, cols, causal, scale, mut lse } = job;
+    let rows = y.len() / cols;
+    let yp = y.as_mut_ptr();
+    let xp = src.map_or(yp as *const f32, <[f32]>::as_ptr);
+    // SAFETY: every row `r < rows` spans `[r·cols, (r + 1)·cols)` of both buffers.
+    unsafe {
+        let sc = S::splat(scale);
+        for r in 0..rows {
+            let visible =
+                causal.map_or(cols, |(off, q, i0)| causal_visible((i0 + r) % q, off, cols));
+            let next = if r + 1 < rows {
+                std::slice::from_raw_parts(xp.add((r + 1) * cols), cols)
+            } else {
+                &[]
+            };
+            let z = Plain::<S> { x: xp.add(r * cols), scale: sc };
+            let want_lse = lse.is_some();
+            let v = softmax_row_body::<S, _>(
+                &z,
+                scale,
+                visible,
+                yp.add(r * cols),
+                cols,
+                std::ptr::null_mut(),
+                next,
+                want_lse,
+            );
+            if let Some(l) = lse.as_deref_mut() {
+                l[r] = v;
+            }
+        }
+    }
+}
+
 /// Logsumexp of a row (`x` unscaled, unmasked); writes `y_j = x_j − lse` when `y` is given.
 ///
 /// # Safety
@@ -789,6 +863,11 @@ macro_rules! isa_fns {
             use super::super::vector::*;
 
             $(#[target_feature(enable = $feature)])?
+            pub(super) unsafe fn softmax_rows(job: RowsJob<'_>) {
+                // SAFETY: the dispatcher checked that the CPU supports the ISA.
+                unsafe { softmax_rows_body::<$S>(job) }
+            }
+            $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn softmax_row(job: RowJob<'_>) -> f32 {
                 // SAFETY: the dispatcher checked that the CPU supports the ISA.
                 unsafe { softmax_job::<$S>(job) }
@@ -873,6 +952,24 @@ pub(crate) fn softmax_row(isa: Isa, mut job: RowJob<'_>) -> f32 {
     debug_assert_eq!(n, job.visible, "row job lengths disagree");
     job.visible = n;
     dispatch!(isa, softmax_row(job))
+}
+
+/// The rows of a [`RowsJob`] (module docs of `mod.rs`). Inconsistent lengths (never passed by
+/// `mod.rs`) do nothing.
+pub(crate) fn softmax_rows(isa: Isa, job: RowsJob<'_>) {
+    let n = job.y.len();
+    if n == 0 {
+        return;
+    }
+    let ok = job.cols > 0
+        && n.is_multiple_of(job.cols)
+        && job.src.is_none_or(|s| s.len() == n)
+        && job.lse.as_ref().is_none_or(|l| l.len() == n / job.cols)
+        && job.causal.is_none_or(|(_, q, _)| q > 0);
+    debug_assert!(ok, "rows job lengths disagree");
+    if ok {
+        dispatch!(isa, softmax_rows(job))
+    }
 }
 
 /// Logsumexp of `x`; with `y` (same length) also writes the log-softmax `y_j = x_j − lse`.
