@@ -478,9 +478,11 @@ fn rows_on_both_sides_of_the_table_exp_range() {
 
 /// Contiguous tensors with no mask or a causal one take a fast path (whole blocks of rows per
 /// call into the row kernel); every other layout takes the general per-row path. Both must give
-/// the same bits: here the input is also copied into a padded layout (row stride `cols + 3`,
-/// general path) for causal offsets that hide whole rows, cut rows and show everything, below
-/// and above the thread threshold, with the lse.
+/// the same bits: the input is also copied into a padded layout (row stride `cols + 3`, general
+/// path), out of place and in place, with the lse, below and above the thread threshold, for
+/// scales that do and do not fold into the table exp, rows holding NaN, `±∞` and `±1e30` (the
+/// special-row and full-range exp paths), and causal offsets that hide every row, hide the
+/// first rows, cut rows and show everything.
 #[test]
 fn contiguous_fast_path_equals_general_path() {
     for (dims, par) in [
@@ -491,34 +493,60 @@ fn contiguous_fast_path_equals_general_path() {
         let n: usize = dims.iter().product();
         let cols = dims[3];
         let nrows = n / cols;
-        let x: Vec<f32> = (0..n).map(|k| ((k * 7919 % 1000) as f32 - 500.0) * 0.05).collect();
+        let mut x: Vec<f32> = (0..n).map(|k| ((k * 7919 % 1000) as f32 - 500.0) * 0.05).collect();
+        // Row 1: a NaN; row 2: +∞; row 3: −∞ and −1e30 (wide range: the full-range exp);
+        // row 4: +1e30.
+        x[cols + 7] = f32::NAN;
+        x[2 * cols + 3] = f32::INFINITY;
+        x[3 * cols] = f32::NEG_INFINITY;
+        x[3 * cols + 5] = -1e30;
+        x[4 * cols + 1] = 1e30;
         let dense = Tensor4Layout::bhsd(dims[0], dims[1], dims[2], dims[3]);
         let pitch = cols + 3;
         let padded =
             Tensor4Layout::strided(dims, [dims[1] * dims[2] * pitch, dims[2] * pitch, pitch, 1], 0);
-        let mut xp = vec![f32::NAN; padded.required_len().unwrap()];
-        for r in 0..nrows {
-            xp[r * pitch..r * pitch + cols].copy_from_slice(&x[r * cols..(r + 1) * cols]);
-        }
+        let pad = |v: &[f32]| {
+            let mut p = vec![f32::NAN; padded.required_len().unwrap()];
+            for r in 0..nrows {
+                p[r * pitch..r * pitch + cols].copy_from_slice(&v[r * cols..(r + 1) * cols]);
+            }
+            p
+        };
+        let unpad = |p: &[f32]| -> Vec<f32> {
+            (0..nrows).flat_map(|r| p[r * pitch..r * pitch + cols].to_vec()).collect()
+        };
+        let xp = pad(&x);
         let masks = [
             Mask::None,
             Mask::Causal { offset: None },
+            Mask::Causal { offset: Some(isize::MIN) },
             Mask::Causal { offset: Some(-5) },
             Mask::Causal { offset: Some(0) },
             Mask::Causal { offset: Some(cols as isize) },
         ];
         for isa in Isa::supported() {
             for mask in &masks {
-                let run = |xv: TensorRef<'_>| {
-                    let (mut y, mut lse) = (vec![0.0; n], vec![0.0; nrows]);
-                    let yv = TensorMut::new(&mut y, dense);
-                    scale_mask_softmax_with_isa(isa, xv, 0.6, mask, yv, Some(&mut lse), par)
-                        .unwrap();
-                    (bits(&y), bits(&lse))
-                };
-                let fast = run(TensorRef::new(&x, dense));
-                let general = run(TensorRef::new(&xp, padded));
-                assert_eq!(fast, general, "{isa} {mask:?} {dims:?}");
+                for scale in [0.6f32, 0.125] {
+                    let ctx = format!("{isa} {mask:?} {dims:?} scale {scale}");
+                    let run = |xv: TensorRef<'_>| {
+                        let (mut y, mut lse) = (vec![0.0; n], vec![0.0; nrows]);
+                        let yv = TensorMut::new(&mut y, dense);
+                        scale_mask_softmax_with_isa(isa, xv, scale, mask, yv, Some(&mut lse), par)
+                            .unwrap();
+                        (bits(&y), bits(&lse))
+                    };
+                    let fast = run(TensorRef::new(&x, dense));
+                    assert_eq!(fast, run(TensorRef::new(&xp, padded)), "{ctx}");
+                    // In place: the contiguous copy (fast) against the padded one (general).
+                    let mut z = x.clone();
+                    let mut zp = xp.clone();
+                    let zv = TensorMut::new(&mut z, dense);
+                    scale_mask_softmax_inplace_with_isa(isa, zv, scale, mask, None, par).unwrap();
+                    let zpv = TensorMut::new(&mut zp, padded);
+                    scale_mask_softmax_inplace_with_isa(isa, zpv, scale, mask, None, par).unwrap();
+                    assert_eq!(bits(&z), bits(&unpad(&zp)), "{ctx}: in place");
+                    assert_eq!(bits(&z), fast.0, "{ctx}: in place against out of place");
+                }
             }
         }
     }

@@ -1,8 +1,9 @@
 //! Fused scale-mask-softmax over score rows, against the same operation written the way an
 //! eager framework runs it (one pass over the tensor per elementary operation), a plain
-//! iterator version (per row: max, exp and sum, divide) and the reference. The rate is elements per second; the bandwidth (one read and one write of every
-//! element) is compared with the copy bandwidth for that working set, since a fused softmax is
-//! memory-bound once the rows leave cache.
+//! iterator version (per row: max, exp and sum, divide) and the reference. The rate is
+//! elements per second; the bandwidth (one read and one write of every element) is compared
+//! with the copy bandwidth for that working set, since a fused softmax is memory-bound once
+//! the rows leave cache.
 
 use attn_kernels::Parallelism;
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
@@ -128,8 +129,9 @@ pub fn unfused(
 }
 
 /// The plain iterator version: per row, the max of the scaled logits, then `exp` and the sum,
-/// then `exp` again over the sum (three iterator passes over the row, `f32::exp`, no
-/// temporaries; rows split over threads). The same tensors and masks as [`unfused`].
+/// then `exp` recomputed and divided by the sum (three iterator passes over the row,
+/// `f32::exp`, no temporaries; rows split over threads). The same tensors and masks as
+/// [`unfused`].
 pub fn iterator(
     x: TensorRef<'_>,
     scale: f32,

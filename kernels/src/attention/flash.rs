@@ -203,7 +203,10 @@ fn softmax_step<S: Simd>(
         }
         // The table exp (8 FMA-pipe operations per vector, against 13) when every `S_j − m'`
         // of these lanes is within its range: no masked key (blocks off the causal diagonal)
-        // and no score 87 below the max. A NaN score gives NaN on either path.
+        // and no score 87 below the max. A NaN score may drop out of `lo` (`min` keeps either
+        // operand) and let the table exp see lanes below its range, but only in a query lane
+        // that holds the NaN, which comes out NaN on either path; out-of-range lanes give
+        // unspecified values (a register permute, no memory access), never undefined behaviour.
         let table = {
             let mut d = [f32::NEG_INFINITY; MAX_QR];
             store(s, &mut d, s.sub(lo, m_new));

@@ -22,7 +22,8 @@
 //! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine.
 //!
 //! Numerics: the query tile is packed pre-multiplied by `scale`; accumulation is f32; the
-//! exponential is the softmax module's vectorised exp (1 ULP). A `+∞` bias entry
+//! exponential is the softmax module's: its table exp (1.5 ULP) on key blocks whose scores all
+//! lie within 87 of the running max, the full-range 1-ULP exp elsewhere. A `+∞` bias entry
 //! is outside the supported range (the reference gives such a row all the weight at the `+∞`
 //! positions; here the row becomes NaN). A key of zero weight (masked, or whose weight
 //! underflows) contributes exactly 0 even when its value is `±∞`/NaN (an unwritten KV-cache

@@ -1,4 +1,4 @@
-//! The vectorised `exp`: one generic body over [`SimdF32`], its per-ISA entry points for kernels
+//! The vectorised `exp`: one generic body over `SimdF32`, its per-ISA entry points for kernels
 //! that fuse it into their own loops (`exp_ps_avx512`, `exp_ps_avx2`, `exp_f32x8`), and a
 //! public slice function for testing and for callers who want a plain vector exp.
 //!

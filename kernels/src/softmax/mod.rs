@@ -31,7 +31,7 @@
 //!
 //! Files: `mod.rs` (public API, argument checks, row iteration and threading), `row.rs` (row
 //! primitives generic over the ISA, with per-ISA `#[target_feature]` wrappers and dispatch),
-//! `exp.rs` (the vectorised exp and its stated accuracy), `vector.rs` (the [`SimdF32`] trait and
+//! `exp.rs` (the vectorised exp and its stated accuracy), `vector.rs` (the `SimdF32` trait and
 //! its AVX-512, AVX2 and portable implementations: the only intrinsics of the softmax).
 //! The ISA is chosen by [`crate::arch`] (the one place for GEMM and softmax alike).
 //!
@@ -47,13 +47,18 @@
 //!   (`unsafe`, `#[inline(always)]`: call them from inside a function compiled with
 //!   `#[target_feature(enable = "avx512f")]` / `"avx2,fma"` on a CPU that has it), the safe
 //!   `exp_f32x8(wide::f32x8)`, and the generic `exp_v::<S: SimdF32>(S::V)` for code written
-//!   over the [`SimdF32`] trait (`Avx512`, `Avx2`, `Portable` implement it), with
+//!   over the `SimdF32` trait (`Avx512`, `Avx2`, `Portable` implement it), with
 //!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`), both
 //!   within 1 ULP; `exp_neg_n` (1.5 ULP, arguments `≤ 0` only, `K` vectors interleaved)
-//!   and its two paths are what the softmax itself uses and are available to it too.
+//!   and its two paths are what the softmax itself uses and are available to it too;
+//! - the table path alone for four vectors whose lanes are NaN or in `[LUT_MIN, 0]`
+//!   (`LUT_MIN` = −87; other lanes give unspecified values, never undefined behaviour):
+//!   `exp_neg_lut4_avx512`, `exp_neg_lut4_avx2` (`unsafe`, as `exp_ps_*`) and the safe
+//!   `exp_neg_lut4_f32x8` (the 1-ULP `exp_low_v` there, without an FMA); flash attention's
+//!   online softmax uses them on key blocks within that range.
 //!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
-//! [`arch::selected`](crate::arch::selected) or checked with [`Isa::require`]; an unsupported
+//! [`crate::arch::selected`] or checked with [`Isa::require`]; an unsupported
 //! ISA falls back to the portable code (never undefined behaviour). None of them allocates.
 
 pub mod exp;
