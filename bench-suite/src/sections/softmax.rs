@@ -81,12 +81,10 @@ pub fn unfused(
     y: TensorMut<'_>,
     threads: usize,
 ) -> Result<()> {
-    let (rows, cols, offset) = plain_args(&x, &y, mask)?;
-    let n = x.layout.len();
-    let (x, y) = (&x.data[..n], &mut y.data[..n]);
-    if cols == 0 {
+    let Some(Plain { x, y, rows, cols, offset }) = plain_args(x, y, mask)? else {
         return Ok(());
-    }
+    };
+    let n = x.len();
     let n_rows = n / cols;
     let mut t = vec![0.0f32; n];
     let mut max = vec![0.0f32; n_rows];
@@ -139,12 +137,9 @@ pub fn iterator(
     y: TensorMut<'_>,
     threads: usize,
 ) -> Result<()> {
-    let (rows, cols, offset) = plain_args(&x, &y, mask)?;
-    let n = x.layout.len();
-    let (x, y) = (&x.data[..n], &mut y.data[..n]);
-    if cols == 0 {
+    let Some(Plain { x, y, rows, cols, offset }) = plain_args(x, y, mask)? else {
         return Ok(());
-    }
+    };
     Parallelism::threads(threads).install(|| {
         rows_mut(y, cols, threads, |r, yr| {
             let xr = &x[r * cols..(r + 1) * cols];
@@ -164,13 +159,22 @@ pub fn iterator(
     Ok(())
 }
 
-/// `(rows, cols, causal offset)` of the plain peers' arguments: contiguous
-/// `[batch, heads, rows, cols]` tensors with a `None` or causal mask.
-fn plain_args(
-    x: &TensorRef<'_>,
-    y: &TensorMut<'_>,
+/// The plain peers' view of their arguments: the contiguous data, the sizes, the causal offset.
+struct Plain<'a> {
+    x: &'a [f32],
+    y: &'a mut [f32],
+    rows: usize,
+    cols: usize,
+    offset: Option<isize>,
+}
+
+/// Checks the plain peers' arguments (contiguous `[batch, heads, rows, cols]` tensors, a `None`
+/// or causal mask) and returns their view, `None` when rows are empty (`cols = 0`).
+fn plain_args<'a>(
+    x: TensorRef<'a>,
+    y: TensorMut<'a>,
     mask: &Mask<'_>,
-) -> Result<(usize, usize, Option<isize>)> {
+) -> Result<Option<Plain<'a>>> {
     let [batch, heads, rows, cols] = x.layout.dims;
     let contiguous = Tensor4Layout::bhsd(batch, heads, rows, cols);
     if x.layout != contiguous || y.layout != contiguous {
@@ -191,7 +195,11 @@ fn plain_args(
     };
     x.check("x")?;
     y.check("y")?;
-    Ok((rows, cols, offset))
+    if cols == 0 {
+        return Ok(None);
+    }
+    let n = x.layout.len();
+    Ok(Some(Plain { x: &x.data[..n], y: &mut y.data[..n], rows, cols, offset }))
 }
 
 /// The first masked column of row `i` under a causal mask with offset `off` (`cols` when none).
