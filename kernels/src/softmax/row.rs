@@ -28,8 +28,9 @@
 //! inside the noise); the passes reordered as B_i, A_{i+1}, C_i so that each pass hides the
 //! previous one's reduction latency (2.93, unchanged: the passes are throughput-bound, not
 //! waiting on the barriers); the exp's tail regrouped to shorten its chain by ~7 cycles
-//! (unchanged). Rows of 256 … 2048 fit `t = 36 ns + n / 3.28 G` per row, so the per-row
-//! work (dispatch, reductions, the ragged last group, ~400 instructions) is ~10 % at 1024.
+//! (unchanged). Rows of 256 … 2048 fit `t = 36 ns + n / 3.28 G` per row on the per-row path
+//! (dispatch, job, reductions, the ragged last group: ~10 % at 1024), `t = 13 ns + n / 3.2 G`
+//! on the row-block path ([`RowsJob`]), which keeps only the reductions and the ragged group.
 //!
 //! `z_j` is recomputed in pass B rather than stored in pass A, which saves one store and one
 //! load per element; both passes compute it by the same [`Logits`] code, so the values agree
