@@ -476,13 +476,15 @@ fn rows_on_both_sides_of_the_table_exp_range() {
     }
 }
 
-/// Contiguous tensors with no mask or a causal one take a fast path (whole blocks of rows per
-/// call into the row kernel); every other layout takes the general per-row path. Both must give
-/// the same bits: the input is also copied into a padded layout (row stride `cols + 3`, general
-/// path), out of place and in place, with the lse, below and above the thread threshold, for
-/// scales that do and do not fold into the table exp, rows holding NaN, `±∞` and `±1e30` (the
-/// special-row and full-range exp paths), and causal offsets that hide every row, hide the
-/// first rows, cut rows and show everything.
+/// Contiguous tensors whose mask rows (if any) have contiguous columns take a fast path (whole
+/// blocks of rows per call into the row kernel); every other layout takes the general per-row
+/// path. Both must give the same bits: the input is also copied into a padded layout (row
+/// stride `cols + 3`, general path), out of place and in place, with the lse, below and above
+/// the thread threshold, for scales that do and do not fold into the table exp, rows holding
+/// NaN, `±∞` and `±1e30` (the special-row and full-range exp paths), causal offsets that hide
+/// every row, hide the first rows, cut rows and show everything, and keep-masks and biases
+/// (broadcast over heads and queries, or over batches, at an offset into their slice) with a
+/// fully hidden row and `−∞` biases.
 #[test]
 fn contiguous_fast_path_equals_general_path() {
     for (dims, par) in [
@@ -516,7 +518,25 @@ fn contiguous_fast_path_equals_general_path() {
             (0..nrows).flat_map(|r| p[r * pitch..r * pitch + cols].to_vec()).collect()
         };
         let xp = pad(&x);
+        let [_, heads, q, _] = dims;
+        // A keep-mask per row, at offset 2 in its slice, every fifth key hidden and row 6 all
+        // hidden; a key-padding mask (per batch); a bias shared by the batches, at offset 1,
+        // with −∞ entries and row 7 all −∞.
+        let mut keep: Vec<bool> = (0..n + 2).map(|k| k % 5 != 0).collect();
+        keep[2 + 6 * cols..2 + 7 * cols].fill(false);
+        let pads: Vec<bool> = (0..dims[0] * cols).map(|k| k % 7 != 3).collect();
+        let mut bias: Vec<f32> = (0..1 + heads * q * cols)
+            .map(|k| if k % 17 == 0 { f32::NEG_INFINITY } else { (k % 13) as f32 * -0.5 })
+            .collect();
+        bias[1 + 7 * cols..1 + 8 * cols].fill(f32::NEG_INFINITY);
+        let rowwise = Tensor4Layout::strided(dims, [heads * q * cols, q * cols, cols, 1], 2);
         let masks = [
+            Mask::Keep { keep: &keep, layout: rowwise },
+            Mask::Keep { keep: &pads, layout: Tensor4Layout::strided(dims, [cols, 0, 0, 1], 0) },
+            Mask::Bias {
+                bias: &bias,
+                layout: Tensor4Layout::strided(dims, [0, q * cols, cols, 1], 1),
+            },
             Mask::None,
             Mask::Causal { offset: None },
             Mask::Causal { offset: Some(isize::MIN) },

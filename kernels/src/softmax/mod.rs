@@ -25,9 +25,9 @@
 //! written once (costs and where the cycles go: `row.rs`); rows longer than [`STREAM_MIN_BYTES`] in total are staged in a per-thread
 //! buffer and written with non-temporal stores so the output costs no read-for-ownership.
 //! Rows are spread over threads when the call has at least [`PAR_MIN_ELEMENTS`] elements.
-//! Contiguous tensors with no mask or a causal one (the attention case) run whole blocks of
-//! rows per call into the row kernel; other layouts and masks go row by row (gathering strided
-//! rows and masks); both give the same bits.
+//! Contiguous tensors (the attention case) whose mask, if it is a keep-mask or a bias, has
+//! contiguous rows run whole blocks of rows per call into the row kernel; other layouts, and
+//! streamed calls, go row by row (gathering strided rows and masks); both give the same bits.
 //!
 //! Files: `mod.rs` (public API, argument checks, row iteration and threading), `row.rs` (row
 //! primitives generic over the ISA, with per-ISA `#[target_feature]` wrappers and dispatch),
@@ -89,7 +89,7 @@ use rayon::prelude::*;
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 use crate::{Mask, Result, Tensor4Layout};
-use row::{RowJob, RowMask, RowsJob};
+use row::{RowJob, RowMask, RowsJob, RowsMask};
 
 /// Calls with fewer elements than this run on the calling thread whatever the [`Parallelism`]:
 /// 128 Ki elements are ~45 µs of work at 2.8 G elements/s. Measured on this machine (best of
@@ -501,21 +501,21 @@ impl Ctx<'_, '_> {
         let [batch, heads, rows, cols] = self.dims;
         let stream =
             self.isa != Isa::Portable && y.layout.len().saturating_mul(4) >= STREAM_MIN_BYTES;
-        let causal = match *self.mask {
-            Mask::None => Some(None),
-            Mask::Causal { offset } => Some(Some(Mask::causal_offset(offset, rows, cols))),
-            Mask::Keep { .. } | Mask::Bias { .. } => None,
-        };
         let contiguous = Tensor4Layout::bhsd(batch, heads, rows, cols);
-        if let Some(causal) = causal {
-            if !stream
-                && cols > 0
-                && y.layout == contiguous
-                && self.x.as_ref().is_none_or(|x| x.layout == contiguous)
-            {
-                self.run_contiguous(y, lse, par, causal);
-                return;
+        let mask_rows_contiguous = match self.mask {
+            Mask::None | Mask::Causal { .. } => true,
+            Mask::Keep { layout, .. } | Mask::Bias { layout, .. } => {
+                layout.strides[3] == 1 || cols <= 1
             }
+        };
+        if !stream
+            && cols > 0
+            && mask_rows_contiguous
+            && y.layout == contiguous
+            && self.x.as_ref().is_none_or(|x| x.layout == contiguous)
+        {
+            self.run_contiguous(y, lse, par);
+            return;
         }
         for_each_row(y, lse, par, |scratch, pos, yrow, l| {
             let v = self.row(scratch, pos, rows, cols, yrow, stream, l.is_some());
@@ -525,27 +525,43 @@ impl Ctx<'_, '_> {
         });
     }
 
-    /// The fast path: contiguous `x` and `y`, no mask or a causal one (`causal` offset), not
+    /// The fast path: contiguous `x` and `y`, mask rows with contiguous columns, not
     /// streamed. Blocks of whole rows go to [`row::softmax_rows`], one block per thread task.
-    fn run_contiguous(
-        &self,
-        y: TensorMut<'_>,
-        lse: Option<&mut [f32]>,
-        par: Parallelism,
-        causal: Option<isize>,
-    ) {
+    fn run_contiguous(&self, y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism) {
         let [_, _, rows, cols] = self.dims;
         let n = y.layout.len();
         let y = &mut y.data[..n];
         let x = self.x.as_ref().map(|x| &x.data[..n]);
+        // Where the mask rows of flat rows `r0 .. r0 + count` start in the mask's slice.
+        let starts = |layout: &Tensor4Layout, r0: usize, count: usize| {
+            let mut pos = RowPos::of(r0, self.dims);
+            let mut v = Vec::with_capacity(count);
+            for _ in 0..count {
+                v.push(row_span(layout, pos).0);
+                pos = pos.next(self.dims);
+            }
+            v
+        };
         // Rows `r0..` of the call: `yc` (whole rows), the matching input and lse slots.
         let block = |r0: usize, yc: &mut [f32], lse: Option<&mut [f32]>| {
             let src = x.map(|x| &x[r0 * cols..r0 * cols + yc.len()]);
-            let causal = causal.map(|off| (off, rows, r0));
-            row::softmax_rows(
-                self.isa,
-                RowsJob { src, y: yc, cols, causal, scale: self.scale, lse },
-            );
+            let count = yc.len() / cols;
+            let at;
+            let mask = match *self.mask {
+                Mask::None => RowsMask::Causal(None),
+                Mask::Causal { offset } => {
+                    RowsMask::Causal(Some((Mask::causal_offset(offset, rows, cols), rows, r0)))
+                }
+                Mask::Keep { keep, layout } => {
+                    at = starts(&layout, r0, count);
+                    RowsMask::Keep { keep, starts: &at }
+                }
+                Mask::Bias { bias, layout } => {
+                    at = starts(&layout, r0, count);
+                    RowsMask::Bias { bias, starts: &at }
+                }
+            };
+            row::softmax_rows(self.isa, RowsJob { src, y: yc, cols, mask, scale: self.scale, lse });
         };
         if !use_threads(par, n) {
             block(0, y, lse);

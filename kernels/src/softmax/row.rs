@@ -77,13 +77,12 @@ pub(crate) struct RowJob<'a> {
     pub want_lse: bool,
 }
 
-/// A block of consecutive contiguous rows with no mask or a causal one: `mod.rs`'s fast path,
-/// which runs the rows one after another inside one `#[target_feature]` function, with no
-/// per-row dispatch, job or closure: the fitted per-row cost fell from ~36 to ~13 ns (the
-/// reductions and the ragged last group remain). Best of 4000 calls,
-/// A/B against the per-row path: 64×1024 causal 2.95 → 3.03 G elem/s, unmasked 2.97 → 3.13;
-/// 4096×512 2.57 → 2.90 on one thread and 2.76 → 5.57 on two (blocks of rows per task instead
-/// of one task per row).
+/// A block of consecutive contiguous rows: `mod.rs`'s fast path, which runs the rows one after
+/// another inside one `#[target_feature]` function, with no per-row dispatch, job or closure:
+/// the fitted per-row cost fell from ~36 to ~13 ns (the reductions and the ragged last group
+/// remain). Best of 4000 calls, A/B against the per-row path: 64×1024 causal 2.95 → 3.03 G
+/// elem/s, unmasked 2.97 → 3.13; 4096×512 2.57 → 2.90 on one thread and 2.76 → 5.57 on two
+/// (blocks of rows per task instead of one task per row).
 #[derive(Debug)]
 pub(crate) struct RowsJob<'a> {
     /// The input rows (`y.len()` floats); `None` reads them from `y` (in place).
@@ -92,13 +91,35 @@ pub(crate) struct RowsJob<'a> {
     pub y: &'a mut [f32],
     /// Row length (`> 0`).
     pub cols: usize,
-    /// Causal mask: `(offset, query rows per head, flat index of the first row)`; row `r` of
-    /// the block is query `(first + r) % rows per head`.
-    pub causal: Option<(isize, usize, usize)>,
+    /// The mask of the rows.
+    pub mask: RowsMask<'a>,
     /// Logit scale.
     pub scale: f32,
     /// Receives each row's logsumexp when given (one per row).
     pub lse: Option<&'a mut [f32]>,
+}
+
+/// The mask of a [`RowsJob`]'s rows.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum RowsMask<'a> {
+    /// No mask (`None`) or a causal one: `(offset, query rows per head, flat index of the
+    /// block's first row)`; row `r` of the block is query `(first + r) % rows per head`.
+    Causal(Option<(isize, usize, usize)>),
+    /// Keep-mask rows with contiguous columns: row `r` of the block reads
+    /// `keep[starts[r]..starts[r] + cols]`.
+    Keep {
+        /// The mask elements.
+        keep: &'a [bool],
+        /// Where each row's mask starts (one per row).
+        starts: &'a [usize],
+    },
+    /// Additive bias rows with contiguous columns, laid out as for [`RowsMask::Keep`].
+    Bias {
+        /// The bias elements.
+        bias: &'a [f32],
+        /// Where each row's bias starts (one per row).
+        starts: &'a [usize],
+    },
 }
 
 /// Visible length of query row `i` under a causal mask with offset `off` over `cols` keys:
@@ -740,14 +761,18 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
     }
 }
 
-/// The rows of a [`RowsJob`], each by [`softmax_row_body`], prefetching the next row's input
-/// (so that its pass A reads L1) as `mod.rs` does for single rows.
+/// The rows of a [`RowsJob`] with no mask or a causal one, each by [`softmax_row_body`],
+/// prefetching the next row's input (so that its pass A reads L1). The loop is written out
+/// rather than run through [`rows_loop`]: with the logits formed by a closure the compiler
+/// allocated registers differently, one more instruction per exp group (callgrind: +0.75 %),
+/// and 64×1024 causal ran ~1.5 % slower (best of 4000 calls, 3.01–3.06 → 2.98–2.99 G elem/s).
 ///
 /// # Safety
 /// `S::ISA` supported; the job's lengths validated by [`softmax_rows`].
 #[inline(always)]
 unsafe fn softmax_rows_body<S: SimdF32>(job: RowsJob<'_>) {
-    let RowsJob { src, y, cols, causal, scale, mut lse } = job;
+    let RowsJob { src, y, cols, mask, scale, mut lse } = job;
+    let RowsMask::Causal(causal) = mask else { return };
     let rows = y.len() / cols;
     let yp = y.as_mut_ptr();
     let xp = src.map_or(yp as *const f32, <[f32]>::as_ptr);
@@ -770,6 +795,76 @@ unsafe fn softmax_rows_body<S: SimdF32>(job: RowsJob<'_>) {
                 &z,
                 scale,
                 visible,
+                yp.add(r * cols),
+                cols,
+                std::ptr::null_mut(),
+                next,
+                want_lse,
+            );
+            if let Some(l) = lse.as_deref_mut() {
+                l[r] = v;
+            }
+        }
+    }
+}
+
+/// The rows of a [`RowsJob`] with a keep-mask or a bias, each by [`softmax_row_body`]: its
+/// own `#[target_feature]` function, apart from [`softmax_rows_body`], so that the unmasked
+/// rows' code is compiled as it was measured.
+///
+/// # Safety
+/// `S::ISA` supported; the job's lengths validated by [`softmax_rows`].
+#[inline(always)]
+unsafe fn masked_rows_body<S: SimdF32>(job: RowsJob<'_>) {
+    // SAFETY: forwarded contract; `softmax_rows` checked every mask row against its slice.
+    unsafe {
+        let sc = S::splat(job.scale);
+        match job.mask {
+            RowsMask::Causal(_) => {}
+            RowsMask::Keep { keep, starts } => {
+                let keep = keep.as_ptr();
+                rows_loop::<S, _>(job, |r, x| Keep::<S> { x, keep: keep.add(starts[r]), scale: sc })
+            }
+            RowsMask::Bias { bias, starts } => {
+                let bias = bias.as_ptr();
+                rows_loop::<S, _>(job, |r, x| Bias::<S> { x, bias: bias.add(starts[r]), scale: sc })
+            }
+        }
+    }
+}
+
+/// The loop over a masked [`RowsJob`]'s rows: row `r` forms its logits by
+/// `logits(r, input row)` over all `cols` columns; the next row's input is prefetched
+/// meanwhile.
+///
+/// # Safety
+/// `S::ISA` supported; the job's lengths validated by [`softmax_rows`]; the `L` of each row
+/// valid for `cols` logits.
+#[inline(always)]
+unsafe fn rows_loop<S: SimdF32, L: Logits<S>>(
+    job: RowsJob<'_>,
+    logits: impl Fn(usize, *const f32) -> L,
+) {
+    let RowsJob { src, y, cols, scale, mut lse, .. } = job;
+    let rows = y.len() / cols;
+    let yp = y.as_mut_ptr();
+    let xp = src.map_or(yp as *const f32, <[f32]>::as_ptr);
+    // SAFETY: every row `r < rows` spans `[r·cols, (r + 1)·cols)` of both buffers. In place
+    // (`xp == yp`), `next` views row `r + 1` while row `r` is written: disjoint ranges, and
+    // `next` is only prefetched.
+    unsafe {
+        for r in 0..rows {
+            let next = if r + 1 < rows {
+                std::slice::from_raw_parts(xp.add((r + 1) * cols), cols)
+            } else {
+                &[]
+            };
+            let z = logits(r, xp.add(r * cols));
+            let want_lse = lse.is_some();
+            let v = softmax_row_body::<S, _>(
+                &z,
+                scale,
+                cols,
                 yp.add(r * cols),
                 cols,
                 std::ptr::null_mut(),
@@ -873,6 +968,11 @@ macro_rules! isa_fns {
                 unsafe { softmax_rows_body::<$S>(job) }
             }
             $(#[target_feature(enable = $feature)])?
+            pub(super) unsafe fn masked_rows(job: RowsJob<'_>) {
+                // SAFETY: the dispatcher checked that the CPU supports the ISA.
+                unsafe { masked_rows_body::<$S>(job) }
+            }
+            $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn softmax_row(job: RowJob<'_>) -> f32 {
                 // SAFETY: the dispatcher checked that the CPU supports the ISA.
                 unsafe { softmax_job::<$S>(job) }
@@ -970,11 +1070,26 @@ pub(crate) fn softmax_rows(isa: Isa, job: RowsJob<'_>) {
         && n.is_multiple_of(job.cols)
         && job.src.is_none_or(|s| s.len() == n)
         && job.lse.as_ref().is_none_or(|l| l.len() == n / job.cols)
-        && job.causal.is_none_or(|(_, q, _)| q > 0);
+        && match job.mask {
+            RowsMask::Causal(c) => c.is_none_or(|(_, q, _)| q > 0),
+            RowsMask::Keep { keep, starts } => mask_rows_fit(keep.len(), starts, n, job.cols),
+            RowsMask::Bias { bias, starts } => mask_rows_fit(bias.len(), starts, n, job.cols),
+        };
     debug_assert!(ok, "rows job lengths disagree");
-    if ok {
-        dispatch!(isa, softmax_rows(job))
+    if !ok {
+        return;
     }
+    match job.mask {
+        RowsMask::Causal(_) => dispatch!(isa, softmax_rows(job)),
+        RowsMask::Keep { .. } | RowsMask::Bias { .. } => dispatch!(isa, masked_rows(job)),
+    }
+}
+
+/// True when there is one start per row of `n / cols` and every mask row
+/// `[start, start + cols)` lies inside a slice of `len` elements.
+fn mask_rows_fit(len: usize, starts: &[usize], n: usize, cols: usize) -> bool {
+    starts.len() == n / cols
+        && starts.iter().all(|&s| s.checked_add(cols).is_some_and(|e| e <= len))
 }
 
 /// Logsumexp of `x`; with `y` (same length) also writes the log-softmax `y_j = x_j − lse`.
