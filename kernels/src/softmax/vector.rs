@@ -104,6 +104,8 @@ pub(crate) trait SimdF32: Copy + 'static {
     unsafe fn min_skip_nan(acc: Self::V, v: Self::V) -> Self::V;
     /// True when some lane of `v` is `< lo` (NaN lanes are not).
     unsafe fn any_lt(v: Self::V, lo: Self::V) -> bool;
+    /// Lanes where `v < lo` (not NaN lanes).
+    unsafe fn lt(v: Self::V, lo: Self::V) -> Self::M;
 
     /// Lanes `< k` set.
     unsafe fn first(k: usize) -> Self::M;
@@ -259,6 +261,10 @@ mod portable {
         #[inline(always)]
         unsafe fn any_lt(v: f32x8, lo: f32x8) -> bool {
             v.simd_lt(lo).any()
+        }
+        #[inline(always)]
+        unsafe fn lt(v: f32x8, lo: f32x8) -> f32x8 {
+            v.simd_lt(lo)
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> f32x8 {
@@ -469,6 +475,10 @@ mod avx2 {
             unsafe { _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(v, lo)) != 0 }
         }
         #[inline(always)]
+        unsafe fn lt(v: __m256, lo: __m256) -> __m256 {
+            unsafe { _mm256_cmp_ps::<_CMP_LT_OQ>(v, lo) }
+        }
+        #[inline(always)]
         unsafe fn first(k: usize) -> __m256 {
             unsafe { _mm256_castsi256_ps(tail_mask(k)) }
         }
@@ -629,6 +639,10 @@ mod avx512 {
         #[inline(always)]
         unsafe fn any_lt(v: __m512, lo: __m512) -> bool {
             unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo) != 0 }
+        }
+        #[inline(always)]
+        unsafe fn lt(v: __m512, lo: __m512) -> __mmask16 {
+            unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo) }
         }
         #[inline(always)]
         unsafe fn first(k: usize) -> __mmask16 {
