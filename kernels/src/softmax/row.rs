@@ -372,19 +372,34 @@ trait GroupExp {
     /// # Safety
     /// `S::ISA` supported; the lanes within the implementation's domain.
     unsafe fn exp<S: SimdF32>(d: [S::V; EXP_UNROLL], c: &LutConsts<S>) -> [S::V; EXP_UNROLL];
+    /// True when pass B runs the lanes below its threshold on 0, zeroes their result and
+    /// notes whether any of them was finite ([`exp_sum_pass`]).
+    const MASKED: bool = false;
 }
 
 /// The softmax's table exp ([`exp_neg_lut_folded_n`]): every lane `≥ LUT_MIN` or NaN (after
 /// the folded scale). Rows whose range `min_j z_j − m` is at least [`LUT_MIN`] (no `−∞`, no
 /// masked lane) run on it.
 struct TableExp;
+/// [`TableExp`] for rows that hold `−∞` (masked logits): `−∞` lanes give 0, and pass B runs a
+/// group that holds a finite lane below [`LUT_MIN`] on [`FullExp`] ([`exp_sum_pass`]). About
+/// six operations per vector on top of the table exp's 8, against the full-range exp's 13
+/// and its own select.
+struct MaskedTableExp;
 /// The softmax's full-range exp ([`exp_neg_scaled_n`]): any lane `≤ 0`, `−∞` included.
 struct FullExp;
 /// The 1-ULP exp for lanes `≤ 43` ([`exp_low_v`]): the attention kernel's running max.
 struct LowExp;
 
-// SAFETY (the three impls): forward the caller's contract.
+// SAFETY (the impls): forward the caller's contract.
 impl GroupExp for TableExp {
+    #[inline(always)]
+    unsafe fn exp<S: SimdF32>(d: [S::V; EXP_UNROLL], c: &LutConsts<S>) -> [S::V; EXP_UNROLL] {
+        unsafe { exp_neg_lut_folded_n::<S, EXP_UNROLL>(d, c) }
+    }
+}
+impl GroupExp for MaskedTableExp {
+    const MASKED: bool = true;
     #[inline(always)]
     unsafe fn exp<S: SimdF32>(d: [S::V; EXP_UNROLL], c: &LutConsts<S>) -> [S::V; EXP_UNROLL] {
         unsafe { exp_neg_lut_folded_n::<S, EXP_UNROLL>(d, c) }
@@ -409,13 +424,16 @@ impl GroupExp for LowExp {
 
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `STORE`) by the exp `E` (of the
 /// scale folded into `c` times `z_j − m`, for the table exp); returns `Σ w_j`. Prefetches
-/// `next[..next_len]` along the way, one cache line per 16 floats.
+/// `next[..next_len]` along the way, one cache line per 16 floats. With `E::MASKED`, `−∞`
+/// lanes give 0 and groups holding a finite difference below `dead_below` (the table's range)
+/// take the full-range exp of `d_scale` times the differences.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain; `w` (when
 /// `STORE`) valid for `n` writes (it may be the input row itself: each vector is read before
 /// it is written). `next` is only prefetched, never read.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>(
     z: &L,
     n: usize,
@@ -424,11 +442,47 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>
     next: *const f32,
     next_len: usize,
     c: &LutConsts<S>,
+    (dead_below, d_scale): (f32, f32),
 ) -> f32 {
     let l = S::LANES;
     // SAFETY: as in `range_pass`; `w` written at the same indices.
     unsafe {
         let mv = S::splat(m);
+        // The exp of a group of differences `d`. With `E::MASKED`, lanes below `dead_below`
+        // run on 0 and give 0; a group where one of them is finite (its exp is not 0) runs on
+        // the full-range exp of `d_scale·d` (the scale the table exp folds in) instead, before
+        // anything of it is stored.
+        let (below, dsc) = (S::splat(dead_below), S::splat(d_scale));
+        macro_rules! exp {
+            ($d:expr) => {{
+                let d = $d;
+                if E::MASKED {
+                    let (mut live, mut dead) = (d, [S::first(0); EXP_UNROLL]);
+                    let mut finite = S::splat(0.0);
+                    for (u, du) in d.iter().enumerate() {
+                        dead[u] = S::lt(*du, below);
+                        live[u] = S::select(dead[u], S::splat(0.0), *du);
+                        let f = S::select(S::lt(*du, S::splat(f32::MIN)), S::splat(0.0), *du);
+                        finite = S::min_skip_nan(finite, f);
+                    }
+                    if S::any_lt(finite, below) {
+                        let mut full = d;
+                        for fu in &mut full {
+                            *fu = S::mul(*fu, dsc);
+                        }
+                        FullExp::exp::<S>(full, c)
+                    } else {
+                        let mut e = E::exp::<S>(live, c);
+                        for (eu, mu) in e.iter_mut().zip(&dead) {
+                            *eu = S::select(*mu, S::splat(0.0), *eu);
+                        }
+                        e
+                    }
+                } else {
+                    E::exp::<S>(d, c)
+                }
+            }};
+        }
         let (mut s0, mut s1) = (S::splat(0.0), S::splat(0.0));
         // Two accumulators: the adds are a chain of their own (four measured slower: the
         // registers they take from the exp cost more than the shorter chains gain). Macros,
@@ -454,7 +508,7 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>
                 for (u, du) in d.iter_mut().enumerate() {
                     *du = S::sub(z.vec(j + u * l), mv);
                 }
-                let e = E::exp::<S>(d, c);
+                let e = exp!(d);
                 if STORE {
                     for (u, eu) in e.iter().enumerate() {
                         S::store(w.add(j + u * l), *eu);
@@ -494,7 +548,7 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>
                     *du = S::sub(z.tail(ju, n - ju), mv);
                 }
             }
-            let mut e = E::exp::<S>(d, c);
+            let mut e = exp!(d);
             for (u, eu) in e.iter_mut().enumerate() {
                 let ju = j + u * l;
                 if ju + l <= n {
@@ -538,25 +592,34 @@ unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
 ) -> f32 {
     let (next, next_len) = (next.as_ptr(), next.len());
     macro_rules! pass {
-        ($E:ty, $z:expr, $m:expr, $c:expr) => {
+        ($E:ty, $z:expr, $m:expr, $c:expr, $below:expr) => {
             if w.is_null() {
-                exp_sum_pass::<S, _, $E, false>($z, n, $m, w, next, next_len, $c)
+                exp_sum_pass::<S, _, $E, false>($z, n, $m, w, next, next_len, $c, $below)
             } else {
-                exp_sum_pass::<S, _, $E, true>($z, n, $m, w, next, next_len, $c)
+                exp_sum_pass::<S, _, $E, true>($z, n, $m, w, next, next_len, $c, $below)
             }
         };
     }
-    // SAFETY: forwarded contract; the domain of each exp is what the test establishes.
-    unsafe {
-        let unscaled = LutConsts::new(1.0);
-        if lo - m < LUT_MIN {
-            return pass!(FullExp, z, m, &unscaled);
-        }
-        match raw_max {
-            Some(u) if LutConsts::<S>::folds(scale) => {
-                pass!(TableExp, &Raw(z), u, &LutConsts::new(scale))
+    // The table exp on `z` or, with the scale folded, on `Raw(z)`.
+    macro_rules! table {
+        ($E:ty) => {
+            match raw_max {
+                Some(u) if LutConsts::<S>::folds(scale) => {
+                    pass!($E, &Raw(z), u, &LutConsts::new(scale), (LUT_MIN / scale, scale))
+                }
+                _ => pass!($E, z, m, &LutConsts::new(1.0), (LUT_MIN, 1.0)),
             }
-            _ => pass!(TableExp, z, m, &unscaled),
+        };
+    }
+    // SAFETY: forwarded contract; the domain of each exp is what the test establishes (the
+    // masked table pass checks its groups itself).
+    unsafe {
+        if lo - m >= LUT_MIN {
+            table!(TableExp)
+        } else if lo == f32::NEG_INFINITY {
+            table!(MaskedTableExp)
+        } else {
+            pass!(FullExp, z, m, &LutConsts::new(1.0), (LUT_MIN, 1.0))
         }
     }
 }
@@ -938,7 +1001,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     unsafe {
         let z = Plain::<S> { x: p, scale: S::splat(1.0) };
         let c = LutConsts::new(1.0);
-        exp_sum_pass::<S, _, LowExp, true>(&z, x.len(), m, p, std::ptr::null(), 0, &c)
+        exp_sum_pass::<S, _, LowExp, true>(&z, x.len(), m, p, std::ptr::null(), 0, &c, (0.0, 1.0))
     }
 }
 
