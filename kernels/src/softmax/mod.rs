@@ -110,7 +110,7 @@ const PAR_MIN_TASK_ELEMENTS: usize = 1 << 13;
 /// than writing it at once (the stores stall the exp once the write-combining buffers fill);
 /// a quarter of it per exp group 0–4 % faster, half of it 7–11 % faster than the row blocks
 /// alone but 2–11 % slower than this per-row path once its stage was put in phase with the
-/// output ([`same_page_phase`]). The row blocks alone were 5 % slower than the per-row path.
+/// output (`same_page_phase`). The row blocks alone were 5 % slower than the per-row path.
 pub const STREAM_MIN_BYTES: usize = 16 << 20;
 
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
