@@ -448,8 +448,9 @@ proptest! {
 
 /// Rows whose range `max − min` of the logits is just below and just above 87, where the
 /// kernel switches from its table exp to the full-range one (subnormal results, `−∞`), each
-/// within the derived bounds: ranges 80…120, with and without a keep-mask (a masked lane
-/// takes the full-range exp whatever the range).
+/// within the derived bounds: ranges 80…120, with and without a keep-mask (a row with masked
+/// lanes runs the table exp with them zeroed, and its groups holding a finite lane below
+/// the table's range take the full-range exp).
 #[test]
 fn rows_on_both_sides_of_the_table_exp_range() {
     for range in [80.0f32, 86.9, 87.0, 87.1, 95.0, 104.5, 120.0] {
@@ -483,14 +484,17 @@ fn rows_on_both_sides_of_the_table_exp_range() {
 /// the thread threshold, for scales that do and do not fold into the table exp, rows holding
 /// NaN, `±∞` and `±1e30` (the special-row and full-range exp paths), causal offsets that hide
 /// every row, hide the first rows, cut rows and show everything, and keep-masks and biases
-/// (broadcast over heads and queries, or over batches, at an offset into their slice) with a
-/// fully hidden row and `−∞` biases.
+/// (broadcast over heads and queries, or over batches, at an offset into their slice, or with
+/// strided columns, which a single column makes contiguous) with a fully hidden row and `−∞`
+/// biases.
 #[test]
 fn contiguous_fast_path_equals_general_path() {
     for (dims, par) in [
         ([2, 3, 37, 301], Parallelism::Sequential),
         ([2, 3, 80, 301], Parallelism::threads(2)),
         ([1, 2, 9, 64], Parallelism::Sequential),
+        // One column: every mask layout counts as contiguous (the block path).
+        ([2, 3, 5, 1], Parallelism::Sequential),
     ] {
         let n: usize = dims.iter().product();
         let cols = dims[3];
@@ -530,8 +534,13 @@ fn contiguous_fast_path_equals_general_path() {
             .collect();
         bias[1 + 7 * cols..1 + 8 * cols].fill(f32::NEG_INFINITY);
         let rowwise = Tensor4Layout::strided(dims, [heads * q * cols, q * cols, cols, 1], 2);
+        // Every seventh element: strided columns (the general path, unless there is one).
+        let spread_keep: Vec<bool> = (0..7 * n).map(|k| k % 3 != 1).collect();
+        let spread =
+            Tensor4Layout::strided(dims, [7 * heads * q * cols, 7 * q * cols, 7 * cols, 7], 0);
         let masks = [
             Mask::Keep { keep: &keep, layout: rowwise },
+            Mask::Keep { keep: &spread_keep, layout: spread },
             Mask::Keep { keep: &pads, layout: Tensor4Layout::strided(dims, [cols, 0, 0, 1], 0) },
             Mask::Bias {
                 bias: &bias,

@@ -37,8 +37,10 @@
 //! The softmax exponentiates `z − max ≤ 0` by its own exp, within [`SOFTMAX_EXP_MAX_ULP`]
 //! (1.5 ULP) instead of 1: `exp_neg_lut_n` when every argument is `≥` `LUT_MIN` (−87: no
 //! subnormal result, no `−∞`), 8 FMA-pipe operations per vector against 13 (and a compare
-//! and two selects for the lanes below −104) for the full-range `exp_neg_scaled_n` below it; the softmax picks one per row from the row's
-//! range, [`softmax_exp_slice_with_isa`] per group of vectors.
+//! and two selects for the lanes below −104) for the full-range `exp_neg_scaled_n` below it.
+//! The softmax picks one per row from the row's range, except that rows holding `−∞` (masked
+//! logits) run the table exp with those lanes zeroed and choose per group of vectors, as
+//! [`softmax_exp_slice_with_isa`] does.
 
 use super::row::EXP_UNROLL;
 use super::vector::{SimdF32, TWO_POW_M64};
@@ -158,8 +160,8 @@ pub const SOFTMAX_EXP_MAX_ULP: f64 = 1.5;
 
 /// The softmax's exp of `K` vectors, `x ≤ 0`, within [`SOFTMAX_EXP_MAX_ULP`]:
 /// [`exp_neg_lut_n`] when no lane is below [`LUT_MIN`], else [`exp_neg_scaled_n`] for the
-/// whole group (subnormal results, `−∞`). The softmax makes the same choice once per row
-/// (`row.rs`); this per-group form serves the slice function, so that its tests sweep both
+/// whole group (subnormal results, `−∞`). The softmax makes the same choice once per row, per
+/// group for rows holding `−∞` (`row.rs`); this per-group form serves the slice function, so that its tests sweep both
 /// paths. Arguments in `(0, 43.6]` are as accurate but not swept.
 ///
 /// # Safety
@@ -325,7 +327,8 @@ static LUT_EXP2: [f32; 16] = {
     t
 };
 /// The table path ([`exp_neg_lut_n`]) needs every argument `≥ LUT_MIN`: `2^⌊k/8⌋` must stay
-/// a normal f32 (`k ≥ −1008`, `x ≳ −87.38`); below, and for `−∞`, the full-range path runs.
+/// a normal f32 (`k ≥ −1008`, `x ≳ −87.38`); below, the full-range path runs, and `−∞` lanes
+/// are run on 0 and zeroed (`row.rs`'s `MaskedTableExp`) or take the full-range path.
 pub(crate) const LUT_MIN: f32 = -87.0;
 
 /// The softmax's exp over its whole domain `x ≤ 0`, for rows (or groups) that hold an
