@@ -161,8 +161,8 @@ pub const SOFTMAX_EXP_MAX_ULP: f64 = 1.5;
 /// The softmax's exp of `K` vectors, `x ≤ 0`, within [`SOFTMAX_EXP_MAX_ULP`]:
 /// [`exp_neg_lut_n`] when no lane is below [`LUT_MIN`], else [`exp_neg_scaled_n`] for the
 /// whole group (subnormal results, `−∞`). The softmax makes the same choice once per row, per
-/// group for rows holding `−∞` (`row.rs`); this per-group form serves the slice function, so that its tests sweep both
-/// paths. Arguments in `(0, 43.6]` are as accurate but not swept.
+/// group for rows holding `−∞` (`row.rs`); this per-group form serves the slice function, so
+/// that its tests sweep both paths. Arguments in `(0, 43.6]` are as accurate but not swept.
 ///
 /// # Safety
 /// The CPU must support `S::ISA` (the [`SimdF32`] contract).
