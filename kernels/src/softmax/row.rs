@@ -426,7 +426,8 @@ impl GroupExp for LowExp {
 
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `STORE`) by the exp `E` (of the
 /// scale folded into `c` times `z_j − m`, for the table exp); returns `Σ w_j`. Prefetches
-/// `next[..next_len]` along the way, one cache line per 16 floats. With `E::MASKED`, `−∞`
+/// `next[..next_len]` along the way, one cache line per 16 floats, into L1, or into L2 when
+/// `FAR` (a row several rows ahead in a streamed call). With `E::MASKED`, `−∞`
 /// lanes give 0 and groups holding a finite difference below `dead_below` (the table's range)
 /// take the full-range exp of `d_scale` times the differences.
 ///
@@ -437,7 +438,13 @@ impl GroupExp for LowExp {
 /// it is written). `next` is only prefetched, never read.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>(
+unsafe fn exp_sum_pass<
+    S: SimdF32,
+    L: Logits<S>,
+    E: GroupExp,
+    const STORE: bool,
+    const FAR: bool,
+>(
     z: &L,
     n: usize,
     m: f32,
@@ -527,7 +534,11 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>
         while j < prefetched {
             let mut k = 0;
             while k < g {
-                S::prefetch(next.wrapping_add(j + k));
+                if FAR {
+                    S::prefetch_far(next.wrapping_add(j + k));
+                } else {
+                    S::prefetch(next.wrapping_add(j + k));
+                }
                 k += 16;
             }
             group!(j);
@@ -582,7 +593,8 @@ unsafe fn exp_sum_pass<S: SimdF32, L: Logits<S>, E: GroupExp, const STORE: bool>
 /// and `raw_max = max_j u_j`, the table exp runs on `u_j − raw_max` with the scale folded
 /// into its constants: `scale·(u_j − raw_max)` is the difference `z_j − m` it would form
 /// (bit for bit while the logits are normal), one multiply per vector fewer. Returns
-/// `Σ_j exp(z_j − m)`, storing the terms to `w` unless it is null.
+/// `Σ_j exp(z_j − m)`, storing the terms to `w` unless it is null, and prefetching `next`
+/// (into L2 when `far`).
 ///
 /// # Safety
 /// As [`exp_sum_pass`]; `m` and `lo` are the max and min of `z` (NaN skipped), `raw_max` the
@@ -594,15 +606,17 @@ unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
     (m, lo): (f32, f32),
     (raw_max, scale): (Option<f32>, f32),
     w: *mut f32,
-    next: &[f32],
+    (next, far): (&[f32], bool),
 ) -> f32 {
     let (next, next_len) = (next.as_ptr(), next.len());
     macro_rules! pass {
         ($E:ty, $z:expr, $m:expr, $c:expr, $below:expr) => {
             if w.is_null() {
-                exp_sum_pass::<S, _, $E, false>($z, n, $m, w, next, next_len, $c, $below)
+                exp_sum_pass::<S, _, $E, false, false>($z, n, $m, w, next, next_len, $c, $below)
+            } else if far {
+                exp_sum_pass::<S, _, $E, true, true>($z, n, $m, w, next, next_len, $c, $below)
             } else {
-                exp_sum_pass::<S, _, $E, true>($z, n, $m, w, next, next_len, $c, $below)
+                exp_sum_pass::<S, _, $E, true, false>($z, n, $m, w, next, next_len, $c, $below)
             }
         };
     }
@@ -760,7 +774,7 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
         }
         let stream = !stage.is_null();
         let w = if stream { stage } else { y };
-        let s = softmax_sum::<S, L>(z, n, (m, lo), (raw_max, scale), w, next);
+        let s = softmax_sum::<S, L>(z, n, (m, lo), (raw_max, scale), w, (next, stream));
         if s.is_nan() {
             // A NaN logit: with a finite max nothing else makes the sum NaN.
             std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
@@ -961,7 +975,14 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
         let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
         let (m, lo) = range_pass::<S, _>(&z, n);
         let lse = if m.is_finite() {
-            let s = softmax_sum::<S, _>(&z, n, (m, lo), (None, 1.0), std::ptr::null_mut(), &[]);
+            let s = softmax_sum::<S, _>(
+                &z,
+                n,
+                (m, lo),
+                (None, 1.0),
+                std::ptr::null_mut(),
+                (&[], false),
+            );
             (f64::from(m) + f64::from(s).ln()) as f32
         } else if x.iter().any(|v| v.is_nan()) {
             f32::NAN
@@ -1009,7 +1030,16 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
     unsafe {
         let z = Plain::<S> { x: p, scale: S::splat(1.0) };
         let c = LutConsts::new(1.0);
-        exp_sum_pass::<S, _, LowExp, true>(&z, x.len(), m, p, std::ptr::null(), 0, &c, (0.0, 1.0))
+        exp_sum_pass::<S, _, LowExp, true, false>(
+            &z,
+            x.len(),
+            m,
+            p,
+            std::ptr::null(),
+            0,
+            &c,
+            (0.0, 1.0),
+        )
     }
 }
 

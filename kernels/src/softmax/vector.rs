@@ -54,6 +54,9 @@ pub(crate) trait SimdF32: Copy + 'static {
     /// Hints that the cache line holding `p` will be read soon. Any address is allowed: a
     /// prefetch never faults. No-op on `Portable`.
     unsafe fn prefetch(p: *const f32);
+    /// As [`prefetch`](Self::prefetch), for a line read only after the current L1 working set
+    /// is done with (a later row of a streamed call): into L2, not L1 (`prefetcht1`).
+    unsafe fn prefetch_far(p: *const f32);
 
     /// `a + b`.
     unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
@@ -182,6 +185,8 @@ mod portable {
         unsafe fn store_fence() {}
         #[inline(always)]
         unsafe fn prefetch(_p: *const f32) {}
+        #[inline(always)]
+        unsafe fn prefetch_far(_p: *const f32) {}
         #[inline(always)]
         unsafe fn add(a: f32x8, b: f32x8) -> f32x8 {
             a + b
@@ -367,6 +372,10 @@ mod avx2 {
         #[inline(always)]
         unsafe fn prefetch(p: *const f32) {
             unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn prefetch_far(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
         }
         #[inline(always)]
         unsafe fn add(a: __m256, b: __m256) -> __m256 {
@@ -569,6 +578,10 @@ mod avx512 {
         #[inline(always)]
         unsafe fn prefetch(p: *const f32) {
             unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+        }
+        #[inline(always)]
+        unsafe fn prefetch_far(p: *const f32) {
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
         }
         #[inline(always)]
         unsafe fn add(a: __m512, b: __m512) -> __m512 {
