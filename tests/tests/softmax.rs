@@ -636,7 +636,7 @@ fn threaded_equals_sequential_bitwise() {
 }
 
 /// Outputs above `STREAM_MIN_BYTES` take the staged, non-temporal path: same bits as computing
-/// each row by itself (small calls never stream), on a misaligned output.
+/// each row by itself (small calls never stream), on a misaligned output, on one thread or two.
 #[test]
 fn streaming_path_equals_row_by_row() {
     let cols = 1029; // rows start at every alignment
@@ -677,6 +677,21 @@ fn streaming_path_equals_row_by_row() {
             .unwrap();
             assert_eq!(bits(&yr), bits(&y[1 + i * cols..1 + (i + 1) * cols]), "{isa} row {i}");
         }
+        // Two threads stream their rows and fence them once each, when their share ends.
+        let mut y2 = vec![0.0; rows * cols + 1];
+        let yv = TensorMut::new(&mut y2, Tensor4Layout::from_mat(l));
+        let two = Parallelism::threads(2);
+        scale_mask_softmax_with_isa(
+            isa,
+            xv,
+            1.3,
+            &Mask::Causal { offset: Some(600) },
+            yv,
+            None,
+            two,
+        )
+        .unwrap();
+        assert!(bits(&y2) == bits(&y), "{isa}: two threads differ from one");
     }
 }
 

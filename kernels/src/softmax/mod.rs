@@ -294,6 +294,11 @@ fn same_page_phase(buf: &mut Vec<f32>, len: usize, like: *const f32) -> &mut [f3
 }
 
 /// Per-thread buffers for gathered (strided) rows and the streaming stage.
+///
+/// Each thread's `Scratch` lives exactly as long as its share of the rows (one per sequential
+/// call, one per rayon split, dropped on the thread that ran it and before the split's end is
+/// signalled), so its drop is where that thread fences the non-temporal stores of its streamed
+/// rows (`row::RowJob::stage`): once per thread and call rather than once per row.
 #[derive(Default)]
 struct Scratch {
     x: Vec<f32>,
@@ -301,6 +306,16 @@ struct Scratch {
     bias: Vec<f32>,
     keep: Vec<bool>,
     stage: Vec<f32>,
+    /// A row was streamed: fence on drop.
+    streamed: bool,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if self.streamed {
+            vector::store_fence();
+        }
+    }
 }
 
 /// A row of a `[batch, heads, rows, cols]` view: its flat index `r` over `[batch, heads, rows]`
@@ -594,6 +609,7 @@ impl Ctx<'_, '_> {
         stream: bool,
         want_lse: bool,
     ) -> f32 {
+        scratch.streamed |= stream;
         let Scratch { x: xbuf, bias: bbuf, keep: kbuf, stage, .. } = scratch;
         let i = pos.i;
         let (visible, mask) = match self.mask {

@@ -16,6 +16,17 @@
 
 use crate::arch::Isa;
 
+/// Orders this thread's earlier non-temporal stores ([`SimdF32::stream`]) before its later
+/// stores, so that another thread that synchronises with this one afterwards (a rayon join, a
+/// return to the caller) sees them. A no-op where [`SimdF32::stream`] is an ordinary store.
+pub(crate) fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` is SSE, part of every x86_64 CPU; it only orders stores.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
 /// `2^−64`, the fixed second factor of [`SimdF32::ldexp_low`].
 pub(crate) const TWO_POW_M64: f32 = f32::from_bits((127 - 64) << 23);
 
@@ -49,8 +60,6 @@ pub(crate) trait SimdF32: Copy + 'static {
     /// Non-temporal store of `LANES` f32 to `p` when [`HAS_STREAM`](Self::HAS_STREAM), which then
     /// requires `p` aligned to `LANES × 4` bytes; otherwise an ordinary store.
     unsafe fn stream(p: *mut f32, v: Self::V);
-    /// Orders earlier non-temporal stores before later stores (no-op without them).
-    unsafe fn store_fence();
     /// Hints that the cache line holding `p` will be read soon. Any address is allowed: a
     /// prefetch never faults. No-op on `Portable`.
     unsafe fn prefetch(p: *const f32);
@@ -181,8 +190,6 @@ mod portable {
             // SAFETY: forwarded contract.
             unsafe { Self::store(p, v) }
         }
-        #[inline(always)]
-        unsafe fn store_fence() {}
         #[inline(always)]
         unsafe fn prefetch(_p: *const f32) {}
         #[inline(always)]
@@ -364,10 +371,6 @@ mod avx2 {
         unsafe fn stream(p: *mut f32, v: __m256) {
             debug_assert!((p as usize).is_multiple_of(32));
             unsafe { _mm256_stream_ps(p, v) }
-        }
-        #[inline(always)]
-        unsafe fn store_fence() {
-            unsafe { _mm_sfence() }
         }
         #[inline(always)]
         unsafe fn prefetch(p: *const f32) {
@@ -570,10 +573,6 @@ mod avx512 {
         unsafe fn stream(p: *mut f32, v: __m512) {
             debug_assert!((p as usize).is_multiple_of(64));
             unsafe { _mm512_stream_ps(p, v) }
-        }
-        #[inline(always)]
-        unsafe fn store_fence() {
-            unsafe { _mm_sfence() }
         }
         #[inline(always)]
         unsafe fn prefetch(p: *const f32) {
