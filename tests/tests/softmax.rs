@@ -643,21 +643,18 @@ fn streaming_path_equals_row_by_row() {
     let rows = attn_kernels::softmax::STREAM_MIN_BYTES / 4 / cols + 1;
     let x: Vec<f32> = (0..rows * cols).map(|k| ((k * 31 % 977) as f32 - 488.0) * 0.05).collect();
     for isa in Isa::supported() {
-        let mut y = vec![0.0; rows * cols + 1];
-        let l = MatLayout::strided(rows, cols, cols, 1, 1);
         let seq = Parallelism::Sequential;
-        let xv = TensorRef::new(&x, Tensor4Layout::from_mat(MatLayout::row_major(rows, cols)));
-        let yv = TensorMut::new(&mut y, Tensor4Layout::from_mat(l));
-        scale_mask_softmax_with_isa(
-            isa,
-            xv,
-            1.3,
-            &Mask::Causal { offset: Some(600) },
-            yv,
-            None,
-            seq,
-        )
-        .unwrap();
+        // The whole call into a misaligned output (offset 1), on `par`.
+        let whole = |par: Parallelism| {
+            let mut y = vec![0.0; rows * cols + 1];
+            let l = MatLayout::strided(rows, cols, cols, 1, 1);
+            let xv = TensorRef::new(&x, Tensor4Layout::from_mat(MatLayout::row_major(rows, cols)));
+            let yv = TensorMut::new(&mut y, Tensor4Layout::from_mat(l));
+            let mask = Mask::Causal { offset: Some(600) };
+            scale_mask_softmax_with_isa(isa, xv, 1.3, &mask, yv, None, par).unwrap();
+            y
+        };
+        let y = whole(seq);
         for i in (0..rows).step_by(97) {
             let xr = &x[i * cols..(i + 1) * cols];
             let mut yr = vec![0.0; cols];
@@ -678,19 +675,7 @@ fn streaming_path_equals_row_by_row() {
             assert_eq!(bits(&yr), bits(&y[1 + i * cols..1 + (i + 1) * cols]), "{isa} row {i}");
         }
         // Two threads stream their rows and fence them once each, when their share ends.
-        let mut y2 = vec![0.0; rows * cols + 1];
-        let yv = TensorMut::new(&mut y2, Tensor4Layout::from_mat(l));
-        let two = Parallelism::threads(2);
-        scale_mask_softmax_with_isa(
-            isa,
-            xv,
-            1.3,
-            &Mask::Causal { offset: Some(600) },
-            yv,
-            None,
-            two,
-        )
-        .unwrap();
+        let y2 = whole(Parallelism::threads(2));
         assert!(bits(&y2) == bits(&y), "{isa}: two threads differ from one");
     }
 }
