@@ -71,9 +71,10 @@ pub(crate) struct RowJob<'a> {
     pub scale: f32,
     /// When given (length ≥ `visible`), pass B writes here and pass C writes `y` with
     /// non-temporal stores: `y` is then written once and never read. Those stores are not
-    /// fenced per row: the caller runs [`store_fence`](super::vector::store_fence) on this thread after its last streamed
-    /// row, before anything can read `y` (one fence per row cost 8192×4096 2–2.5 %, on an
-    /// Ice Lake Xeon and on an AMD EPYC alike: the fence waits for the row's stores to drain).
+    /// fenced per row: the caller runs [`store_fence`](super::vector::store_fence) on this
+    /// thread after its last streamed row, before another thread can read `y` (a fence per
+    /// row cost 8192×4096 2–2.5 % on an Ice Lake Xeon and on an AMD EPYC alike: it waits for
+    /// the row's stores to drain).
     pub stage: Option<&'a mut [f32]>,
     /// An input row this thread handles later, prefetched during pass B so that its memory
     /// traffic overlaps this row's exp (see `PREFETCH_ROWS` in `mod.rs`).
@@ -484,9 +485,8 @@ impl FarOrder {
 /// scale folded into `c` times `z_j − m`, for the table exp); returns `Σ w_j`. Prefetches
 /// `next[..next_len]` along the way, one cache line per 16 floats, in order into L1, or into
 /// L2 in [`FarOrder`] when `FAR` (a row several rows ahead in a streamed call). With
-/// `E::MASKED`, `−∞`
-/// lanes give 0 and groups holding a finite difference below `dead_below` (the table's range)
-/// take the full-range exp of `d_scale` times the differences.
+/// `E::MASKED`, `−∞` lanes give 0 and groups holding a finite difference below `dead_below`
+/// (the table's range) take the full-range exp of `d_scale` times the differences.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain (for
