@@ -453,6 +453,8 @@ impl FarOrder {
     /// Lines of 16 floats per run, at most: one 4 KiB page.
     const PAGE_LINES: usize = 64;
 
+    /// Inlined so that the `!FAR` instances of `exp_sum_pass`, which never use it, drop it.
+    #[inline(always)]
     fn new(len: usize) -> Self {
         let lines = len.div_ceil(16);
         let chunks = lines.div_ceil(Self::PAGE_LINES).max(1);
@@ -462,6 +464,7 @@ impl FarOrder {
 
     /// Floats covered by `span() / 16` calls of [`next`](Self::next): every line of the row,
     /// and fewer than `chunks` lines past its end.
+    #[inline(always)]
     fn span(&self) -> usize {
         self.chunks * self.per
     }
