@@ -680,6 +680,64 @@ fn streaming_path_equals_row_by_row() {
     }
 }
 
+/// Large contiguous calls stream by blocks of rows, each row's non-temporal writes deferred into
+/// the next row's passes: the same bits and logsumexps as the row-by-row streamed path that
+/// other layouts take (here the same rows, described with a different stride for the unit
+/// heads dimension). Every mask kind, out of place and in place, on one thread and two, into
+/// an output that starts off a vector boundary; special rows (a NaN, a `+∞`, all `−∞`, a `±1e30`
+/// spread beyond the table exp, fully masked) sit between ordinary ones, so that a pending
+/// row is written around each of them.
+#[test]
+fn streamed_row_blocks_equal_row_by_row() {
+    let (batch, q, cols) = (3, 1359, 1029); // rows start at every alignment
+    let dims = [batch, 1, q, cols];
+    let n = batch * q * cols;
+    assert!(n * 4 >= attn_kernels::softmax::STREAM_MIN_BYTES);
+    let mut x: Vec<f32> = (0..n).map(|k| ((k * 31 % 977) as f32 - 488.0) * 0.05).collect();
+    x[5 * cols + 7] = f32::NAN;
+    x[9 * cols + 100] = f32::INFINITY;
+    x[12 * cols..13 * cols].fill(f32::NEG_INFINITY);
+    x[13 * cols + 3] = f32::NEG_INFINITY;
+    x[20 * cols] = 1e30;
+    x[20 * cols + 1] = -1e30;
+    let dense = Tensor4Layout::bhsd(batch, 1, q, cols);
+    let other = Tensor4Layout::strided(dims, [q * cols, 7, cols, 1], 0);
+    // Per-query masks broadcast over batches, each with a fully masked row.
+    let keep: Vec<bool> = (0..q * cols).map(|k| k % 11 != 0 && k / cols != 30).collect();
+    let bias: Vec<f32> = (0..q * cols)
+        .map(|k| if k / cols == 31 || k % 13 == 0 { f32::NEG_INFINITY } else { (k % 5) as f32 })
+        .collect();
+    let per_query = Tensor4Layout::strided(dims, [0, 0, cols, 1], 0);
+    let masks = [
+        Mask::None,
+        Mask::Causal { offset: Some(-5) }, // the first five queries of each batch see nothing
+        Mask::Keep { keep: &keep, layout: per_query },
+        Mask::Bias { bias: &bias, layout: per_query },
+    ];
+    let two = Parallelism::threads(2);
+    for isa in Isa::supported() {
+        for mask in &masks {
+            let ctx = format!("{isa} {mask:?}");
+            let ctx = &ctx[..ctx.len().min(80)];
+            // Out of place into `y[1..]`, and in place; (output, lse) bits.
+            let run = |l: Tensor4Layout, par: Parallelism| {
+                let mut y = vec![0.0; n + 1];
+                let mut lse = vec![0.0; batch * q];
+                let (xv, yv) = (TensorRef::new(&x, l), TensorMut::new(&mut y[1..], l));
+                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
+                let mut z = x.clone();
+                let zv = TensorMut::new(&mut z, l);
+                scale_mask_softmax_inplace_with_isa(isa, zv, 0.7, mask, None, par).unwrap();
+                assert!(bits(&z) == bits(&y[1..]), "{ctx}: in place differs");
+                (bits(&y[1..]), bits(&lse))
+            };
+            let blocks = run(dense, Parallelism::Sequential);
+            assert!(blocks == run(other, Parallelism::Sequential), "{ctx}: blocks against rows");
+            assert!(blocks == run(dense, two), "{ctx}: two threads against one");
+        }
+    }
+}
+
 /// The golden example's softmax row-by-row, and ±1e30 logits: no overflow, no NaN.
 #[test]
 fn golden_scores_and_huge_logits() {

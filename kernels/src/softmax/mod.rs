@@ -27,8 +27,9 @@
 //! so the output costs no read-for-ownership. Rows are spread over threads when the call has
 //! at least [`PAR_MIN_ELEMENTS`] elements. Contiguous tensors (the attention case) whose
 //! mask, if it is a keep-mask or a bias, has contiguous columns (stride 1) run whole blocks of
-//! rows per call into the row kernel; other layouts, and streamed calls, go row by row
-//! (gathering strided rows and masks); both give the same bits.
+//! rows per call into the row kernel, where a streamed row's writes overlap the next row's
+//! passes; other layouts go row by row (gathering strided rows and masks); both give the same
+//! bits.
 //!
 //! Files: `mod.rs` (public API, argument checks, row iteration and threading), `row.rs` (row
 //! primitives generic over the ISA, with per-ISA `#[target_feature]` wrappers and dispatch),
@@ -100,18 +101,23 @@ pub const PAR_MIN_ELEMENTS: usize = 1 << 17;
 /// Each parallel task gets at least this many elements (whole rows), so that a task outweighs
 /// its scheduling cost.
 const PAR_MIN_TASK_ELEMENTS: usize = 1 << 13;
+/// A streamed call's parallel tasks get at least this many bytes of output (whole rows): each
+/// task pipelines its rows' writes into the next row's passes (`row.rs`'s `Drain`) but writes
+/// its last row's alone and fences, so a task of a few rows would lose most of the overlap.
+/// 1 MiB is 64 rows of 4096 columns, 128 tasks for 8192 such rows.
+const STREAM_TASK_BYTES: usize = 1 << 20;
 /// Outputs at least this large (bytes) are written with non-temporal stores: with the input it
 /// exceeds half of the 32 MiB L3, so it would be evicted before reuse anyway, and skipping the
 /// read-for-ownership saves a third of the memory traffic.
 ///
-/// Measured and not kept (2026-11-30, 8192×4096 on one thread, one binary switching
-/// variants per call, medians of 40 calls): streamed rows run as row blocks, with each row's
-/// pass C handed on and written, by non-temporal stores, during the next row's pass B so
-/// that the write stream overlaps the exp. Writing all of it during pass B was 9–13 % slower
-/// than writing it at once (the stores stall the exp once the write-combining buffers fill);
-/// a quarter of it per exp group 0–4 % faster, half of it 7–11 % faster than the row blocks
-/// alone but 2–11 % slower than this per-row path once its stage was put in phase with the
-/// output (`same_page_phase`). The row blocks alone were 5 % slower than the per-row path.
+/// Contiguous streamed calls run as blocks of rows whose pass C is written during the next
+/// row's passes A and B (`row.rs`'s `Drain`). On the AMD EPYC of 2026-11-30 the same idea,
+/// writing during pass B only, was measured and not kept (8192×4096 on one thread, medians of
+/// 40 calls): all of pass C during pass B was 9–13 % slower than writing it at once, half of it
+/// 2–11 % slower than the per-row path once the stage was in phase with the output. On the Ice
+/// Lake Xeon of 2026-12-01, splitting it between passes A and B took 8192×4096 from 68–69 % to
+/// 72–75 % of the copy bandwidth (one binary, medians of 15 calls, against the per-row path
+/// that other layouts still take).
 pub const STREAM_MIN_BYTES: usize = 16 << 20;
 
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
@@ -272,10 +278,6 @@ fn min_rows_per_task(cols: usize) -> usize {
     PAR_MIN_TASK_ELEMENTS.div_ceil(cols.max(1))
 }
 
-/// Bytes in a page: addresses this far apart look alike to the check of loads against earlier
-/// stores (see [`same_page_phase`]).
-const PAGE_BYTES: usize = 4096;
-
 /// `len` floats of `buf` (grown as needed, contents unspecified) at the same offset within a
 /// 4 KiB page as `like`, the output row. A streamed row's pass C loads the stage while its
 /// non-temporal stores to the output are still pending, and a load whose address matches a
@@ -285,11 +287,11 @@ const PAGE_BYTES: usize = 4096;
 /// puts them. 8192×4096, one thread, the same binary switching per call: 1.5–3 % faster
 /// (medians of 40 calls, four runs).
 fn same_page_phase(buf: &mut Vec<f32>, len: usize, like: *const f32) -> &mut [f32] {
-    let room = len + PAGE_BYTES / 4;
+    let room = len + row::PAGE_BYTES / 4;
     if buf.len() < room {
         buf.resize(room, 0.0);
     }
-    let skip = (like as usize).wrapping_sub(buf.as_ptr() as usize) % PAGE_BYTES / 4;
+    let skip = row::phase_skip(buf.as_ptr(), like);
     &mut buf[skip..skip + len]
 }
 
@@ -490,18 +492,6 @@ fn split_rows<'a>(
     Some(out)
 }
 
-/// How many rows ahead the streaming path prefetches its input: the row being prefetched
-/// plus the ones already in flight stay far inside the 512 KiB L2 for rows up to ~16 K
-/// columns (4 × 64 KiB). One row ahead left pass A waiting on DRAM once pass B got twice as
-/// fast; in A/B runs on the busy machine two rows ahead took 8192×4096 from ~41 ms to 25–32
-/// ms, and four rows ahead beat two in both interleaved pairs (36 against 45–52 ms).
-/// Those rows go to L2 only (`prefetcht1`, [`row`]'s `FAR` prefetch): in L1 they evicted
-/// the row being worked on. On an Ice Lake Xeon (2026-12-01, 8192×4096 on one thread, medians
-/// of 20 calls beside a copy, two runs) that took the fraction of the copy bandwidth from 55 %
-/// to 58.5–59.5 % with AVX-512 and from 57–58 % to 61 % with AVX2; the in-cache next-row
-/// prefetch stays in L1, where `prefetcht1` cost 64×1024 causal 9 % (3.18 → 2.90 G elem/s).
-const PREFETCH_ROWS: usize = 4;
-
 /// What a scale-mask-softmax call needs per row, shared read-only by the threads.
 struct Ctx<'a, 'm> {
     isa: Isa,
@@ -529,13 +519,12 @@ impl Ctx<'_, '_> {
                 layout.strides[3] == 1 || cols <= 1
             }
         };
-        if !stream
-            && cols > 0
+        if cols > 0
             && mask_rows_contiguous
             && y.layout == contiguous
             && self.x.as_ref().is_none_or(|x| x.layout == contiguous)
         {
-            self.run_contiguous(y, lse, par);
+            self.run_contiguous(y, lse, par, stream);
             return;
         }
         for_each_row(y, lse, par, |scratch, pos, yrow, l| {
@@ -546,9 +535,16 @@ impl Ctx<'_, '_> {
         });
     }
 
-    /// The fast path: contiguous `x` and `y`, mask rows with contiguous columns, not
-    /// streamed. Blocks of whole rows go to [`row::softmax_rows`], one block per thread task.
-    fn run_contiguous(&self, y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism) {
+    /// The fast path: contiguous `x` and `y`, mask rows with contiguous columns. Blocks of
+    /// whole rows go to [`row::softmax_rows`], one block per thread task, each with a stage of
+    /// its own when `stream`.
+    fn run_contiguous(
+        &self,
+        y: TensorMut<'_>,
+        lse: Option<&mut [f32]>,
+        par: Parallelism,
+        stream: bool,
+    ) {
         let [_, _, rows, cols] = self.dims;
         let n = y.layout.len();
         let y = &mut y.data[..n];
@@ -582,13 +578,20 @@ impl Ctx<'_, '_> {
                     RowsMask::Bias { bias, starts: &at }
                 }
             };
-            row::softmax_rows(self.isa, RowsJob { src, y: yc, cols, mask, scale: self.scale, lse });
+            let mut stage = if stream { vec![0.0; row::stage_len(cols)] } else { Vec::new() };
+            let stage = stream.then_some(&mut stage[..]);
+            let job = RowsJob { src, y: yc, cols, mask, scale: self.scale, lse, stage };
+            row::softmax_rows(self.isa, job);
         };
         if !use_threads(par, n) {
             block(0, y, lse);
             return;
         }
-        let task = min_rows_per_task(cols);
+        let task = if stream {
+            min_rows_per_task(cols).max(STREAM_TASK_BYTES / 4 / cols)
+        } else {
+            min_rows_per_task(cols)
+        };
         let mut lse = lse.map(|l| l.chunks_mut(task));
         let tasks: Vec<_> = y
             .chunks_mut(task * cols)
@@ -627,13 +630,13 @@ impl Ctx<'_, '_> {
         };
         let src = self.x.as_ref().map(|x| gather(x, pos, xbuf));
         let stage = stream.then(|| same_page_phase(stage, visible, y.as_ptr()));
-        // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last
-        // row) is prefetched meanwhile (see PREFETCH_ROWS); in cache, the next row, so that
+        // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last row)
+        // is prefetched meanwhile (see row::PREFETCH_ROWS); in cache, the next row, so that
         // its pass A reads L1 (64×1024 from L2: 2.77 → 2.83 G elem/s, best of 2000 calls).
         let next = match &self.x {
             Some(x) if x.layout.strides[3] == 1 && pos.r + 1 < self.rows() => {
                 let mut ahead = pos.next(self.dims);
-                for _ in 1..(if stream { PREFETCH_ROWS } else { 1 }) {
+                for _ in 1..(if stream { row::PREFETCH_ROWS } else { 1 }) {
                     if ahead.r + 1 < self.rows() {
                         ahead = ahead.next(self.dims);
                     }

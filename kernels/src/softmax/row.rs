@@ -14,7 +14,9 @@
 //!   With a power-of-two scale (`1/√d_k` for `d_k` = 16, 64, 256) the table exp runs on
 //!   `x_j − max_j x_j` with the scale folded into its constants (the same bits, one multiply
 //!   per vector fewer: 2.82 → 2.94 G elem/s on 64×1024 causal, best of 2000 calls);
-//! - pass C: `y_j = e_j · (1/s)`, with non-temporal stores when streaming.
+//! - pass C: `y_j = e_j · (1/s)`; when streaming, with non-temporal stores, and in a block of
+//!   rows ([`RowsJob::stage`]) deferred into the next row's passes A and B ([`Drain`]), so
+//!   that the row's write stream overlaps the next row's reads and exp.
 //!
 //! Where the time goes (`perf` has no counters on this machine; variants timed best-of-2000
 //! on 64×1024, instructions counted by cachegrind): the exp is ~45 % of it, pass A and pass C
@@ -22,9 +24,10 @@
 //! vectors interleaved per iteration; pass A takes the max of the raw input and scales it
 //! once when `scale > 0` (no multiply per element); pass C is a load, a multiply and a store.
 //! Per row, nothing divides and the f64 logsumexp is only formed when the caller asks for it.
-//! Measured and not kept, as no faster: pass A run during the previous row's pass C, pass C
-//! during the next row's pass B, the exp software-pipelined across groups, four sum
-//! accumulators, staging the output in L1, prefetching it for writing. Also (2026-11-30,
+//! Measured and not kept, as no faster in cache: pass A run during the previous row's pass C,
+//! pass C during the next row's pass B (streamed rows do that: [`Drain`]), the exp
+//! software-pipelined across groups, four sum accumulators, staging the output in L1,
+//! prefetching it for writing. Also (2026-11-30,
 //! best of 4000 calls on 64×1024 causal, base 2.92–2.95 G elem/s): the next row's pass A
 //! folded into pass B (its max and min cost pass B 8 %, so the whole gains 1–2 %: 2.93–3.01,
 //! inside the noise); the passes reordered as B_i, A_{i+1}, C_i so that each pass hides the
@@ -103,6 +106,10 @@ pub(crate) struct RowsJob<'a> {
     pub scale: f32,
     /// Receives each row's logsumexp when given (one per row).
     pub lse: Option<&'a mut [f32]>,
+    /// When given (at least [`stage_len`]`(cols)` floats), the rows are streamed: staged here
+    /// and written with non-temporal stores, each row's during the next row's passes
+    /// ([`Drain`]), fenced before the job returns.
+    pub stage: Option<&'a mut [f32]>,
 }
 
 /// The mask of a [`RowsJob`]'s rows.
@@ -298,12 +305,18 @@ const UNROLL: usize = 4;
 const _: () = assert!(UNROLL == 4, "range_pass reduces four accumulators by hand");
 
 /// Pass A: `(max_j z_j, min_j z_j)` over `n` logits, NaN skipped, `(−∞, +∞)` when empty.
-/// Four accumulators of each kind, one per vector of an iteration.
+/// Four accumulators of each kind, one per vector of an iteration. With `DRAIN`, each
+/// iteration also writes [`DRAIN_PER_A`] vectors of `drain` (the previous streamed row's
+/// pass C).
 ///
 /// # Safety
-/// `S::ISA` supported; `z` valid for `n` logits.
+/// `S::ISA` supported; `z` valid for `n` logits; `drain` as its [`Drain::new`] requires.
 #[inline(always)]
-unsafe fn range_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> (f32, f32) {
+unsafe fn range_pass<S: SimdF32, L: Logits<S>, const DRAIN: bool>(
+    z: &L,
+    n: usize,
+    drain: &mut Drain<S>,
+) -> (f32, f32) {
     debug_assert!(S::ISA.is_supported());
     let l = S::LANES;
     // SAFETY: indices stay below `n` (full vectors below `end`, then at most `UNROLL − 1`
@@ -318,6 +331,9 @@ unsafe fn range_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> (f32, f32) {
                 let v = z.vec(j + u * l);
                 hi[u] = S::max_skip_nan(hi[u], v);
                 lo[u] = S::min_skip_nan(lo[u], v);
+            }
+            if DRAIN {
+                drain.step::<DRAIN_PER_A>();
             }
             j += UNROLL * l;
         }
@@ -348,18 +364,19 @@ unsafe fn range_pass<S: SimdF32, L: Logits<S>>(z: &L, n: usize) -> (f32, f32) {
 /// # Safety
 /// As [`range_pass`]; `scale` is the scale `z` applies.
 #[inline(always)]
-unsafe fn logits_range<S: SimdF32, L: Logits<S>>(
+unsafe fn logits_range<S: SimdF32, L: Logits<S>, const DRAIN: bool>(
     z: &L,
     n: usize,
     scale: f32,
+    drain: &mut Drain<S>,
 ) -> ((f32, f32), Option<f32>) {
     // SAFETY: forwarded contract.
     unsafe {
         if L::SCALE_AFTER && scale > 0.0 {
-            let (hi, lo) = range_pass::<S, _>(&Raw(z), n);
+            let (hi, lo) = range_pass::<S, _, DRAIN>(&Raw(z), n, drain);
             ((scale * hi, scale * lo), Some(hi))
         } else {
-            (range_pass::<S, L>(z, n), None)
+            (range_pass::<S, L, DRAIN>(z, n, drain), None)
         }
     }
 }
@@ -487,15 +504,17 @@ impl FarOrder {
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `STORE`) by the exp `E` (of the
 /// scale folded into `c` times `z_j − m`, for the table exp); returns `Σ w_j`. Prefetches
 /// `next[..next_len]` along the way, one cache line per 16 floats, in order into L1, or into
-/// L2 in [`FarOrder`] when `FAR` (a row several rows ahead in a streamed call). With
-/// `E::MASKED`, `−∞` lanes give 0 and groups holding a finite difference below `dead_below`
-/// (the table's range) take the full-range exp of `d_scale` times the differences.
+/// L2 in [`FarOrder`] when `FAR` (a row several rows ahead in a streamed call), then also
+/// writing [`DRAIN_PER_B`] vectors of `drain` per whole group. With `E::MASKED`, `−∞` lanes
+/// give 0 and groups holding a finite difference below `dead_below` (the table's range) take
+/// the full-range exp of `d_scale` times the differences.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain (for
 /// [`MaskedTableExp`], `≤ 0`: the pass checks the rest itself); `w` (when
 /// `STORE`) valid for `n` writes (it may be the input row itself: each vector is read before
-/// it is written). `next` is only prefetched, never read.
+/// it is written). `next` is only prefetched, never read. `drain` as its [`Drain::new`]
+/// requires.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn exp_sum_pass<
@@ -513,6 +532,7 @@ unsafe fn exp_sum_pass<
     next_len: usize,
     c: &LutConsts<S>,
     (dead_below, d_scale): (f32, f32),
+    drain: &mut Drain<S>,
 ) -> f32 {
     let l = S::LANES;
     // SAFETY: as in `range_pass`; `w` written at the same indices.
@@ -605,10 +625,16 @@ unsafe fn exp_sum_pass<
                 k += 16;
             }
             group!(j);
+            if FAR {
+                drain.step::<DRAIN_PER_B>();
+            }
             j += g;
         }
         while j < end {
             group!(j);
+            if FAR {
+                drain.step::<DRAIN_PER_B>();
+            }
             j += g;
         }
         if j < n {
@@ -657,7 +683,7 @@ unsafe fn exp_sum_pass<
 /// into its constants: `scale·(u_j − raw_max)` is the difference `z_j − m` it would form
 /// (bit for bit while the logits are normal), one multiply per vector fewer. Returns
 /// `Σ_j exp(z_j − m)`, storing the terms to `w` unless it is null, and prefetching `next`
-/// (into L2 when `far`).
+/// (into L2, and writing part of `drain` meanwhile, when `drain` is given: a streamed row).
 ///
 /// # Safety
 /// As [`exp_sum_pass`]; `m` and `lo` are the max and min of `z` (NaN skipped), `raw_max` the
@@ -669,17 +695,23 @@ unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
     (m, lo): (f32, f32),
     (raw_max, scale): (Option<f32>, f32),
     w: *mut f32,
-    (next, far): (&[f32], bool),
+    (next, drain): (&[f32], Option<&mut Drain<S>>),
 ) -> f32 {
     let (next, next_len) = (next.as_ptr(), next.len());
+    // SAFETY: nothing pending; only `FAR` passes touch the drain.
+    let mut none = unsafe { Drain::none() };
+    let (far, d) = match drain {
+        Some(d) => (true, d),
+        None => (false, &mut none),
+    };
     macro_rules! pass {
         ($E:ty, $z:expr, $m:expr, $c:expr, $below:expr) => {
             if w.is_null() {
-                exp_sum_pass::<S, _, $E, false, false>($z, n, $m, w, next, next_len, $c, $below)
+                exp_sum_pass::<S, _, $E, false, false>($z, n, $m, w, next, next_len, $c, $below, d)
             } else if far {
-                exp_sum_pass::<S, _, $E, true, true>($z, n, $m, w, next, next_len, $c, $below)
+                exp_sum_pass::<S, _, $E, true, true>($z, n, $m, w, next, next_len, $c, $below, d)
             } else {
-                exp_sum_pass::<S, _, $E, true, false>($z, n, $m, w, next, next_len, $c, $below)
+                exp_sum_pass::<S, _, $E, true, false>($z, n, $m, w, next, next_len, $c, $below, d)
             }
         };
     }
@@ -707,51 +739,148 @@ unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
     }
 }
 
-/// `y_j = w_j · r` for `j < n`; non-temporal stores to `y` when `stream` (then `w ≠ y`), left
-/// unfenced: see [`RowJob::stage`].
+/// Pass C in cache: `y_j = w_j · r` for `j < n` (streamed rows write theirs by [`Drain`]).
 ///
 /// # Safety
-/// `S::ISA` supported; `w` valid for `n` reads, `y` for `n` writes (`w == y` allowed when not
-/// streaming).
+/// `S::ISA` supported; `w` valid for `n` reads, `y` for `n` writes (`w == y` allowed).
 #[inline(always)]
-unsafe fn scale_pass<S: SimdF32>(w: *const f32, y: *mut f32, n: usize, r: f32, stream: bool) {
+unsafe fn scale_pass<S: SimdF32>(w: *const f32, y: *mut f32, n: usize, r: f32) {
     let l = S::LANES;
-    // SAFETY: indices below `n`; streamed addresses are aligned to `LANES × 4` bytes by the head.
+    // SAFETY: indices below `n`.
     unsafe {
         let rv = S::splat(r);
         let mut j = 0;
-        if stream && S::HAS_STREAM {
-            let misalign = (y as usize / 4) % l;
-            let head = ((l - misalign) % l).min(n);
-            if head > 0 {
-                S::store_tail(y, head, S::mul(S::load_tail(w, head), rv));
+        let end = n - n % (UNROLL * l);
+        while j < end {
+            let mut v = [S::splat(0.0); UNROLL];
+            for (u, vu) in v.iter_mut().enumerate() {
+                *vu = S::mul(S::load(w.add(j + u * l)), rv);
             }
-            j = head;
-            while j + l <= n {
-                S::stream(y.add(j), S::mul(S::load(w.add(j)), rv));
-                j += l;
+            for (u, vu) in v.iter().enumerate() {
+                S::store(y.add(j + u * l), *vu);
             }
-        } else {
-            let end = n - n % (UNROLL * l);
-            while j < end {
-                let mut v = [S::splat(0.0); UNROLL];
-                for (u, vu) in v.iter_mut().enumerate() {
-                    *vu = S::mul(S::load(w.add(j + u * l)), rv);
-                }
-                for (u, vu) in v.iter().enumerate() {
-                    S::store(y.add(j + u * l), *vu);
-                }
-                j += UNROLL * l;
-            }
-            while j + l <= n {
-                S::store(y.add(j), S::mul(S::load(w.add(j)), rv));
-                j += l;
-            }
+            j += UNROLL * l;
+        }
+        while j + l <= n {
+            S::store(y.add(j), S::mul(S::load(w.add(j)), rv));
+            j += l;
         }
         if j < n {
             let k = n - j;
             S::store_tail(y.add(j), k, S::mul(S::load_tail(w.add(j), k), rv));
         }
+    }
+}
+
+/// Vectors of the pending pass C that a streamed row writes per iteration of its pass A
+/// ([`UNROLL`] vectors read) and per group of its pass B ([`EXP_UNROLL`] vectors): half as
+/// many as it reads, so that after a row as long as the previous one nothing is left.
+/// On an Ice Lake Xeon (2026-12-01, 8192×4096 on one thread, a prototype of the three passes
+/// switching variants per call, medians of 11 calls beside a copy, two runs): 2 and 2 gave
+/// 78.7–79.1 % of the copy, against 68.1–68.3 % for pass C after pass B; all of pass C
+/// during pass B 68.3 %; half of it during pass B and the rest after 74.4–77.2 %;
+/// 1 and 3 78.1–79.6 %, 1 and 2 76.8–78.1 %.
+const DRAIN_PER_A: usize = 2;
+/// See [`DRAIN_PER_A`].
+const DRAIN_PER_B: usize = 2;
+
+/// A streamed row's pass C, deferred: `y_j = w_j · r` for `j < end`, written with
+/// non-temporal stores a few vectors at a time during the next row's passes A and B
+/// ([`DRAIN_PER_A`], [`DRAIN_PER_B`]), so that the row's write stream overlaps the next
+/// row's reads and exp instead of following them; [`finish`](Self::finish) writes what is
+/// left. Left unfenced: see [`RowJob::stage`].
+pub(crate) struct Drain<S: SimdF32> {
+    /// The stage (the row's `exp(z_j − m)`).
+    w: *const f32,
+    /// The output row.
+    y: *mut f32,
+    /// The next element to write: `y + at` is aligned to `LANES × 4` bytes where the ISA
+    /// streams.
+    at: usize,
+    /// The row's length.
+    end: usize,
+    /// `1/Σ` of the row, in every lane.
+    r: S::V,
+}
+
+impl<S: SimdF32> Drain<S> {
+    /// Nothing pending.
+    ///
+    /// # Safety
+    /// `S::ISA` supported.
+    #[inline(always)]
+    unsafe fn none() -> Self {
+        // SAFETY: forwarded contract.
+        let r = unsafe { S::splat(0.0) };
+        Drain { w: std::ptr::null(), y: std::ptr::null_mut(), at: 0, end: 0, r }
+    }
+
+    /// The pass C `y_j = w_j · r`, `j < n`: writes the elements before `y`'s first
+    /// `LANES × 4`-byte boundary now (an ordinary store), the rest later.
+    ///
+    /// # Safety
+    /// `S::ISA` supported; until the drain is finished, `w` stays valid for `n` reads and
+    /// unwritten, and `y` valid for `n` writes and otherwise untouched; the two do not overlap.
+    #[inline(always)]
+    unsafe fn new(w: *const f32, y: *mut f32, n: usize, r: f32) -> Self {
+        let l = S::LANES;
+        // SAFETY: forwarded contract; `head ≤ n`.
+        unsafe {
+            let r = S::splat(r);
+            let head = if S::HAS_STREAM { ((l - (y as usize / 4) % l) % l).min(n) } else { 0 };
+            if head > 0 {
+                S::store_tail(y, head, S::mul(S::load_tail(w, head), r));
+            }
+            Drain { w, y, at: head, end: n, r }
+        }
+    }
+
+    /// Up to `K` more whole vectors: one test for all `K` while that many are left.
+    ///
+    /// # Safety
+    /// `S::ISA` supported; the contract of [`new`](Self::new) still holds.
+    #[inline(always)]
+    unsafe fn step<const K: usize>(&mut self) {
+        let l = S::LANES;
+        let (w, y, r) = (self.w, self.y, self.r);
+        // SAFETY: every vector written ends at or before `end`, and `y + at` is aligned (see
+        // `at`).
+        unsafe {
+            if self.at + K * l <= self.end {
+                for k in 0..K {
+                    let at = self.at + k * l;
+                    S::stream(y.add(at), S::mul(S::load(w.add(at)), r));
+                }
+                self.at += K * l;
+            } else {
+                while self.at + l <= self.end {
+                    S::stream(y.add(self.at), S::mul(S::load(w.add(self.at)), r));
+                    self.at += l;
+                }
+            }
+        }
+    }
+
+    /// Everything left, the partial last vector by an ordinary store; nothing is pending
+    /// after it.
+    ///
+    /// # Safety
+    /// As [`step`](Self::step).
+    #[inline(always)]
+    unsafe fn finish(&mut self) {
+        let l = S::LANES;
+        // SAFETY: as in `step`; the tail holds `end − at < l` elements.
+        unsafe {
+            while self.at + l <= self.end {
+                S::stream(self.y.add(self.at), S::mul(S::load(self.w.add(self.at)), self.r));
+                self.at += l;
+            }
+            if self.at < self.end {
+                let (k, at) = (self.end - self.at, self.at);
+                S::store_tail(self.y.add(at), k, S::mul(S::load_tail(self.w.add(at), k), self.r));
+            }
+        }
+        self.at = self.end;
     }
 }
 
@@ -812,12 +941,81 @@ unsafe fn special_row<S: SimdF32, L: Logits<S>>(z: &L, n: usize, y: *mut f32, to
 
 /// The fused row: passes A, B, C (module docs). Returns the logsumexp of the row.
 ///
+/// With `STREAM`, pass B writes `stage` and the row's pass C is left in `drain` for the
+/// caller to finish (during the next row, or at once), while passes A and B write the
+/// previous row's pending pass C, which `drain` holds on entry (finished before this row
+/// writes anything). Rows with a non-finite max or a NaN sum are written at once.
+///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits (reading the input from `y` or not); `y` valid
-/// for `total ≥ n` writes; `stage` null or valid for `n` writes and disjoint from `y`.
+/// for `total ≥ n` writes; with `STREAM`, `stage` valid for `n` writes and disjoint from `y`,
+/// both kept (and `stage` unwritten) until the returned drain is finished, and `drain`
+/// satisfying [`Drain::new`] (its rows disjoint from this row's input and output).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
+unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>, const STREAM: bool>(
+    z: &L,
+    scale: f32,
+    n: usize,
+    y: *mut f32,
+    total: usize,
+    stage: *mut f32,
+    next: &[f32],
+    want_lse: bool,
+    drain: &mut Drain<S>,
+) -> f32 {
+    // SAFETY: forwarded contract.
+    unsafe {
+        let ((m, lo), raw_max) = logits_range::<S, L, STREAM>(z, n, scale, drain);
+        if !m.is_finite() {
+            if STREAM {
+                drain.finish();
+            }
+            return special_row::<S, L>(z, n, y, total);
+        }
+        let w = if STREAM { stage } else { y };
+        let s = softmax_sum::<S, L>(
+            z,
+            n,
+            (m, lo),
+            (raw_max, scale),
+            w,
+            (next, STREAM.then_some(&mut *drain)),
+        );
+        if STREAM {
+            drain.finish();
+        }
+        if s.is_nan() {
+            // A NaN logit: with a finite max nothing else makes the sum NaN.
+            std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
+            return f32::NAN;
+        }
+        // s ≥ 1: the max contributes exp(0) = 1 exactly.
+        if STREAM {
+            *drain = Drain::new(stage, y, n, 1.0 / s);
+        } else {
+            scale_pass::<S>(w, y, n, 1.0 / s);
+        }
+        if total > n {
+            std::slice::from_raw_parts_mut(y.add(n), total - n).fill(0.0);
+        }
+        // The f64 log costs as much as a short row: only when asked for.
+        if want_lse {
+            (f64::from(m) + f64::from(s).ln()) as f32
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One row by itself: [`softmax_row_body`], streamed when `stage` is not null, with its pass C
+/// then written at once.
+///
+/// # Safety
+/// As [`softmax_row_body`] (nothing pending).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn softmax_row_once<S: SimdF32, L: Logits<S>>(
     z: &L,
     scale: f32,
     n: usize,
@@ -827,30 +1025,19 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>>(
     next: &[f32],
     want_lse: bool,
 ) -> f32 {
-    // SAFETY: forwarded contract.
+    // SAFETY: forwarded contract; the drain is finished before returning.
     unsafe {
-        let ((m, lo), raw_max) = logits_range::<S, L>(z, n, scale);
-        if !m.is_finite() {
-            return special_row::<S, L>(z, n, y, total);
-        }
-        let stream = !stage.is_null();
-        let w = if stream { stage } else { y };
-        let s = softmax_sum::<S, L>(z, n, (m, lo), (raw_max, scale), w, (next, stream));
-        if s.is_nan() {
-            // A NaN logit: with a finite max nothing else makes the sum NaN.
-            std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
-            return f32::NAN;
-        }
-        // s ≥ 1: the max contributes exp(0) = 1 exactly.
-        scale_pass::<S>(w, y, n, 1.0 / s, stream);
-        if total > n {
-            std::slice::from_raw_parts_mut(y.add(n), total - n).fill(0.0);
-        }
-        // The f64 log costs as much as a short row: only when asked for.
-        if want_lse {
-            (f64::from(m) + f64::from(s).ln()) as f32
+        let mut drain = Drain::none();
+        if stage.is_null() {
+            softmax_row_body::<S, L, false>(
+                z, scale, n, y, total, stage, next, want_lse, &mut drain,
+            )
         } else {
-            0.0
+            let v = softmax_row_body::<S, L, true>(
+                z, scale, n, y, total, stage, next, want_lse, &mut drain,
+            );
+            drain.finish();
+            v
         }
     }
 }
@@ -870,37 +1057,16 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
     // SAFETY: forwarded contract; lengths checked by the caller.
     unsafe {
         let sc = S::splat(scale);
+        let row = (scale, n, yp, total, stage, next, want_lse);
+        macro_rules! once {
+            ($z:expr) => {
+                softmax_row_once::<S, _>(&$z, row.0, row.1, row.2, row.3, row.4, row.5, row.6)
+            };
+        }
         match mask {
-            RowMask::None => softmax_row_body::<S, _>(
-                &Plain::<S> { x, scale: sc },
-                scale,
-                n,
-                yp,
-                total,
-                stage,
-                next,
-                want_lse,
-            ),
-            RowMask::Keep(k) => softmax_row_body::<S, _>(
-                &Keep::<S> { x, keep: k.as_ptr(), scale: sc },
-                scale,
-                n,
-                yp,
-                total,
-                stage,
-                next,
-                want_lse,
-            ),
-            RowMask::Bias(b) => softmax_row_body::<S, _>(
-                &Bias::<S> { x, bias: b.as_ptr(), scale: sc },
-                scale,
-                n,
-                yp,
-                total,
-                stage,
-                next,
-                want_lse,
-            ),
+            RowMask::None => once!(Plain::<S> { x, scale: sc }),
+            RowMask::Keep(k) => once!(Keep::<S> { x, keep: k.as_ptr(), scale: sc }),
+            RowMask::Bias(b) => once!(Bias::<S> { x, bias: b.as_ptr(), scale: sc }),
         }
     }
 }
@@ -915,7 +1081,7 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
 /// `S::ISA` supported; the job's lengths validated by [`softmax_rows`].
 #[inline(always)]
 unsafe fn softmax_rows_body<S: SimdF32>(job: RowsJob<'_>) {
-    let RowsJob { src, y, cols, mask, scale, mut lse } = job;
+    let RowsJob { src, y, cols, mask, scale, mut lse, .. } = job;
     let RowsMask::Causal(causal) = mask else { return };
     let rows = y.len() / cols;
     let yp = y.as_mut_ptr();
@@ -925,6 +1091,7 @@ unsafe fn softmax_rows_body<S: SimdF32>(job: RowsJob<'_>) {
     // `next` is only prefetched.
     unsafe {
         let sc = S::splat(scale);
+        let mut none = Drain::none();
         for r in 0..rows {
             let visible =
                 causal.map_or(cols, |(off, q, i0)| causal_visible((i0 + r) % q, off, cols));
@@ -935,7 +1102,7 @@ unsafe fn softmax_rows_body<S: SimdF32>(job: RowsJob<'_>) {
             };
             let z = Plain::<S> { x: xp.add(r * cols), scale: sc };
             let want_lse = lse.is_some();
-            let v = softmax_row_body::<S, _>(
+            let v = softmax_row_body::<S, _, false>(
                 &z,
                 scale,
                 visible,
@@ -944,6 +1111,7 @@ unsafe fn softmax_rows_body<S: SimdF32>(job: RowsJob<'_>) {
                 std::ptr::null_mut(),
                 next,
                 want_lse,
+                &mut none,
             );
             if let Some(l) = lse.as_deref_mut() {
                 l[r] = v;
@@ -999,6 +1167,7 @@ unsafe fn rows_loop<S: SimdF32, L: Logits<S>>(
     // (`xp == yp`), `next` views row `r + 1` while row `r` is written: disjoint ranges, and
     // `next` is only prefetched.
     unsafe {
+        let mut none = Drain::none();
         for r in 0..rows {
             let next = if r + 1 < rows {
                 std::slice::from_raw_parts(xp.add((r + 1) * cols), cols)
@@ -1007,7 +1176,7 @@ unsafe fn rows_loop<S: SimdF32, L: Logits<S>>(
             };
             let z = logits(r, xp.add(r * cols));
             let want_lse = lse.is_some();
-            let v = softmax_row_body::<S, _>(
+            let v = softmax_row_body::<S, _, false>(
                 &z,
                 scale,
                 cols,
@@ -1016,9 +1185,129 @@ unsafe fn rows_loop<S: SimdF32, L: Logits<S>>(
                 std::ptr::null_mut(),
                 next,
                 want_lse,
+                &mut none,
             );
             if let Some(l) = lse.as_deref_mut() {
                 l[r] = v;
+            }
+        }
+    }
+}
+
+/// Bytes per page, for [`phase_skip`].
+pub(crate) const PAGE_BYTES: usize = 4096;
+
+/// The floats to skip from `buf` to reach the offset within a 4 KiB page that `like` has
+/// (why a stage sits in phase with its output row: `same_page_phase` in `mod.rs`).
+pub(crate) fn phase_skip(buf: *const f32, like: *const f32) -> usize {
+    (like as usize).wrapping_sub(buf as usize) % PAGE_BYTES / 4
+}
+
+/// The stage a streamed [`RowsJob`] with rows of `cols` floats needs: two rows (the one being
+/// computed and the one being written), each with room to sit in phase with its output row.
+pub(crate) fn stage_len(cols: usize) -> usize {
+    2 * (cols + PAGE_BYTES / 4)
+}
+
+/// How many rows ahead a streamed call prefetches its input: the row being prefetched plus
+/// the ones already in flight stay far inside the 512 KiB L2 for rows up to ~16 K columns
+/// (4 × 64 KiB). One row ahead left pass A waiting on DRAM once pass B got twice as fast; in
+/// A/B runs on the busy machine two rows ahead took 8192×4096 from ~41 ms to 25–32 ms, and
+/// four rows ahead beat two in both interleaved pairs (36 against 45–52 ms). Those rows go to
+/// L2 only (`prefetcht1`, the `FAR` prefetch of [`exp_sum_pass`]): in L1 they evicted the row
+/// being worked on. On an Ice Lake Xeon (2026-12-01, 8192×4096 on one thread, medians of 20
+/// calls beside a copy, two runs) that took the fraction of the copy bandwidth from 55 % to
+/// 58.5–59.5 % with AVX-512 and from 57–58 % to 61 % with AVX2; the in-cache next-row
+/// prefetch stays in L1, where `prefetcht1` cost 64×1024 causal 9 % (3.18 → 2.90 G elem/s).
+/// Eight rows ahead did no better once passes were pipelined ([`DRAIN_PER_A`]).
+pub(crate) const PREFETCH_ROWS: usize = 4;
+
+/// The rows of a streamed [`RowsJob`]: each by [`softmax_row_body`], its pass C left in a
+/// [`Drain`] that the next row writes during its passes A and B, the row [`PREFETCH_ROWS`]
+/// ahead prefetched into L2 meanwhile. Rows alternate between the two halves of the stage,
+/// each half put in phase with its row's output. The last row's pass C is written at the end
+/// and the stores fenced: the job's output is complete and ordered when it returns.
+///
+/// # Safety
+/// `S::ISA` supported; the job's lengths validated by [`softmax_rows`]; `stage` valid for
+/// [`stage_len`]`(cols)` writes and disjoint from the rows; the `L` of row `r` valid for its
+/// `visible(r) ≤ cols` logits.
+#[inline(always)]
+unsafe fn streamed_rows_loop<S: SimdF32, L: Logits<S>>(
+    job: RowsJob<'_>,
+    stage: *mut f32,
+    logits: impl Fn(usize, *const f32) -> L,
+    visible: impl Fn(usize) -> usize,
+) {
+    let RowsJob { src, y, cols, scale, mut lse, .. } = job;
+    let rows = y.len() / cols;
+    let yp = y.as_mut_ptr();
+    let xp = src.map_or(yp as *const f32, <[f32]>::as_ptr);
+    let half = stage_len(cols) / 2;
+    // SAFETY: row `r < rows` spans `[r·cols, (r + 1)·cols)` of both buffers; its stage, at a
+    // skip below `PAGE_BYTES / 4` into its half, holds `cols` floats. The drain pending on
+    // entry to row `r` reads the other half and writes row `r − 1`: disjoint from row `r`'s
+    // input, output and stage (in place, row `r − 1`'s input was consumed by its pass B).
+    // `next` is only prefetched.
+    unsafe {
+        let mut drain = Drain::<S>::none();
+        for r in 0..rows {
+            let ahead = (r + PREFETCH_ROWS).min(rows - 1);
+            let next = if ahead > r {
+                std::slice::from_raw_parts(xp.add(ahead * cols), cols)
+            } else {
+                &[]
+            };
+            let yr = yp.add(r * cols);
+            let base = stage.add(r % 2 * half);
+            let w = base.add(phase_skip(base, yr));
+            let v = softmax_row_body::<S, _, true>(
+                &logits(r, xp.add(r * cols)),
+                scale,
+                visible(r),
+                yr,
+                cols,
+                w,
+                next,
+                lse.is_some(),
+                &mut drain,
+            );
+            if let Some(l) = lse.as_deref_mut() {
+                l[r] = v;
+            }
+        }
+        drain.finish();
+    }
+    super::vector::store_fence();
+}
+
+/// A streamed [`RowsJob`] (`stage` given), every mask kind, by [`streamed_rows_loop`].
+///
+/// # Safety
+/// `S::ISA` supported; the job's lengths validated by [`softmax_rows`].
+#[inline(always)]
+unsafe fn streamed_rows_body<S: SimdF32>(mut job: RowsJob<'_>) {
+    let Some(stage) = job.stage.take() else { return };
+    let stage = stage.as_mut_ptr();
+    let cols = job.cols;
+    // SAFETY: forwarded contract; `softmax_rows` checked the stage and every mask row.
+    unsafe {
+        let sc = S::splat(job.scale);
+        match job.mask {
+            RowsMask::Causal(causal) => {
+                let visible =
+                    |r| causal.map_or(cols, |(off, q, i0)| causal_visible((i0 + r) % q, off, cols));
+                streamed_rows_loop::<S, _>(job, stage, |_, x| Plain::<S> { x, scale: sc }, visible)
+            }
+            RowsMask::Keep { keep, starts } => {
+                let keep = keep.as_ptr();
+                let z = |r: usize, x| Keep::<S> { x, keep: keep.add(starts[r]), scale: sc };
+                streamed_rows_loop::<S, _>(job, stage, z, |_| cols)
+            }
+            RowsMask::Bias { bias, starts } => {
+                let bias = bias.as_ptr();
+                let z = |r: usize, x| Bias::<S> { x, bias: bias.add(starts[r]), scale: sc };
+                streamed_rows_loop::<S, _>(job, stage, z, |_| cols)
             }
         }
     }
@@ -1034,16 +1323,10 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
     // SAFETY: forwarded contract; indices below `n`.
     unsafe {
         let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
-        let (m, lo) = range_pass::<S, _>(&z, n);
+        let (m, lo) = range_pass::<S, _, false>(&z, n, &mut Drain::none());
         let lse = if m.is_finite() {
-            let s = softmax_sum::<S, _>(
-                &z,
-                n,
-                (m, lo),
-                (None, 1.0),
-                std::ptr::null_mut(),
-                (&[], false),
-            );
+            let s =
+                softmax_sum::<S, _>(&z, n, (m, lo), (None, 1.0), std::ptr::null_mut(), (&[], None));
             (f64::from(m) + f64::from(s).ln()) as f32
         } else if x.iter().any(|v| v.is_nan()) {
             f32::NAN
@@ -1076,7 +1359,10 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
 #[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
     // SAFETY: forwarded contract.
-    unsafe { range_pass::<S, _>(&Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) }, x.len()).0 }
+    unsafe {
+        let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
+        range_pass::<S, _, false>(&z, x.len(), &mut Drain::none()).0
+    }
 }
 
 /// `x_j ← exp(x_j − m)`, returns `Σ_j x_j` (after the update).
@@ -1100,6 +1386,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
             0,
             &c,
             (0.0, 1.0),
+            &mut Drain::none(),
         )
     }
 }
@@ -1113,7 +1400,7 @@ unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
 unsafe fn scale_body<S: SimdF32>(x: &mut [f32], s: f32) {
     let p = x.as_mut_ptr();
     // SAFETY: forwarded contract.
-    unsafe { scale_pass::<S>(p, p, x.len(), s, false) }
+    unsafe { scale_pass::<S>(p, p, x.len(), s) }
 }
 
 /// One module of `#[target_feature]` wrappers per ISA around the generic bodies above.
@@ -1133,6 +1420,11 @@ macro_rules! isa_fns {
             pub(super) unsafe fn masked_rows(job: RowsJob<'_>) {
                 // SAFETY: the dispatcher checked that the CPU supports the ISA.
                 unsafe { masked_rows_body::<$S>(job) }
+            }
+            $(#[target_feature(enable = $feature)])?
+            pub(super) unsafe fn streamed_rows(job: RowsJob<'_>) {
+                // SAFETY: the dispatcher checked that the CPU supports the ISA.
+                unsafe { streamed_rows_body::<$S>(job) }
             }
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn softmax_row(job: RowJob<'_>) -> f32 {
@@ -1232,6 +1524,7 @@ pub(crate) fn softmax_rows(isa: Isa, job: RowsJob<'_>) {
         && n.is_multiple_of(job.cols)
         && job.src.is_none_or(|s| s.len() == n)
         && job.lse.as_ref().is_none_or(|l| l.len() == n / job.cols)
+        && job.stage.as_ref().is_none_or(|s| s.len() >= stage_len(job.cols))
         && match job.mask {
             RowsMask::Causal(c) => c.is_none_or(|(_, q, _)| q > 0),
             RowsMask::Keep { keep, starts } => mask_rows_fit(keep.len(), starts, n, job.cols),
@@ -1240,6 +1533,9 @@ pub(crate) fn softmax_rows(isa: Isa, job: RowsJob<'_>) {
     debug_assert!(ok, "rows job lengths disagree");
     if !ok {
         return;
+    }
+    if job.stage.is_some() {
+        return dispatch!(isa, streamed_rows(job));
     }
     match job.mask {
         RowsMask::Causal(_) => dispatch!(isa, softmax_rows(job)),
