@@ -115,9 +115,11 @@ const STREAM_TASK_BYTES: usize = 1 << 20;
 /// writing during pass B only, was measured and not kept (8192×4096 on one thread, medians of
 /// 40 calls): all of pass C during pass B was 9–13 % slower than writing it at once, half of it
 /// 2–11 % slower than the per-row path once the stage was in phase with the output. On the Ice
-/// Lake Xeon of 2026-12-01, splitting it between passes A and B took 8192×4096 from 68–69 % to
-/// 72–75 % of the copy bandwidth (one binary, medians of 15 calls, against the per-row path
-/// that other layouts still take).
+/// Lake Xeon of 2026-12-01, a quarter during pass A and the rest during pass B took 8192×4096
+/// from 65–69 % to 70–77 % of the copy bandwidth (one binary, medians of 15 calls, against the
+/// per-row path that other layouts still take; `row.rs`'s `DRAIN_PER_A`). The same bytes in
+/// rows of 2048 reached 80 % in one run, in rows of 8192 69 %: the input row and the two stage
+/// rows fill the 48 KiB L1 at 4096 columns and overflow it beyond.
 pub const STREAM_MIN_BYTES: usize = 16 << 20;
 
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the

@@ -446,24 +446,24 @@ impl GroupExp for LowExp {
 }
 
 /// The order in which a row several rows ahead is prefetched (`FAR`): the row is cut into
-/// `chunks` equal runs of about a 4 KiB page each and the prefetches take one line of each run
-/// in turn. Each run is then a sequential stream of its own, and the L2 hardware prefetcher
+/// a power of two of equal runs of at most a 4 KiB page each, and the prefetches take one line
+/// of each run in turn (the power of two makes each offset a mask, a shift and a multiply of
+/// a counter: in the streamed row blocks that was 1.6 points of the copy bandwidth faster than
+/// stepping through runs with compares, 7 of 8 paired runs). Each run is then a sequential stream of its own, and the L2 hardware prefetcher
 /// runs ahead on every stream at once: four streams in flight instead of one. On an Ice Lake
 /// Xeon (2026-12-01, 8192×4096 on one thread, medians of 20 calls beside a copy, three runs)
 /// this took the fraction of the copy bandwidth from 58–59 % (rows in order) to 64–67 %;
 /// runs of half a page (62–64 %) or two pages (61–63 %) did no better.
 #[derive(Clone, Copy, Debug)]
 struct FarOrder {
-    /// Runs (≥ 1).
-    chunks: usize,
+    /// Runs − 1 (runs are a power of two).
+    mask: usize,
+    /// log₂ runs.
+    shift: u32,
     /// Floats per run (a multiple of 16: whole lines).
     per: usize,
-    /// The run of the next prefetch.
-    chunk: usize,
-    /// Offset (floats) of the next prefetch.
-    at: usize,
-    /// Offset (floats) within each run of the current round.
-    round: usize,
+    /// Prefetches so far.
+    q: usize,
 }
 
 impl FarOrder {
@@ -474,30 +474,30 @@ impl FarOrder {
     #[inline(always)]
     fn new(len: usize) -> Self {
         let lines = len.div_ceil(16);
-        let chunks = lines.div_ceil(Self::PAGE_LINES).max(1);
+        let chunks = lines.div_ceil(Self::PAGE_LINES).max(1).next_power_of_two();
         let per = lines.div_ceil(chunks) * 16;
-        FarOrder { chunks, per, chunk: 0, at: 0, round: 0 }
+        FarOrder { mask: chunks - 1, shift: chunks.trailing_zeros(), per, q: 0 }
+    }
+
+    /// The number of runs.
+    #[inline(always)]
+    fn chunks(&self) -> usize {
+        self.mask + 1
     }
 
     /// Floats covered by `span() / 16` calls of [`next`](Self::next): every line of the row,
     /// and fewer than `chunks` lines past its end.
     #[inline(always)]
     fn span(&self) -> usize {
-        self.chunks * self.per
+        self.chunks() * self.per
     }
 
     /// The offset of the next line to prefetch; a permutation of the lines of `0..span()`.
     #[inline(always)]
     fn next(&mut self) -> usize {
-        let at = self.at;
-        self.chunk += 1;
-        self.at += self.per;
-        if self.chunk == self.chunks {
-            self.chunk = 0;
-            self.round += 16;
-            self.at = self.round;
-        }
-        at
+        let q = self.q;
+        self.q += 1;
+        (q & self.mask) * self.per + (q >> self.shift) * 16
     }
 }
 
@@ -773,16 +773,17 @@ unsafe fn scale_pass<S: SimdF32>(w: *const f32, y: *mut f32, n: usize, r: f32) {
 }
 
 /// Vectors of the pending pass C that a streamed row writes per iteration of its pass A
-/// ([`UNROLL`] vectors read) and per group of its pass B ([`EXP_UNROLL`] vectors): half as
-/// many as it reads, so that after a row as long as the previous one nothing is left.
-/// On an Ice Lake Xeon (2026-12-01, 8192×4096 on one thread, a prototype of the three passes
-/// switching variants per call, medians of 11 calls beside a copy, two runs): 2 and 2 gave
-/// 78.7–79.1 % of the copy, against 68.1–68.3 % for pass C after pass B; all of pass C
-/// during pass B 68.3 %; half of it during pass B and the rest after 74.4–77.2 %;
-/// 1 and 3 78.1–79.6 %, 1 and 2 76.8–78.1 %.
-const DRAIN_PER_A: usize = 2;
+/// ([`UNROLL`] vectors read) and per group of its pass B ([`EXP_UNROLL`] vectors): a quarter
+/// of it during pass A (a short pass, reading L2) and the rest during pass B, so that after a
+/// row as long as the previous one nothing is left. On an Ice Lake Xeon (2026-12-01,
+/// 8192×4096 on one thread, medians of 15 calls beside a copy, one binary per split run in
+/// turn): 1 and 3 gave 69.9–77.5 % of the copy (median of 8 runs 74.9 %), 2 and 2 67.4–75.8 %
+/// (72.4 %, behind in 7 of 8 pairs), 1 and 2 62–72 %, 1 and 4 65–68 %, 0 and 4 61–64 %:
+/// writing faster than that during the exp stalls it once the write-combining buffers fill.
+/// The rows written after their own pass B, as other layouts still do: 65–69 %.
+const DRAIN_PER_A: usize = 1;
 /// See [`DRAIN_PER_A`].
-const DRAIN_PER_B: usize = 2;
+const DRAIN_PER_B: usize = 3;
 
 /// A streamed row's pass C, deferred: `y_j = w_j · r` for `j < end`, written with
 /// non-temporal stores a few vectors at a time during the next row's passes A and B
@@ -1605,7 +1606,7 @@ mod tests {
             let mut order = FarOrder::new(len);
             let span = order.span();
             assert_eq!(span % 16, 0, "len {len}");
-            assert!(span >= len && span < len + 16 * order.chunks, "len {len}");
+            assert!(span >= len && span < len + 16 * order.chunks(), "len {len}");
             let mut seen = vec![false; span / 16];
             for _ in 0..span / 16 {
                 let at = order.next();
