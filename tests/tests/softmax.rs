@@ -700,6 +700,8 @@ fn streamed_row_blocks_equal_row_by_row() {
     x[13 * cols + 3] = f32::NEG_INFINITY;
     x[20 * cols] = 1e30;
     x[20 * cols + 1] = -1e30;
+    // The same rows; `other` differs from `bhsd` only in the stride of the unit heads
+    // dimension, which is enough for the call to take the row-by-row path.
     let dense = Tensor4Layout::bhsd(batch, 1, q, cols);
     let other = Tensor4Layout::strided(dims, [q * cols, 7, cols, 1], 0);
     // Per-query masks broadcast over batches, each with a fully masked row.
@@ -714,11 +716,11 @@ fn streamed_row_blocks_equal_row_by_row() {
         Mask::Keep { keep: &keep, layout: per_query },
         Mask::Bias { bias: &bias, layout: per_query },
     ];
+    let names = ["none", "causal", "keep", "bias"];
     let two = Parallelism::threads(2);
     for isa in Isa::supported() {
-        for mask in &masks {
-            let ctx = format!("{isa} {mask:?}");
-            let ctx = &ctx[..ctx.len().min(80)];
+        for (mask, name) in masks.iter().zip(names) {
+            let ctx = &format!("{isa} {name}");
             // Out of place into `y[1..]`, and in place; (output, lse) bits.
             let run = |l: Tensor4Layout, par: Parallelism| {
                 let mut y = vec![0.0; n + 1];

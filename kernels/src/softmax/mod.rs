@@ -23,13 +23,12 @@
 //!
 //! Passes: the input row is read twice (max, then exp) while it sits in L1/L2, and the output
 //! written once (costs and where the cycles go: `row.rs`); calls whose output reaches
-//! [`STREAM_MIN_BYTES`] are staged in a per-thread buffer and written with non-temporal stores
-//! so the output costs no read-for-ownership. Rows are spread over threads when the call has
-//! at least [`PAR_MIN_ELEMENTS`] elements. Contiguous tensors (the attention case) whose
-//! mask, if it is a keep-mask or a bias, has contiguous columns (stride 1) run whole blocks of
-//! rows per call into the row kernel, where a streamed row's writes overlap the next row's
-//! passes; other layouts go row by row (gathering strided rows and masks); both give the same
-//! bits.
+//! [`STREAM_MIN_BYTES`] are staged in a per-thread (or per-task) buffer and written with
+//! non-temporal stores so the output costs no read-for-ownership. Rows are spread over threads when
+//! the call has at least [`PAR_MIN_ELEMENTS`] elements. Contiguous tensors (the attention case)
+//! whose mask, if it is a keep-mask or a bias, has contiguous columns (stride 1) run whole blocks
+//! of rows per call into the row kernel, where a streamed row's writes overlap the next row's
+//! passes; other layouts go row by row (gathering strided rows and masks); both give the same bits.
 //!
 //! Files: `mod.rs` (public API, argument checks, row iteration and threading), `row.rs` (row
 //! primitives generic over the ISA, with per-ISA `#[target_feature]` wrappers and dispatch),

@@ -18,24 +18,23 @@
 //!   rows ([`RowsJob::stage`]) deferred into the next row's passes A and B ([`Drain`]), so
 //!   that the row's write stream overlaps the next row's reads and exp.
 //!
-//! Where the time goes (`perf` has no counters on this machine; variants timed best-of-2000
-//! on 64×1024, instructions counted by cachegrind): the exp is ~45 % of it, pass A and pass C
-//! ~17 % each. One exp is a dependency chain of ~35 cycles, so pass B runs [`EXP_UNROLL`]
-//! vectors interleaved per iteration; pass A takes the max of the raw input and scales it
-//! once when `scale > 0` (no multiply per element); pass C is a load, a multiply and a store.
-//! Per row, nothing divides and the f64 logsumexp is only formed when the caller asks for it.
-//! Measured and not kept, as no faster in cache: pass A run during the previous row's pass C,
-//! pass C during the next row's pass B (streamed rows do that: [`Drain`]), the exp
-//! software-pipelined across groups, four sum accumulators, staging the output in L1,
-//! prefetching it for writing. Also (2026-11-30,
-//! best of 4000 calls on 64×1024 causal, base 2.92–2.95 G elem/s): the next row's pass A
-//! folded into pass B (its max and min cost pass B 8 %, so the whole gains 1–2 %: 2.93–3.01,
-//! inside the noise); the passes reordered as B_i, A_{i+1}, C_i so that each pass hides the
-//! previous one's reduction latency (2.93, unchanged: the passes are throughput-bound, not
-//! waiting on the barriers); the exp's tail regrouped to shorten its chain by ~7 cycles
-//! (unchanged). Rows of 256 … 2048 fit `t = 36 ns + n / 3.28 G` per row on the per-row path
-//! (dispatch, job, reductions, the ragged last group: ~10 % at 1024), `t = 13 ns + n / 3.2 G`
-//! on the row-block path ([`RowsJob`]), which keeps only the reductions and the ragged group.
+//! Where the time goes (`perf` has no counters on this machine; variants timed best-of-2000 on
+//! 64×1024, instructions counted by cachegrind): the exp is ~45 % of it, pass A and pass C ~17 %
+//! each. One exp is a dependency chain of ~35 cycles, so pass B runs [`EXP_UNROLL`] vectors
+//! interleaved per iteration; pass A takes the max of the raw input and scales it once when
+//! `scale > 0` (no multiply per element); pass C is a load, a multiply and a store. Per row,
+//! nothing divides and the f64 logsumexp is only formed when the caller asks for it. Measured and
+//! not kept, as no faster in cache: pass A run during the previous row's pass C, pass C during the
+//! next row's pass B (streamed rows do that: [`Drain`]), the exp software-pipelined across groups,
+//! four sum accumulators, staging the output in L1, prefetching it for writing. Also (2026-11-30,
+//! best of 4000 calls on 64×1024 causal, base 2.92–2.95 G elem/s): the next row's pass A folded
+//! into pass B (its max and min cost pass B 8 %, so the whole gains 1–2 %: 2.93–3.01, inside the
+//! noise); the passes reordered as B_i, A_{i+1}, C_i so that each pass hides the previous one's
+//! reduction latency (2.93, unchanged: the passes are throughput-bound, not waiting on the
+//! barriers); the exp's tail regrouped to shorten its chain by ~7 cycles (unchanged). Rows of 256 …
+//! 2048 fit `t = 36 ns + n / 3.28 G` per row on the per-row path (dispatch, job, reductions, the
+//! ragged last group: ~10 % at 1024), `t = 13 ns + n / 3.2 G` on the row-block path ([`RowsJob`]),
+//! which keeps only the reductions and the ragged group.
 //!
 //! `z_j` is recomputed in pass B rather than stored in pass A, which saves one store and one
 //! load per element; both passes compute it by the same [`Logits`] code, so the values agree
@@ -80,7 +79,7 @@ pub(crate) struct RowJob<'a> {
     /// the row's stores to drain).
     pub stage: Option<&'a mut [f32]>,
     /// An input row this thread handles later, prefetched during pass B so that its memory
-    /// traffic overlaps this row's exp (see `PREFETCH_ROWS` in `mod.rs`).
+    /// traffic overlaps this row's exp (see [`PREFETCH_ROWS`]).
     pub next: Option<&'a [f32]>,
     /// Whether the caller wants the row's logsumexp (else `softmax_row` returns 0).
     pub want_lse: bool,
@@ -445,15 +444,17 @@ impl GroupExp for LowExp {
     }
 }
 
-/// The order in which a row several rows ahead is prefetched (`FAR`): the row is cut into
-/// a power of two of equal runs of at most a 4 KiB page each, and the prefetches take one line
-/// of each run in turn (the power of two makes each offset a mask, a shift and a multiply of
-/// a counter: in the streamed row blocks that was 1.6 points of the copy bandwidth faster than
-/// stepping through runs with compares, 7 of 8 paired runs). Each run is then a sequential stream of its own, and the L2 hardware prefetcher
-/// runs ahead on every stream at once: four streams in flight instead of one. On an Ice Lake
-/// Xeon (2026-12-01, 8192×4096 on one thread, medians of 20 calls beside a copy, three runs)
-/// this took the fraction of the copy bandwidth from 58–59 % (rows in order) to 64–67 %;
-/// runs of half a page (62–64 %) or two pages (61–63 %) did no better.
+/// The order in which a row several rows ahead is prefetched (`FAR`): the row is cut into a
+/// power of two of equal runs of at most a 4 KiB page each (a page each for rows of 1, 2, 4, 8
+/// pages; 5 pages make 8 runs of 0.6 page), and the prefetches take one line of each run in
+/// turn. Each run is then a sequential stream of its own, and the L2 hardware prefetcher runs
+/// ahead on every stream at once: four streams in flight instead of one for 16 KiB rows. On an
+/// Ice Lake Xeon (2026-12-01, 8192×4096 on one thread, medians of 20 calls beside a copy,
+/// three runs) this took the fraction of the copy bandwidth from 58–59 % (rows in order) to
+/// 64–67 %; runs of half a page (62–64 %) or two pages (61–63 %) did no better. The power of
+/// two makes each offset a mask, a shift and a multiply of a counter: in the streamed row
+/// blocks that was 1.6 points faster than stepping through the runs with compares (7 of 8
+/// paired runs).
 #[derive(Clone, Copy, Debug)]
 struct FarOrder {
     /// Runs − 1 (runs are a power of two).
@@ -698,7 +699,8 @@ unsafe fn softmax_sum<S: SimdF32, L: Logits<S>>(
     (next, drain): (&[f32], Option<&mut Drain<S>>),
 ) -> f32 {
     let (next, next_len) = (next.as_ptr(), next.len());
-    // SAFETY: nothing pending; only `FAR` passes touch the drain.
+    // SAFETY: `S::ISA` supported (the caller's contract). The empty drain stands in where no
+    // drain is given; only `FAR` passes, which get the caller's, write one.
     let mut none = unsafe { Drain::none() };
     let (far, d) = match drain {
         Some(d) => (true, d),
@@ -775,7 +777,8 @@ unsafe fn scale_pass<S: SimdF32>(w: *const f32, y: *mut f32, n: usize, r: f32) {
 /// Vectors of the pending pass C that a streamed row writes per iteration of its pass A
 /// ([`UNROLL`] vectors read) and per group of its pass B ([`EXP_UNROLL`] vectors): a quarter
 /// of it during pass A (a short pass, reading L2) and the rest during pass B, so that after a
-/// row as long as the previous one nothing is left. On an Ice Lake Xeon (2026-12-01,
+/// row as long as the previous one at most the partial groups' share is left to
+/// [`Drain::finish`]. On an Ice Lake Xeon (2026-12-01,
 /// 8192×4096 on one thread, medians of 15 calls beside a copy, one binary per split run in
 /// turn): 1 and 3 gave 69.9–77.5 % of the copy (median of 8 runs 74.9 %), 2 and 2 67.4–75.8 %
 /// (72.4 %, behind in 7 of 8 pairs), 1 and 2 62–72 %, 1 and 4 65–68 %, 0 and 4 61–64 %:
@@ -820,8 +823,9 @@ impl<S: SimdF32> Drain<S> {
     /// `LANES × 4`-byte boundary now (an ordinary store), the rest later.
     ///
     /// # Safety
-    /// `S::ISA` supported; until the drain is finished, `w` stays valid for `n` reads and
-    /// unwritten, and `y` valid for `n` writes and otherwise untouched; the two do not overlap.
+    /// `S::ISA` supported; `y` aligned to 4 bytes (as any `f32`); until the drain is finished,
+    /// `w` stays valid for `n` reads and unwritten, and `y` valid for `n` writes and otherwise
+    /// untouched; the two do not overlap.
     #[inline(always)]
     unsafe fn new(w: *const f32, y: *mut f32, n: usize, r: f32) -> Self {
         let l = S::LANES;
@@ -942,16 +946,18 @@ unsafe fn special_row<S: SimdF32, L: Logits<S>>(z: &L, n: usize, y: *mut f32, to
 
 /// The fused row: passes A, B, C (module docs). Returns the logsumexp of the row.
 ///
-/// With `STREAM`, pass B writes `stage` and the row's pass C is left in `drain` for the
+/// With `STREAM`, pass B writes `stage` and the row's pass C is left in `*drain` for the
 /// caller to finish (during the next row, or at once), while passes A and B write the
-/// previous row's pending pass C, which `drain` holds on entry (finished before this row
-/// writes anything). Rows with a non-finite max or a NaN sum are written at once.
+/// previous row's pending pass C, which `*drain` holds on entry (finished before this row
+/// writes its output `y`). Rows with a non-finite max or a NaN sum are written at once.
+/// Without `STREAM`, `drain` is not used.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits (reading the input from `y` or not); `y` valid
-/// for `total ≥ n` writes; with `STREAM`, `stage` valid for `n` writes and disjoint from `y`,
-/// both kept (and `stage` unwritten) until the returned drain is finished, and `drain`
-/// satisfying [`Drain::new`] (its rows disjoint from this row's input and output).
+/// for `total ≥ n` writes; with `STREAM`, `stage` valid for `n` writes and reads and disjoint
+/// from `y`, both kept (and `stage` unwritten) until the drain left in `*drain` is finished,
+/// and the drain held on entry satisfying [`Drain::new`], its stage and output disjoint from
+/// this row's input, output and `stage`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>, const STREAM: bool>(
@@ -1231,8 +1237,8 @@ pub(crate) const PREFETCH_ROWS: usize = 4;
 ///
 /// # Safety
 /// `S::ISA` supported; the job's lengths validated by [`softmax_rows`]; `stage` valid for
-/// [`stage_len`]`(cols)` writes and disjoint from the rows; the `L` of row `r` valid for its
-/// `visible(r) ≤ cols` logits.
+/// [`stage_len`]`(cols)` writes and reads and disjoint from the rows; the `L` of row `r` valid
+/// for its `visible(r) ≤ cols` logits.
 #[inline(always)]
 unsafe fn streamed_rows_loop<S: SimdF32, L: Logits<S>>(
     job: RowsJob<'_>,
