@@ -119,6 +119,16 @@ const STREAM_TASK_BYTES: usize = 1 << 20;
 /// per-row path that other layouts still take; `row.rs`'s `DRAIN_PER_A`). The same bytes in
 /// rows of 2048 reached 80 % in one run, in rows of 8192 69 %: the input row and the two stage
 /// rows fill the 48 KiB L1 at 4096 columns and overflow it beyond.
+///
+/// One pass with an online max would drop pass A's read and leave one stage row in L1: each
+/// group of 64 exponentiated against the running max, the sum rescaled when the max grows,
+/// pass C multiplying each group by a factor of its own. Prototyped on the same Xeon
+/// (2026-12-01, 8192×4096 on one thread, medians of 15 calls, one binary with a three-pass
+/// pipeline and a copy: `docs/experiments/online-softmax-2026-12-01.rs`) it was slower: 63–74 %
+/// of the copy in 7 runs, 72–80 % with an L1 prefetch 512 floats ahead (behind in 4 of 5
+/// pairs), against 76–80 % for the three passes in the same 12 runs. Pass A, a light loop,
+/// pulls the row from L2 faster than the exp loop can; and the rescaled rows would have
+/// rounded differently from the in-cache path.
 pub const STREAM_MIN_BYTES: usize = 16 << 20;
 
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
