@@ -635,6 +635,63 @@ fn threaded_equals_sequential_bitwise() {
     }
 }
 
+/// Pass A takes the elements before the input's first vector boundary on their own: a row's
+/// result is the same bits at every alignment of its input, the row's max, its min, a NaN, a
+/// `+∞` or a `−∞` among those first elements or not, every mask kind, in place too.
+#[test]
+fn input_alignment_does_not_change_the_bits() {
+    let cols = 75; // 4 AVX-512 vectors and a tail: the head, the loop and the remainder
+    let base: Vec<f32> = (0..cols).map(|k| ((k * 37 % 23) as f32 - 11.0) * 0.4).collect();
+    let specials = [None, Some(40.0), Some(-40.0), Some(-200.0), Some(f32::NAN)];
+    let specials = specials.into_iter().chain([Some(f32::INFINITY), Some(f32::NEG_INFINITY)]);
+    let keep: Vec<bool> = (0..cols).map(|k| k % 4 != 1).collect();
+    let bias: Vec<f32> =
+        (0..cols).map(|k| if k % 6 == 2 { f32::NEG_INFINITY } else { 0.1 }).collect();
+    let dims = [1, 1, 1, cols];
+    let bcast = Tensor4Layout::strided(dims, [0, 0, 0, 1], 0);
+    let masks = [
+        Mask::None,
+        Mask::Causal { offset: Some(-40) },
+        Mask::Keep { keep: &keep, layout: bcast },
+        Mask::Bias { bias: &bias, layout: bcast },
+    ];
+    for isa in Isa::supported() {
+        for special in specials.clone() {
+            for at in [0, 3, 9, 15] {
+                let mut row = base.clone();
+                if let Some(v) = special {
+                    row[at] = v;
+                }
+                for mask in &masks {
+                    let mut want = None;
+                    for offset in 0..16 {
+                        let mut buf = vec![0.0f32; offset + cols];
+                        buf[offset..].copy_from_slice(&row);
+                        let l = Tensor4Layout::strided(dims, [0, 0, 0, 1], offset);
+                        let mut y = vec![0.0; cols];
+                        let yl = Tensor4Layout::bhsd(1, 1, 1, cols);
+                        let seq = Parallelism::Sequential;
+                        let xv = TensorRef::new(&buf, l);
+                        let yv = TensorMut::new(&mut y, yl);
+                        let mut lse = [0.0];
+                        scale_mask_softmax_with_isa(isa, xv, 0.5, mask, yv, Some(&mut lse), seq)
+                            .unwrap();
+                        let zv = TensorMut::new(&mut buf, l);
+                        scale_mask_softmax_inplace_with_isa(isa, zv, 0.5, mask, None, seq).unwrap();
+                        let got = (bits(&y), bits(&lse));
+                        let what = format!("{isa} {mask:?}, {special:?} at {at}, offset {offset}");
+                        assert_eq!(bits(&buf[offset..]), got.0, "{what}: in place");
+                        match &want {
+                            None => want = Some(got),
+                            Some(w) => assert_eq!(w, &got, "{what}"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Outputs above `STREAM_MIN_BYTES` take the staged, non-temporal path: same bits as computing
 /// each row by itself (small calls never stream), on a misaligned output, on one thread or two.
 #[test]
