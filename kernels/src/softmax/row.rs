@@ -1031,42 +1031,10 @@ unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>, const STREAM: bool>(
     }
 }
 
-/// One row by itself: [`softmax_row_body`], streamed when `stage` is not null and the ISA has
-/// non-temporal stores (the test of `S::HAS_STREAM` comes first so that the portable ISA does
-/// not compile the streamed body at all), with its pass C then written at once.
-///
-/// # Safety
-/// As [`softmax_row_body`] (nothing pending).
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn softmax_row_once<S: SimdF32, L: Logits<S>>(
-    z: &L,
-    scale: f32,
-    n: usize,
-    y: *mut f32,
-    total: usize,
-    stage: *mut f32,
-    next: &[f32],
-    want_lse: bool,
-) -> f32 {
-    // SAFETY: forwarded contract; the drain is finished before returning.
-    unsafe {
-        let mut drain = Drain::none();
-        if S::HAS_STREAM && !stage.is_null() {
-            let v = softmax_row_body::<S, L, true>(
-                z, scale, n, y, total, stage, next, want_lse, &mut drain,
-            );
-            drain.finish();
-            v
-        } else {
-            softmax_row_body::<S, L, false>(
-                z, scale, n, y, total, stage, next, want_lse, &mut drain,
-            )
-        }
-    }
-}
-
-/// Builds the [`Logits`] for a job and runs the fused row.
+/// Builds the [`Logits`] for a job and runs the fused row by itself: [`softmax_row_body`],
+/// streamed when the job has a stage and the ISA has non-temporal stores (the test of
+/// `S::HAS_STREAM` comes first so that the portable ISA does not compile the streamed body at
+/// all), its pass C then written at once.
 ///
 /// # Safety
 /// `S::ISA` supported; the job's lengths validated by [`softmax_row`].
@@ -1078,13 +1046,27 @@ unsafe fn softmax_job<S: SimdF32>(job: RowJob<'_>) -> f32 {
     let yp = y.as_mut_ptr();
     let x = src.map_or(yp as *const f32, <[f32]>::as_ptr);
     let stage = stage.map_or(std::ptr::null_mut(), <[f32]>::as_mut_ptr);
-    // SAFETY: forwarded contract; lengths checked by the caller.
+    // SAFETY: forwarded contract; lengths checked by the caller; the drain is finished
+    // before returning.
     unsafe {
         let sc = S::splat(scale);
-        let row = (scale, n, yp, total, stage, next, want_lse);
+        let mut drain = Drain::none();
+        macro_rules! body {
+            ($z:expr, $stream:literal) => {
+                softmax_row_body::<S, _, $stream>(
+                    &$z, scale, n, yp, total, stage, next, want_lse, &mut drain,
+                )
+            };
+        }
         macro_rules! once {
             ($z:expr) => {
-                softmax_row_once::<S, _>(&$z, row.0, row.1, row.2, row.3, row.4, row.5, row.6)
+                if S::HAS_STREAM && !stage.is_null() {
+                    let v = body!($z, true);
+                    drain.finish();
+                    v
+                } else {
+                    body!($z, false)
+                }
             };
         }
         match mask {
