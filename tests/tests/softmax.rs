@@ -743,7 +743,9 @@ fn streaming_path_equals_row_by_row() {
 /// heads dimension). Every mask kind, out of place and in place, on one thread and two, into
 /// an output that starts off a vector boundary; special rows (a NaN, a `+∞`, all `−∞`, a `±1e30`
 /// spread beyond the table exp, fully masked) sit between ordinary ones, so that a pending
-/// row is written around each of them.
+/// row is written around each of them. Rows start at every page phase, and causal rows grow
+/// by one: each row stages its terms at its own offset from where the previous row's drain
+/// still reads them (each of the two `Drain::clear` calls, removed, makes this fail).
 #[test]
 fn streamed_row_blocks_equal_row_by_row() {
     let (batch, q, cols) = (3, 1359, 1029); // rows start at every alignment
