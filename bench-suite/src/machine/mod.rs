@@ -194,16 +194,16 @@ fn fma_peak(probe: Probe, rounds: u64, threads: usize, budget: &Budget) -> f64 {
 }
 
 /// GB/s (bytes read + written) of copying a `bytes`-byte buffer into another, split evenly over
-/// `threads` threads.
+/// `threads` threads. The buffers are placed as [`Placed::source`] and [`Placed::destination`].
 fn copy_bandwidth(bytes: usize, threads: usize, budget: &Budget) -> f64 {
     let n = bytes / 4;
-    let (mut src_buf, mut dst_buf) = (vec![0.0f32; n + PAGE_FLOATS], vec![0.0f32; n + PAGE_FLOATS]);
-    let src = at_page_phase(&mut src_buf, n, 0);
-    for (i, x) in src.iter_mut().enumerate() {
+    let mut src = Placed::source(n, 0);
+    for (i, x) in src.get_mut().iter_mut().enumerate() {
         *x = i as f32;
     }
-    let src = &*src;
-    let dst = at_page_phase(&mut dst_buf, n, PAGE_BYTES / 2);
+    let src = src.get();
+    let mut dst = Placed::destination(n, 0);
+    let dst = dst.get_mut();
     let chunk = n.div_ceil(threads.max(1)).max(1);
     let stats = Parallelism::threads(threads).install(|| {
         measure(budget, || {
@@ -223,15 +223,46 @@ fn copy_bandwidth(bytes: usize, threads: usize, budget: &Budget) -> f64 {
 const PAGE_BYTES: usize = 4096;
 const PAGE_FLOATS: usize = PAGE_BYTES / 4;
 
-/// The `n`-float window of `buf` (which has `n + PAGE_FLOATS` floats) that starts `phase` bytes
-/// into a 4 KiB page. Source and destination of the copy are placed half a page apart: when
-/// `dst − src` is a small multiple of 4 KiB plus a few bytes, loads falsely depend on earlier
-/// stores (4K aliasing) and a copy runs an order of magnitude slower, which would make the
-/// "peak" depend on where the allocator happened to put the buffers.
-fn at_page_phase(buf: &mut [f32], n: usize, phase: usize) -> &mut [f32] {
-    let addr = buf.as_ptr() as usize;
-    let skip = (phase + PAGE_BYTES - addr % PAGE_BYTES) % PAGE_BYTES / 4;
-    &mut buf[skip..skip + n]
+/// A zeroed buffer of `n` floats placed at a chosen byte offset into a 4 KiB page: the copy
+/// bandwidth's source and destination, and the buffers of kernels compared with it, so that
+/// both run on buffers placed alike. A source starts a page and a destination half a page in:
+/// when `dst − src` is a small multiple of 4 KiB plus a few bytes, loads falsely depend on
+/// earlier stores (4K aliasing) and a copy runs an order of magnitude slower, which would make
+/// the "peak" depend on where the allocator happened to put the buffers.
+pub struct Placed {
+    buf: Vec<f32>,
+    skip: usize,
+    n: usize,
+}
+
+impl Placed {
+    /// `n` floats starting `phase` bytes (a multiple of 4) into a page.
+    fn at(n: usize, phase: usize) -> Self {
+        let buf = vec![0.0f32; n + PAGE_FLOATS];
+        let addr = buf.as_ptr() as usize;
+        let skip = (phase + PAGE_BYTES - addr % PAGE_BYTES) % PAGE_BYTES / 4;
+        Placed { buf, skip, n }
+    }
+
+    /// A source (input) buffer: at the start of a page, then `past` more bytes.
+    pub fn source(n: usize, past: usize) -> Self {
+        Placed::at(n, past)
+    }
+
+    /// A destination (output) buffer: half a page in, then `past` more bytes.
+    pub fn destination(n: usize, past: usize) -> Self {
+        Placed::at(n, PAGE_BYTES / 2 + past)
+    }
+
+    /// The buffer.
+    pub fn get(&self) -> &[f32] {
+        &self.buf[self.skip..self.skip + self.n]
+    }
+
+    /// The buffer, writable.
+    pub fn get_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[self.skip..self.skip + self.n]
+    }
 }
 
 /// The CPU model from `/proc/cpuinfo`, or "unknown".

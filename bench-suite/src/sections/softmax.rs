@@ -3,7 +3,7 @@
 //! iterator version (per row: max, exp and sum, divide) and the reference. The rate is
 //! elements per second; the bandwidth (one read and one write of every element) is compared
 //! with the copy bandwidth for that working set, since a fused softmax is memory-bound once
-//! the rows leave cache.
+//! the rows leave cache, on buffers placed as the copy's are (`run`).
 
 use attn_kernels::Parallelism;
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
@@ -11,6 +11,7 @@ use rayon::prelude::*;
 
 use super::{Ctx, Work};
 use crate::check::{compare, softmax_bound, Rng};
+use crate::machine::Placed;
 use crate::record::Shape;
 
 const OP: &str = "softmax";
@@ -46,21 +47,22 @@ struct Impl {
     call: fn(TensorRef<'_>, &Mask<'_>, TensorMut<'_>, usize) -> Result<()>,
 }
 
+/// Ours, on buffers placed like the copy's (`Placed`).
+const OURS: Impl = Impl { name: "attn-kernels", threaded: true, call: ours };
+/// Ours on the out-of-cache shape with both buffers [`PAST_LINE`] bytes further.
+const OURS_PAST_LINE: Impl = Impl { name: "attn-kernels +16 B", threaded: true, call: ours };
+
+/// Bytes past a cache line at which [`OURS_PAST_LINE`] places its input and output: where this
+/// machine's allocator puts a large `Vec` (glibc maps it, and the chunk's header takes the
+/// first 16 bytes of the page), so that most vector loads straddle two lines.
+const PAST_LINE: usize = 16;
+
+fn ours(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>, t: usize) -> Result<()> {
+    attn_kernels::softmax::scale_mask_softmax(x, SCALE, mask, y, None, Parallelism::threads(t))
+}
+
 const IMPLS: &[Impl] = &[
-    Impl {
-        name: "attn-kernels",
-        threaded: true,
-        call: |x, mask, y, t| {
-            attn_kernels::softmax::scale_mask_softmax(
-                x,
-                SCALE,
-                mask,
-                y,
-                None,
-                Parallelism::threads(t),
-            )
-        },
-    },
+    OURS,
     Impl { name: "unfused", threaded: true, call: |x, mask, y, t| unfused(x, SCALE, mask, y, t) },
     Impl { name: "iterator", threaded: true, call: |x, mask, y, t| iterator(x, SCALE, mask, y, t) },
     Impl {
@@ -263,28 +265,42 @@ fn checks(ctx: &mut Ctx) {
     }
 }
 
-/// Runs the section.
+/// Runs the section. Every case's input and output are placed as the copy bandwidth's source
+/// and destination are (line-aligned, half a page apart: `Placed`), as an engine's tensors
+/// are at least line-aligned; ours also runs the out-of-cache shape [`PAST_LINE`] bytes past
+/// a line.
 pub fn run(ctx: &mut Ctx) {
     checks(ctx);
-    for (rows, cols, causal) in grid(ctx.quick) {
-        let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
-        let x = Rng::new((rows * cols) as u64).vec(layout.len());
-        let mut y = vec![0.0f32; layout.len()];
-        let (mask, label) =
-            if causal { (Mask::Causal { offset: None }, "causal") } else { (Mask::None, "none") };
-        let elems = (rows * cols) as f64;
-        let work = Work::Elems { elems, bytes: 8.0 * elems };
-        for &t in &ctx.threads.clone() {
-            for imp in IMPLS {
-                if (t > 1 && !imp.threaded)
-                    || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS)
-                {
-                    continue;
-                }
-                ctx.bench(OP, imp.name, shape(1, 1, rows, cols, label), t, work, None, || {
-                    (imp.call)(TensorRef::new(&x, layout), &mask, TensorMut::new(&mut y, layout), t)
-                });
+    for case in grid(ctx.quick) {
+        bench_case(ctx, case, IMPLS, 0);
+    }
+    if !ctx.quick {
+        bench_case(ctx, (8192, 4096, false), &[OURS_PAST_LINE], PAST_LINE);
+    }
+}
+
+/// Times `impls` on one case, the input and output `past` bytes past their placement.
+fn bench_case(ctx: &mut Ctx, (rows, cols, causal): Case, impls: &[Impl], past: usize) {
+    let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
+    let mut x = Placed::source(layout.len(), past);
+    x.get_mut().copy_from_slice(&Rng::new((rows * cols) as u64).vec(layout.len()));
+    let x = x.get();
+    let mut y = Placed::destination(layout.len(), past);
+    let y = y.get_mut();
+    let (mask, label) =
+        if causal { (Mask::Causal { offset: None }, "causal") } else { (Mask::None, "none") };
+    let elems = (rows * cols) as f64;
+    let work = Work::Elems { elems, bytes: 8.0 * elems };
+    for &t in &ctx.threads.clone() {
+        for imp in impls {
+            if (t > 1 && !imp.threaded)
+                || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS)
+            {
+                continue;
             }
+            ctx.bench(OP, imp.name, shape(1, 1, rows, cols, label), t, work, None, || {
+                (imp.call)(TensorRef::new(x, layout), &mask, TensorMut::new(&mut *y, layout), t)
+            });
         }
     }
 }
