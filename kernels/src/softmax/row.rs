@@ -1269,7 +1269,11 @@ pub(crate) fn stage_len(cols: usize) -> usize {
 /// calls beside a copy, two runs) that took the fraction of the copy bandwidth from 55 % to
 /// 58.5–59.5 % with AVX-512 and from 57–58 % to 61 % with AVX2; the in-cache next-row
 /// prefetch stays in L1, where `prefetcht1` cost 64×1024 causal 9 % (3.18 → 2.90 G elem/s).
-/// Eight rows ahead did no better once passes were pipelined ([`DRAIN_PER_A`]).
+/// Eight rows ahead did no better once passes were pipelined ([`DRAIN_PER_A`]). With one stage
+/// row ([`stage_len`]), a quarter of these prefetches issued during pass A and the rest during
+/// pass B, as the drain splits its writes, was behind in 8 of 8 alternating runs (85.0 → 83.8
+/// % of the copy, medians); so were prefetches of every second or fourth line only (with two
+/// stage rows: 66–72 % and 59–64 % against 74–80 %).
 pub(crate) const PREFETCH_ROWS: usize = 4;
 
 /// The rows of a streamed [`RowsJob`]: each by [`softmax_row_body`], its pass C left in a
