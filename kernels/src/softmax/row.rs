@@ -539,9 +539,9 @@ impl FarOrder {
 /// `next[..next_len]` along the way, one cache line per 16 floats, in order into L1, or into
 /// L2 in [`FarOrder`] when `FAR` (a row several rows ahead in a streamed call), then also
 /// writing [`DRAIN_PER_B`] vectors of `drain` per whole group, and before each group's stores
-/// as many more as [`Drain::clear`] needs (`w` may be the drain's stage). With `E::MASKED`, `−∞` lanes
-/// give 0 and groups holding a finite difference below `dead_below` (the table's range) take
-/// the full-range exp of `d_scale` times the differences.
+/// as many more as [`Drain::clear`] needs (`w` may be the drain's stage). With `E::MASKED`,
+/// `−∞` lanes give 0 and groups holding a finite difference below `dead_below` (the table's
+/// range) take the full-range exp of `d_scale` times the differences.
 ///
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits, every `z_j − m` in `E`'s domain (for
@@ -814,7 +814,11 @@ unsafe fn scale_pass<S: SimdF32>(w: *const f32, y: *mut f32, n: usize, r: f32) {
 /// turn): 1 and 3 gave 69.9–77.5 % of the copy (median of 8 runs 74.9 %), 2 and 2 67.4–75.8 %
 /// (72.4 %, behind in 7 of 8 pairs), 1 and 2 62–72 %, 1 and 4 65–68 %, 0 and 4 61–64 %:
 /// writing faster than that during the exp stalls it once the write-combining buffers fill.
-/// The rows written after their own pass B, as other layouts still do: 65–69 %.
+/// The rows written after their own pass B, as other layouts still do: 65–69 %. With one
+/// stage row ([`stage_len`], the drain also kept ahead of pass B's stores by
+/// [`Drain::clear`]), in 5 runs: 1 and 3 84.8 % (median), 2 and 3 86.7 %, 1 and 4 90.2 %,
+/// 2 and 2 82.8 %; 1 and 4 against 1 and 3 head to head, ahead in 4 of 8 (85.5 against
+/// 85.3 %): no split measurably better.
 const DRAIN_PER_A: usize = 1;
 /// See [`DRAIN_PER_A`].
 const DRAIN_PER_B: usize = 3;
@@ -1013,10 +1017,11 @@ unsafe fn special_row<S: SimdF32, L: Logits<S>>(z: &L, n: usize, y: *mut f32, to
 /// # Safety
 /// `S::ISA` supported; `z` valid for `n` logits (reading the input from `y` or not); `y` valid
 /// for `total ≥ n` writes; with `STREAM`, `stage` valid for `n` writes and reads and disjoint
-/// from `y`, both kept (and `stage` unwritten) until the drain left in `*drain` is finished,
-/// and the drain held on entry satisfying [`Drain::new`], its output disjoint from this row's
-/// input, output and `stage`, its stage disjoint from this row's input and output (it may
-/// overlap `stage`: pass B stages each group behind the drain, [`Drain::clear`]).
+/// from `y`, both kept (and `stage` written only behind the drain, as [`Drain::new`] requires)
+/// until the drain left in `*drain` is finished, and the drain held on entry satisfying
+/// [`Drain::new`], its output disjoint from this row's input, output and `stage`, its stage
+/// disjoint from this row's input and output (it may overlap `stage`: pass B stages each group
+/// behind the drain, [`Drain::clear`]).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn softmax_row_body<S: SimdF32, L: Logits<S>, const STREAM: bool>(
