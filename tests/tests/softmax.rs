@@ -743,12 +743,21 @@ fn streaming_path_equals_row_by_row() {
 /// heads dimension). Every mask kind, out of place and in place, on one thread and two, into
 /// an output that starts off a vector boundary; special rows (a NaN, a `+∞`, all `−∞`, a `±1e30`
 /// spread beyond the table exp, fully masked) sit between ordinary ones, so that a pending
-/// row is written around each of them. Rows start at every page phase, and causal rows grow
-/// by one: each row stages its terms at its own offset from where the previous row's drain
-/// still reads them (each of the two `Drain::clear` calls, removed, makes this fail).
+/// row is written around each of them. Each row stages its terms at its own offset (in phase
+/// with its output row) from where the previous row's drain still reads them: rows of 1029
+/// columns move the stage 5 floats later per row, rows of 1329 305 floats, both wrapping
+/// back within the page; causal rows grow by one, and with offset 0 each batch's first
+/// one-element row follows a full row whose drain is pending (each of the two `Drain::clear`
+/// calls, removed, makes this fail).
 #[test]
 fn streamed_row_blocks_equal_row_by_row() {
-    let (batch, q, cols) = (3, 1359, 1029); // rows start at every alignment
+    for cols in [1029, 1329] {
+        streamed_row_blocks_case(cols);
+    }
+}
+
+fn streamed_row_blocks_case(cols: usize) {
+    let (batch, q) = (3, 1359); // rows start at every alignment
     let dims = [batch, 1, q, cols];
     let n = batch * q * cols;
     assert!(n * 4 >= attn_kernels::softmax::STREAM_MIN_BYTES);
@@ -772,14 +781,15 @@ fn streamed_row_blocks_equal_row_by_row() {
     let masks = [
         Mask::None,
         Mask::Causal { offset: Some(-5) }, // the first five queries of each batch see nothing
+        Mask::Causal { offset: Some(0) },
         Mask::Keep { keep: &keep, layout: per_query },
         Mask::Bias { bias: &bias, layout: per_query },
     ];
-    let names = ["none", "causal", "keep", "bias"];
+    let names = ["none", "causal -5", "causal 0", "keep", "bias"];
     let two = Parallelism::threads(2);
     for isa in Isa::supported() {
         for (mask, name) in masks.iter().zip(names) {
-            let ctx = &format!("{isa} {name}");
+            let ctx = &format!("{isa} {name}, {cols} columns");
             // Out of place into `y[1..]`, and in place; (output, lse) bits.
             let run = |l: Tensor4Layout, par: Parallelism| {
                 let mut y = vec![0.0; n + 1];

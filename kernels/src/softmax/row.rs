@@ -807,9 +807,10 @@ unsafe fn scale_pass<S: SimdF32>(w: *const f32, y: *mut f32, n: usize, r: f32) {
 
 /// Vectors of the pending pass C that a streamed row writes per iteration of its pass A
 /// ([`UNROLL`] vectors read) and per group of its pass B ([`EXP_UNROLL`] vectors): a quarter
-/// of it during pass A (a short pass, reading L2) and the rest during pass B, so that after a
-/// row as long as the previous one at most the partial groups' share is left to
-/// [`Drain::finish`]. On an Ice Lake Xeon (2026-12-01,
+/// of it during pass A (a short pass, reading L2) and the rest during pass B. In a row as long
+/// as the previous one, this pace keeps the drain ahead of pass B's stores to the shared stage
+/// until the last four groups or so, before each of which [`Drain::clear`] writes about one
+/// vector more. On an Ice Lake Xeon (2026-12-01,
 /// 8192×4096 on one thread, medians of 15 calls beside a copy, one binary per split run in
 /// turn): 1 and 3 gave 69.9–77.5 % of the copy (median of 8 runs 74.9 %), 2 and 2 67.4–75.8 %
 /// (72.4 %, behind in 7 of 8 pairs), 1 and 2 62–72 %, 1 and 4 65–68 %, 0 and 4 61–64 %:
@@ -826,8 +827,10 @@ const DRAIN_PER_B: usize = 3;
 /// A streamed row's pass C, deferred: `y_j = w_j · r` for `j < end`, written with
 /// non-temporal stores a few vectors at a time during the next row's passes A and B
 /// ([`DRAIN_PER_A`], [`DRAIN_PER_B`]), so that the row's write stream overlaps the next
-/// row's reads and exp instead of following them; [`finish`](Self::finish) writes what is
-/// left. Left unfenced: see [`RowJob::stage`].
+/// row's reads and exp instead of following them. The next row stages its terms in the same
+/// buffer, so before each group's stores it makes the drain read past them
+/// ([`clear`](Self::clear)); [`finish`](Self::finish) writes what is left. Left unfenced: see
+/// [`RowJob::stage`].
 pub(crate) struct Drain<S: SimdF32> {
     /// The stage (the row's `exp(z_j − m)`).
     w: *const f32,
@@ -878,8 +881,8 @@ impl<S: SimdF32> Drain<S> {
 
     /// Writes pending vectors until every stage element below `p` has been read, or nothing
     /// is pending. A streamed row's pass B stages its terms in the buffer the previous row's
-    /// drain is still reading ([`streamed_rows_loop`]) and calls this before each store, so
-    /// that no store overtakes the drain. At the drain's pace ([`DRAIN_PER_A`] vectors per
+    /// drain is still reading ([`streamed_rows_loop`]) and calls this before each group's
+    /// stores (and the ragged last group's), so that no store overtakes the drain. At the drain's pace ([`DRAIN_PER_A`] vectors per
     /// iteration of pass A, [`DRAIN_PER_B`] per group of pass B) it is ahead of pass B's
     /// stores in rows of equal length and page phase until the last few groups; this test
     /// makes it hold for any lengths and phases.
