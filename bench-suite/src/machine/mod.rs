@@ -194,15 +194,15 @@ fn fma_peak(probe: Probe, rounds: u64, threads: usize, budget: &Budget) -> f64 {
 }
 
 /// GB/s (bytes read + written) of copying a `bytes`-byte buffer into another, split evenly over
-/// `threads` threads. The buffers are placed as [`Placed::source`] and [`Placed::destination`].
+/// `threads` threads, from a buffer at [`SOURCE_PHASE`] into one at [`DESTINATION_PHASE`].
 fn copy_bandwidth(bytes: usize, threads: usize, budget: &Budget) -> f64 {
     let n = bytes / 4;
-    let mut src = Placed::source(n, 0);
+    let mut src = Placed::at(n, SOURCE_PHASE);
     for (i, x) in src.get_mut().iter_mut().enumerate() {
         *x = i as f32;
     }
     let src = src.get();
-    let mut dst = Placed::destination(n, 0);
+    let mut dst = Placed::at(n, DESTINATION_PHASE);
     let dst = dst.get_mut();
     let chunk = n.div_ceil(threads.max(1)).max(1);
     let stats = Parallelism::threads(threads).install(|| {
@@ -223,12 +223,18 @@ fn copy_bandwidth(bytes: usize, threads: usize, budget: &Budget) -> f64 {
 const PAGE_BYTES: usize = 4096;
 const PAGE_FLOATS: usize = PAGE_BYTES / 4;
 
+/// Where in a 4 KiB page the copy's source starts, and the input of kernels compared with it.
+pub const SOURCE_PHASE: usize = 0;
+/// Where in a page the copy's destination starts, and the output of kernels compared with it:
+/// half a page from the source. When `dst − src` is a small multiple of 4 KiB plus a few
+/// bytes, loads falsely depend on earlier stores (4K aliasing) and a copy runs an order of
+/// magnitude slower, which would make the "peak" depend on where the allocator happened to
+/// put the buffers.
+pub const DESTINATION_PHASE: usize = PAGE_BYTES / 2;
+
 /// A zeroed buffer of `n` floats placed at a chosen byte offset into a 4 KiB page: the copy
-/// bandwidth's source and destination, and the buffers of kernels compared with it, so that
-/// both run on buffers placed alike. A source starts a page and a destination half a page in:
-/// when `dst − src` is a small multiple of 4 KiB plus a few bytes, loads falsely depend on
-/// earlier stores (4K aliasing) and a copy runs an order of magnitude slower, which would make
-/// the "peak" depend on where the allocator happened to put the buffers.
+/// bandwidth's source and destination ([`SOURCE_PHASE`], [`DESTINATION_PHASE`]), and the
+/// buffers of kernels compared with it, so that both run on buffers placed alike.
 pub struct Placed {
     buf: Vec<f32>,
     skip: usize,
@@ -236,22 +242,16 @@ pub struct Placed {
 }
 
 impl Placed {
-    /// `n` floats starting `phase` bytes (a multiple of 4) into a page.
-    fn at(n: usize, phase: usize) -> Self {
+    /// `n` floats starting `phase` bytes into a page (`phase` a multiple of 4, below 4096).
+    pub fn at(n: usize, phase: usize) -> Self {
+        assert!(
+            phase.is_multiple_of(4) && phase < PAGE_BYTES,
+            "phase {phase}: a float offset in a page"
+        );
         let buf = vec![0.0f32; n + PAGE_FLOATS];
         let addr = buf.as_ptr() as usize;
         let skip = (phase + PAGE_BYTES - addr % PAGE_BYTES) % PAGE_BYTES / 4;
         Placed { buf, skip, n }
-    }
-
-    /// A source (input) buffer: at the start of a page, then `past` more bytes.
-    pub fn source(n: usize, past: usize) -> Self {
-        Placed::at(n, past)
-    }
-
-    /// A destination (output) buffer: half a page in, then `past` more bytes.
-    pub fn destination(n: usize, past: usize) -> Self {
-        Placed::at(n, PAGE_BYTES / 2 + past)
     }
 
     /// The buffer.

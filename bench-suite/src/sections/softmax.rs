@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::{Ctx, Work};
 use crate::check::{compare, softmax_bound, Rng};
-use crate::machine::Placed;
+use crate::machine::{Placed, DESTINATION_PHASE, SOURCE_PHASE};
 use crate::record::Shape;
 
 const OP: &str = "softmax";
@@ -49,13 +49,14 @@ struct Impl {
 
 /// Ours, on buffers placed like the copy's (`Placed`).
 const OURS: Impl = Impl { name: "attn-kernels", threaded: true, call: ours };
-/// Ours on the out-of-cache shape with both buffers [`PAST_LINE`] bytes further.
-const OURS_PAST_LINE: Impl = Impl { name: "attn-kernels +16 B", threaded: true, call: ours };
+/// Ours on the out-of-cache shape with input and output placed as plain `Vec`s are
+/// ([`VEC_PHASE`]).
+const OURS_VEC: Impl = Impl { name: "attn-kernels, Vecs", threaded: true, call: ours };
 
-/// Bytes past a cache line at which [`OURS_PAST_LINE`] places its input and output: where this
-/// machine's allocator puts a large `Vec` (glibc maps it, and the chunk's header takes the
-/// first 16 bytes of the page), so that most vector loads straddle two lines.
-const PAST_LINE: usize = 16;
+/// Where this machine's allocator starts a large `Vec` in its page: glibc maps it, and the
+/// chunk's header takes the first 16 bytes. Two such buffers share the page phase, and most of
+/// their vector loads straddle two lines.
+const VEC_PHASE: usize = 16;
 
 fn ours(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>, t: usize) -> Result<()> {
     attn_kernels::softmax::scale_mask_softmax(x, SCALE, mask, y, None, Parallelism::threads(t))
@@ -267,25 +268,30 @@ fn checks(ctx: &mut Ctx) {
 
 /// Runs the section. Every case's input and output are placed as the copy bandwidth's source
 /// and destination are (line-aligned, half a page apart: `Placed`), as an engine's tensors
-/// are at least line-aligned; ours also runs the out-of-cache shape [`PAST_LINE`] bytes past
-/// a line.
+/// are at least line-aligned; ours also runs the out-of-cache shape on buffers placed as
+/// plain `Vec`s are ([`VEC_PHASE`]).
 pub fn run(ctx: &mut Ctx) {
     checks(ctx);
     for case in grid(ctx.quick) {
-        bench_case(ctx, case, IMPLS, 0);
+        bench_case(ctx, case, IMPLS, (SOURCE_PHASE, DESTINATION_PHASE));
     }
     if !ctx.quick {
-        bench_case(ctx, (8192, 4096, false), &[OURS_PAST_LINE], PAST_LINE);
+        bench_case(ctx, (8192, 4096, false), &[OURS_VEC], (VEC_PHASE, VEC_PHASE));
     }
 }
 
-/// Times `impls` on one case, the input and output `past` bytes past their placement.
-fn bench_case(ctx: &mut Ctx, (rows, cols, causal): Case, impls: &[Impl], past: usize) {
+/// Times `impls` on one case, the input and output starting at the given offsets into a page.
+fn bench_case(
+    ctx: &mut Ctx,
+    (rows, cols, causal): Case,
+    impls: &[Impl],
+    (x_phase, y_phase): (usize, usize),
+) {
     let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
-    let mut x = Placed::source(layout.len(), past);
+    let mut x = Placed::at(layout.len(), x_phase);
     x.get_mut().copy_from_slice(&Rng::new((rows * cols) as u64).vec(layout.len()));
     let x = x.get();
-    let mut y = Placed::destination(layout.len(), past);
+    let mut y = Placed::at(layout.len(), y_phase);
     let y = y.get_mut();
     let (mask, label) =
         if causal { (Mask::Causal { offset: None }, "causal") } else { (Mask::None, "none") };
