@@ -58,6 +58,28 @@ const OURS_VEC: Impl = Impl { name: "attn-kernels, Vecs", threaded: true, call: 
 /// their vector loads straddle two lines.
 const VEC_PHASE: usize = 16;
 
+/// The bandwidth roof on the same buffers: `x` copied into `y` (`copy_from_slice`, rows split
+/// over threads), timed right after the implementations of each case. The machine's copy
+/// figure ("% peak") is the best repetition of its own probe; this one is a median, on the
+/// buffers and at the moment of the kernels beside it, so its ratio to ours ("vs peers")
+/// compares like with like on a machine whose speed drifts. Not a softmax: it is left out of
+/// the correctness checks.
+const COPY: Impl = Impl { name: "copy x → y", threaded: true, call: copy };
+
+fn copy(x: TensorRef<'_>, _: &Mask<'_>, y: TensorMut<'_>, t: usize) -> Result<()> {
+    let n = x.layout.len();
+    let (x, y) = (&x.data[..n], &mut y.data[..n]);
+    if t > 1 {
+        let chunk = n.div_ceil(t).max(1);
+        Parallelism::threads(t).install(|| {
+            y.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s))
+        });
+    } else {
+        y.copy_from_slice(x);
+    }
+    Ok(())
+}
+
 fn ours(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>, t: usize) -> Result<()> {
     attn_kernels::softmax::scale_mask_softmax(x, SCALE, mask, y, None, Parallelism::threads(t))
 }
@@ -280,7 +302,8 @@ pub fn run(ctx: &mut Ctx) {
     }
 }
 
-/// Times `impls` on one case, the input and output starting at the given offsets into a page.
+/// Times `impls` and then [`COPY`] on one case, the input and output starting at the given
+/// offsets into a page.
 fn bench_case(
     ctx: &mut Ctx,
     (rows, cols, causal): Case,
@@ -298,7 +321,7 @@ fn bench_case(
     let elems = (rows * cols) as f64;
     let work = Work::Elems { elems, bytes: 8.0 * elems };
     for &t in &ctx.threads.clone() {
-        for imp in impls {
+        for imp in impls.iter().chain([&COPY]) {
             if (t > 1 && !imp.threaded)
                 || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS)
             {
