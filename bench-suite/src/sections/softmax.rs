@@ -65,6 +65,8 @@ const VEC_PHASE: usize = 16;
 /// compares like with like on a machine whose speed drifts. Not a softmax: it is left out of
 /// the correctness checks.
 const COPY: Impl = Impl { name: "copy x → y", threaded: true, call: copy };
+/// [`COPY`] on the buffers of [`OURS_VEC`].
+const COPY_VEC: Impl = Impl { name: "copy x → y, Vecs", threaded: true, call: copy };
 
 fn copy(x: TensorRef<'_>, _: &Mask<'_>, y: TensorMut<'_>, t: usize) -> Result<()> {
     let n = x.layout.len();
@@ -295,19 +297,20 @@ fn checks(ctx: &mut Ctx) {
 pub fn run(ctx: &mut Ctx) {
     checks(ctx);
     for case in grid(ctx.quick) {
-        bench_case(ctx, case, IMPLS, (SOURCE_PHASE, DESTINATION_PHASE));
+        bench_case(ctx, case, IMPLS, &COPY, (SOURCE_PHASE, DESTINATION_PHASE));
     }
     if !ctx.quick {
-        bench_case(ctx, (8192, 4096, false), &[OURS_VEC], (VEC_PHASE, VEC_PHASE));
+        bench_case(ctx, (8192, 4096, false), &[OURS_VEC], &COPY_VEC, (VEC_PHASE, VEC_PHASE));
     }
 }
 
-/// Times `impls` and then [`COPY`] on one case, the input and output starting at the given
+/// Times `impls` and then `copy` on one case, the input and output starting at the given
 /// offsets into a page.
 fn bench_case(
     ctx: &mut Ctx,
     (rows, cols, causal): Case,
     impls: &[Impl],
+    copy: &Impl,
     (x_phase, y_phase): (usize, usize),
 ) {
     let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
@@ -321,7 +324,7 @@ fn bench_case(
     let elems = (rows * cols) as f64;
     let work = Work::Elems { elems, bytes: 8.0 * elems };
     for &t in &ctx.threads.clone() {
-        for imp in impls.iter().chain([&COPY]) {
+        for imp in impls.iter().chain([copy]) {
             if (t > 1 && !imp.threaded)
                 || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS)
             {
