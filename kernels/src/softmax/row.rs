@@ -896,13 +896,24 @@ impl<S: SimdF32> Drain<S> {
         unsafe {
             while self.at < self.end && (self.w.wrapping_add(self.at) as usize) < p as usize {
                 if self.at + l <= self.end {
-                    S::stream(self.y.add(self.at), S::mul(S::load(self.w.add(self.at)), self.r));
+                    self.write(self.at);
                     self.at += l;
                 } else {
                     self.finish();
                 }
             }
         }
+    }
+
+    /// `y_j = w_j · r` for the whole vector at `at`, by a non-temporal store.
+    ///
+    /// # Safety
+    /// `S::ISA` supported; the contract of [`new`](Self::new) still holds; `at` at or after
+    /// the drain's position, with `y + at` aligned and `at + LANES ≤ end`.
+    #[inline(always)]
+    unsafe fn write(&self, at: usize) {
+        // SAFETY: forwarded contract.
+        unsafe { S::stream(self.y.add(at), S::mul(S::load(self.w.add(at)), self.r)) }
     }
 
     /// Up to `K` more whole vectors: one test for all `K` while that many are left.
@@ -912,19 +923,17 @@ impl<S: SimdF32> Drain<S> {
     #[inline(always)]
     unsafe fn step<const K: usize>(&mut self) {
         let l = S::LANES;
-        let (w, y, r) = (self.w, self.y, self.r);
         // SAFETY: every vector written ends at or before `end`, and `y + at` is aligned (see
         // `at`).
         unsafe {
             if self.at + K * l <= self.end {
                 for k in 0..K {
-                    let at = self.at + k * l;
-                    S::stream(y.add(at), S::mul(S::load(w.add(at)), r));
+                    self.write(self.at + k * l);
                 }
                 self.at += K * l;
             } else {
                 while self.at + l <= self.end {
-                    S::stream(y.add(self.at), S::mul(S::load(w.add(self.at)), r));
+                    self.write(self.at);
                     self.at += l;
                 }
             }
@@ -942,7 +951,7 @@ impl<S: SimdF32> Drain<S> {
         // SAFETY: as in `step`; the tail holds `end − at < l` elements.
         unsafe {
             while self.at + l <= self.end {
-                S::stream(self.y.add(self.at), S::mul(S::load(self.w.add(self.at)), self.r));
+                self.write(self.at);
                 self.at += l;
             }
             if self.at < self.end {
