@@ -100,37 +100,65 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 /// Times `f` under `budget` (see the module docs). `f` returns a value that is passed through
 /// `black_box`, so the work it stands for cannot be optimised away.
 pub fn measure<R>(budget: &Budget, mut f: impl FnMut() -> R) -> Stats {
+    let [stats] = measure_alternating(
+        budget,
+        [&mut || {
+            black_box(f());
+        }],
+    );
+    stats
+}
+
+/// Times the closures in `fs` in alternating calls (`f₀, f₁, …, f₀, f₁, …`), as [`measure`]
+/// times one closure with the budget's times multiplied by `K`: warm-up rounds until `K`
+/// warm-up budgets are spent, then timed rounds until the time spent in all of them and the
+/// rounds made meet the budget's tests. Each closure passes what it computes through
+/// `black_box` itself. Implementations timed this way see the same moments of a shared
+/// machine, so the ratio of their medians is not skewed by a slow spell that one of them
+/// happened to fall in.
+pub fn measure_alternating<const K: usize>(
+    budget: &Budget,
+    mut fs: [&mut dyn FnMut(); K],
+) -> [Stats; K] {
+    const { assert!(K > 0, "nothing to time") };
     let start = Instant::now();
     loop {
-        black_box(f());
-        if start.elapsed() >= budget.warmup {
+        for f in fs.iter_mut() {
+            f();
+        }
+        if start.elapsed() >= budget.warmup * K as u32 {
             break;
         }
     }
-    let mut samples = Vec::new();
+    let mut samples: [Vec<f64>; K] = std::array::from_fn(|_| Vec::new());
     let mut spent = Duration::ZERO;
     // A call longer than the whole budget gets two timed repetitions, not `min_reps`: its own
     // duration already averages out short interruptions, and three more of them would blow the
     // report's total time.
+    let k = K as u32;
     let enough = |reps: usize, spent: Duration| {
         reps >= budget.max_reps.max(1)
-            || (reps >= budget.min_reps && spent >= budget.measure)
-            || (reps >= 2 && spent >= 2 * budget.measure)
+            || (reps >= budget.min_reps && spent >= budget.measure * k)
+            || (reps >= 2 && spent >= 2 * budget.measure * k)
     };
-    while !enough(samples.len(), spent) {
-        let t = Instant::now();
-        black_box(f());
-        let dt = t.elapsed();
-        spent += dt;
-        samples.push(dt.as_secs_f64());
+    while !enough(samples[0].len(), spent) {
+        for (f, s) in fs.iter_mut().zip(samples.iter_mut()) {
+            let t = Instant::now();
+            f();
+            let dt = t.elapsed();
+            spent += dt;
+            s.push(dt.as_secs_f64());
+        }
     }
     // Non-empty: the loop runs at least once since max_reps ≥ 1.
-    Stats::from_samples(samples).unwrap_or(Stats {
-        median_s: f64::NAN,
-        q1_s: f64::NAN,
-        q3_s: f64::NAN,
-        min_s: f64::NAN,
-        reps: 0,
+    samples.map(|s| {
+        Stats::from_samples(s).unwrap_or(Stats {
+            median_s: f64::NAN,
+            q1_s: f64::NAN,
+            q3_s: f64::NAN,
+            min_s: f64::NAN,
+            reps: 0,
+        })
     })
 }
 
@@ -184,6 +212,24 @@ mod tests {
         let s = measure(&b, || calls += 1);
         assert_eq!(s.reps, 7);
         assert_eq!(calls, 8); // one warm-up call
+    }
+
+    #[test]
+    fn alternating_calls_take_turns() {
+        let b = Budget {
+            warmup: Duration::ZERO,
+            measure: Duration::from_secs(3600),
+            min_reps: 2,
+            max_reps: 5,
+        };
+        let order = std::cell::RefCell::new(Vec::new());
+        let [a, c] = measure_alternating(
+            &b,
+            [&mut || order.borrow_mut().push('a'), &mut || order.borrow_mut().push('c')],
+        );
+        assert_eq!((a.reps, c.reps), (5, 5));
+        // One warm-up round, then five timed ones, each `a` then `c`.
+        assert_eq!(order.into_inner().iter().collect::<String>(), "ac".repeat(6));
     }
 
     #[test]

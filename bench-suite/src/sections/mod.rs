@@ -11,11 +11,12 @@ pub mod gemm;
 pub mod layers;
 pub mod softmax;
 
+use std::hint::black_box;
 use std::time::Instant;
 
 use crate::check::Verdict;
 use crate::cli::SectionId;
-use crate::harness::{measure, Budget};
+use crate::harness::{measure, measure_alternating, Budget, Stats};
 use crate::machine::{Machine, PeakRef};
 use crate::record::{Check, Measurement, Shape, Unit};
 
@@ -131,6 +132,50 @@ impl Ctx {
             return;
         }
         let stats = measure(&self.budget, || f().is_ok());
+        self.record(op, imp, shape, threads, work, plot, stats);
+    }
+
+    /// Times two implementations of one case in alternating calls ([`measure_alternating`]),
+    /// so that the ratio of their medians compares them at the same moments of a shared
+    /// machine, and records both measurements. A call that returns an error is recorded as a
+    /// failed check and nothing is timed.
+    #[allow(clippy::too_many_arguments)]
+    pub fn bench_alternating<E: std::fmt::Display>(
+        &mut self,
+        op: &'static str,
+        imps: [&'static str; 2],
+        shape: Shape,
+        threads: usize,
+        work: Work,
+        mut f: impl FnMut() -> Result<(), E>,
+        mut g: impl FnMut() -> Result<(), E>,
+    ) {
+        for (imp, r) in imps.into_iter().zip([f(), g()]) {
+            if let Err(e) = r {
+                self.check(op, imp, shape.clone(), threads, Err(e.to_string()));
+                return;
+            }
+        }
+        let [a, b] = measure_alternating(
+            &self.budget,
+            [&mut || drop(black_box(f())), &mut || drop(black_box(g()))],
+        );
+        self.record(op, imps[0], shape.clone(), threads, work, None, a);
+        self.record(op, imps[1], shape, threads, work, None, b);
+    }
+
+    /// Records a measurement of `imp` taking `stats` per call for `work`.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        op: &'static str,
+        imp: &'static str,
+        shape: Shape,
+        threads: usize,
+        work: Work,
+        plot: Option<(String, f64)>,
+        stats: Stats,
+    ) {
         let t = stats.median_s;
         let (unit, rate, gbs, peak_ref) = match work {
             Work::Flops(fl) => (Unit::Gflops, fl / t / 1e9, None, PeakRef::Fma { threads }),

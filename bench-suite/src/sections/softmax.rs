@@ -59,9 +59,9 @@ const OURS_VEC: Impl = Impl { name: "attn-kernels, Vecs", threaded: true, call: 
 const VEC_PHASE: usize = 16;
 
 /// The bandwidth roof on the same buffers: `x` copied into `y` (`copy_from_slice`, rows split
-/// over threads), timed right after the implementations of each case. The machine's copy
-/// figure ("% peak") is the best repetition of its own probe; this one is a median, on the
-/// buffers and at the moment of the kernels beside it, so its ratio to ours ("vs peers")
+/// over threads), timed in calls alternating with ours ([`Ctx::bench_alternating`]). The
+/// machine's copy figure ("% peak") is the best repetition of its own probe; this one is a
+/// median, on the buffers and at the moments of ours, so its ratio to ours ("vs peers")
 /// compares like with like on a machine whose speed drifts. Not a softmax: it is left out of
 /// the correctness checks.
 const COPY: Impl = Impl { name: "copy x → y", threaded: true, call: copy };
@@ -86,8 +86,8 @@ fn ours(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>, t: usize) -> Result
     attn_kernels::softmax::scale_mask_softmax(x, SCALE, mask, y, None, Parallelism::threads(t))
 }
 
-const IMPLS: &[Impl] = &[
-    OURS,
+/// The peers, timed one after the other after ours.
+const PEERS: &[Impl] = &[
     Impl { name: "unfused", threaded: true, call: |x, mask, y, t| unfused(x, SCALE, mask, y, t) },
     Impl { name: "iterator", threaded: true, call: |x, mask, y, t| iterator(x, SCALE, mask, y, t) },
     Impl {
@@ -279,7 +279,7 @@ fn checks(ctx: &mut Ctx) {
             continue;
         }
         let bound = softmax_bound(&xr, SCALE, &want);
-        for imp in IMPLS.iter().filter(|i| i.name != "reference") {
+        for imp in [&OURS].into_iter().chain(PEERS).filter(|i| i.name != "reference") {
             for &t in ctx.threads.clone().iter().filter(|&&t| t == 1 || imp.threaded) {
                 let mut got = vec![f32::NAN; layout.len()];
                 let r = (imp.call)(xr, &mask, TensorMut::new(&mut got, layout), t);
@@ -297,20 +297,21 @@ fn checks(ctx: &mut Ctx) {
 pub fn run(ctx: &mut Ctx) {
     checks(ctx);
     for case in grid(ctx.quick) {
-        bench_case(ctx, case, IMPLS, &COPY, (SOURCE_PHASE, DESTINATION_PHASE));
+        bench_case(ctx, case, [&OURS, &COPY], PEERS, (SOURCE_PHASE, DESTINATION_PHASE));
     }
     if !ctx.quick {
-        bench_case(ctx, (8192, 4096, false), &[OURS_VEC], &COPY_VEC, (VEC_PHASE, VEC_PHASE));
+        let case = (8192, 4096, false);
+        bench_case(ctx, case, [&OURS_VEC, &COPY_VEC], &[], (VEC_PHASE, VEC_PHASE));
     }
 }
 
-/// Times `impls` and then `copy` on one case, the input and output starting at the given
-/// offsets into a page.
+/// Times ours and the copy in alternating calls, then `peers`, on one case, the input and
+/// output starting at the given offsets into a page.
 fn bench_case(
     ctx: &mut Ctx,
     (rows, cols, causal): Case,
-    impls: &[Impl],
-    copy: &Impl,
+    [ours, copy]: [&Impl; 2],
+    peers: &[Impl],
     (x_phase, y_phase): (usize, usize),
 ) {
     let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
@@ -323,16 +324,34 @@ fn bench_case(
         if causal { (Mask::Causal { offset: None }, "causal") } else { (Mask::None, "none") };
     let elems = (rows * cols) as f64;
     let work = Work::Elems { elems, bytes: 8.0 * elems };
+    let shape = shape(1, 1, rows, cols, label);
     for &t in &ctx.threads.clone() {
-        for imp in impls.iter().chain([copy]) {
+        // Both write `y`: each closure borrows it for its own call only.
+        let y = std::cell::RefCell::new(&mut *y);
+        let call = |imp: &Impl| {
+            (imp.call)(
+                TensorRef::new(x, layout),
+                &mask,
+                TensorMut::new(&mut y.borrow_mut(), layout),
+                t,
+            )
+        };
+        ctx.bench_alternating(
+            OP,
+            [ours.name, copy.name],
+            shape.clone(),
+            t,
+            work,
+            || call(ours),
+            || call(copy),
+        );
+        for imp in peers {
             if (t > 1 && !imp.threaded)
                 || (imp.name == "reference" && rows * cols > REFERENCE_MAX_ELEMS)
             {
                 continue;
             }
-            ctx.bench(OP, imp.name, shape(1, 1, rows, cols, label), t, work, None, || {
-                (imp.call)(TensorRef::new(x, layout), &mask, TensorMut::new(&mut *y, layout), t)
-            });
+            ctx.bench(OP, imp.name, shape.clone(), t, work, None, || call(imp));
         }
     }
 }
