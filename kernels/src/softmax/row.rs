@@ -35,7 +35,12 @@
 //! barriers); the exp's tail regrouped to shorten its chain by ~7 cycles (unchanged). Rows of 256 …
 //! 2048 fit `t = 36 ns + n / 3.28 G` per row on the per-row path (dispatch, job, reductions, the
 //! ragged last group: ~10 % at 1024), `t = 13 ns + n / 3.2 G` on the row-block path ([`RowsJob`]),
-//! which keeps only the reductions and the ragged group.
+//! which keeps only the reductions and the ragged group. On the streamed path (2026-12-02,
+//! 8192×4096 on one thread, medians of 15 calls beside a copy, two binaries alternating in 14
+//! runs): the next row's pass A folded into this row's pass B, on its own loads of the next
+//! row, with the whole drain written during pass B: no faster (medians 64.5 and 68.8 % of the
+//! copy against 66.0 and 69.7 %, ahead in 5 of 14 runs). A separate pass A is not where the
+//! streamed row loses time to a copy.
 //!
 //! `z_j` is recomputed in pass B rather than stored in pass A, which saves one store and one
 //! load per element; both passes compute it by the same [`Logits`] code, so the values agree
