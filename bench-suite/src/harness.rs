@@ -3,8 +3,11 @@
 //! A measurement is: warm-up calls until a warm-up budget is spent (at least one, so caches,
 //! page faults, lazily built thread pools and packing buffers are paid before timing), then
 //! timed calls until the measurement budget is spent and at least [`Budget::min_reps`] calls
-//! were made (two for calls longer than the budget). Each call is timed on its own; the report quotes the median (robust to the
-//! interruptions of a shared machine) and the quartiles as the spread.
+//! were made (two for calls longer than the budget). Each call is timed on its own; the report
+//! quotes the median (robust to the interruptions of a shared machine) and the quartiles as the
+//! spread. Two implementations whose ratio is the figure to read (a kernel and the copy that
+//! bounds it) can be timed in alternating calls instead ([`measure_alternating`]), so that a
+//! slow spell of the machine falls on both.
 //!
 //! Threads are pinned with `core_affinity`: the main thread to the first core, and the workers
 //! of each `attn_kernels` thread pool (the pools every multi-threaded implementation in the
@@ -132,9 +135,9 @@ pub fn measure_alternating<const K: usize>(
     }
     let mut samples: [Vec<f64>; K] = std::array::from_fn(|_| Vec::new());
     let mut spent = Duration::ZERO;
-    // A call longer than the whole budget gets two timed repetitions, not `min_reps`: its own
-    // duration already averages out short interruptions, and three more of them would blow the
-    // report's total time.
+    // A round of calls longer than the whole (K-fold) budget gets two timed repetitions, not
+    // `min_reps`: its own duration already averages out short interruptions, and three more of
+    // them would blow the report's total time.
     let k = K as u32;
     let enough = |reps: usize, spent: Duration| {
         reps >= budget.max_reps.max(1)
@@ -225,11 +228,20 @@ mod tests {
         let order = std::cell::RefCell::new(Vec::new());
         let [a, c] = measure_alternating(
             &b,
-            [&mut || order.borrow_mut().push('a'), &mut || order.borrow_mut().push('c')],
+            [
+                &mut || {
+                    order.borrow_mut().push('a');
+                    std::thread::sleep(Duration::from_millis(2));
+                },
+                &mut || order.borrow_mut().push('c'),
+            ],
         );
         assert_eq!((a.reps, c.reps), (5, 5));
         // One warm-up round, then five timed ones, each `a` then `c`.
         assert_eq!(order.into_inner().iter().collect::<String>(), "ac".repeat(6));
+        // Each closure's times come back in its own place: only `a` sleeps.
+        assert!(a.min_s >= 0.002, "{a:?}");
+        assert!(c.median_s < 0.002, "{c:?}");
     }
 
     #[test]

@@ -137,31 +137,38 @@ impl Ctx {
 
     /// Times two implementations of one case in alternating calls ([`measure_alternating`]),
     /// so that the ratio of their medians compares them at the same moments of a shared
-    /// machine, and records both measurements. A call that returns an error is recorded as a
-    /// failed check and nothing is timed.
+    /// machine, and records both measurements. An implementation whose first call returns an
+    /// error is recorded as a failed check instead, and the other is timed alone, as
+    /// [`bench`](Self::bench) would.
     #[allow(clippy::too_many_arguments)]
     pub fn bench_alternating<E: std::fmt::Display>(
         &mut self,
         op: &'static str,
-        imps: [&'static str; 2],
+        [fa, ga]: [&'static str; 2],
         shape: Shape,
         threads: usize,
         work: Work,
         mut f: impl FnMut() -> Result<(), E>,
         mut g: impl FnMut() -> Result<(), E>,
     ) {
-        for (imp, r) in imps.into_iter().zip([f(), g()]) {
-            if let Err(e) = r {
-                self.check(op, imp, shape.clone(), threads, Err(e.to_string()));
-                return;
-            }
+        let (fr, gr) = (f(), g());
+        if fr.is_ok() && gr.is_ok() {
+            let [a, b] = measure_alternating(
+                &self.budget,
+                [&mut || drop(black_box(f())), &mut || drop(black_box(g()))],
+            );
+            self.record(op, fa, shape.clone(), threads, work, None, a);
+            self.record(op, ga, shape, threads, work, None, b);
+            return;
         }
-        let [a, b] = measure_alternating(
-            &self.budget,
-            [&mut || drop(black_box(f())), &mut || drop(black_box(g()))],
-        );
-        self.record(op, imps[0], shape.clone(), threads, work, None, a);
-        self.record(op, imps[1], shape, threads, work, None, b);
+        match fr {
+            Err(e) => self.check(op, fa, shape.clone(), threads, Err(e.to_string())),
+            Ok(()) => self.bench(op, fa, shape.clone(), threads, work, None, &mut f),
+        }
+        match gr {
+            Err(e) => self.check(op, ga, shape, threads, Err(e.to_string())),
+            Ok(()) => self.bench(op, ga, shape, threads, work, None, &mut g),
+        }
     }
 
     /// Records a measurement of `imp` taking `stats` per call for `work`.
