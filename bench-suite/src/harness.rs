@@ -103,42 +103,36 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 /// Times `f` under `budget` (see the module docs). `f` returns a value that is passed through
 /// `black_box`, so the work it stands for cannot be optimised away.
 pub fn measure<R>(budget: &Budget, mut f: impl FnMut() -> R) -> Stats {
-    let [stats] = measure_alternating(
-        budget,
-        [&mut || {
-            black_box(f());
-        }],
-    );
-    stats
+    let stats = measure_alternating(budget, &mut [&mut f]);
+    stats[0]
 }
 
 /// Times the closures in `fs` in alternating calls (`f₀, f₁, …, f₀, f₁, …`), as [`measure`]
-/// times one closure with the budget's times multiplied by `K`: warm-up rounds until `K`
-/// warm-up budgets are spent, then timed rounds until the time spent in all of them and the
-/// rounds made meet the budget's tests. Each closure passes what it computes through
-/// `black_box` itself. Implementations timed this way see the same moments of a shared
-/// machine, so the ratio of their medians is not skewed by a slow spell that one of them
-/// happened to fall in.
-pub fn measure_alternating<const K: usize>(
-    budget: &Budget,
-    mut fs: [&mut dyn FnMut(); K],
-) -> [Stats; K] {
-    const { assert!(K > 0, "nothing to time") };
+/// times one closure with the budget's times multiplied by their number: warm-up rounds
+/// until that many warm-up budgets are spent, then timed rounds until the time spent in all of
+/// them and the rounds made meet the budget's tests. What each call returns is passed through
+/// `black_box`. Implementations timed this way see the same moments of a shared machine, so
+/// the ratio of their medians is not skewed by a slow spell that one of them happened to fall
+/// in. Returns one summary per closure, in order (none for no closure).
+pub fn measure_alternating<R>(budget: &Budget, fs: &mut [&mut dyn FnMut() -> R]) -> Vec<Stats> {
+    if fs.is_empty() {
+        return Vec::new();
+    }
+    let k = fs.len() as u32;
     let start = Instant::now();
     loop {
         for f in fs.iter_mut() {
-            f();
+            black_box(f());
         }
-        if start.elapsed() >= budget.warmup * K as u32 {
+        if start.elapsed() >= budget.warmup * k {
             break;
         }
     }
-    let mut samples: [Vec<f64>; K] = std::array::from_fn(|_| Vec::new());
+    let mut samples = vec![Vec::new(); fs.len()];
     let mut spent = Duration::ZERO;
-    // A round of calls longer than the whole (K-fold) budget gets two timed repetitions, not
+    // A round of calls longer than the whole (k-fold) budget gets two timed repetitions, not
     // `min_reps`: its own duration already averages out short interruptions, and three more of
     // them would blow the report's total time.
-    let k = K as u32;
     let enough = |reps: usize, spent: Duration| {
         reps >= budget.max_reps.max(1)
             || (reps >= budget.min_reps && spent >= budget.measure * k)
@@ -147,22 +141,25 @@ pub fn measure_alternating<const K: usize>(
     while !enough(samples[0].len(), spent) {
         for (f, s) in fs.iter_mut().zip(samples.iter_mut()) {
             let t = Instant::now();
-            f();
+            black_box(f());
             let dt = t.elapsed();
             spent += dt;
             s.push(dt.as_secs_f64());
         }
     }
     // Non-empty: the loop runs at least once since max_reps ≥ 1.
-    samples.map(|s| {
-        Stats::from_samples(s).unwrap_or(Stats {
-            median_s: f64::NAN,
-            q1_s: f64::NAN,
-            q3_s: f64::NAN,
-            min_s: f64::NAN,
-            reps: 0,
+    samples
+        .into_iter()
+        .map(|s| {
+            Stats::from_samples(s).unwrap_or(Stats {
+                median_s: f64::NAN,
+                q1_s: f64::NAN,
+                q3_s: f64::NAN,
+                min_s: f64::NAN,
+                reps: 0,
+            })
         })
-    })
+        .collect()
 }
 
 /// Cores this process may run on (at least one entry, even when the OS does not say).
@@ -226,9 +223,9 @@ mod tests {
             max_reps: 5,
         };
         let order = std::cell::RefCell::new(Vec::new());
-        let [a, c] = measure_alternating(
+        let s = measure_alternating(
             &b,
-            [
+            &mut [
                 &mut || {
                     order.borrow_mut().push('a');
                     std::thread::sleep(Duration::from_millis(2));
@@ -236,12 +233,14 @@ mod tests {
                 &mut || order.borrow_mut().push('c'),
             ],
         );
+        let [a, c] = s[..] else { panic!("{s:?}") };
         assert_eq!((a.reps, c.reps), (5, 5));
         // One warm-up round, then five timed ones, each `a` then `c`.
         assert_eq!(order.into_inner().iter().collect::<String>(), "ac".repeat(6));
         // Each closure's times come back in its own place: only `a` sleeps.
         assert!(a.min_s >= 0.002, "{a:?}");
         assert!(c.median_s < 0.002, "{c:?}");
+        assert!(measure_alternating::<()>(&b, &mut []).is_empty());
     }
 
     #[test]

@@ -11,12 +11,11 @@ pub mod gemm;
 pub mod layers;
 pub mod softmax;
 
-use std::hint::black_box;
 use std::time::Instant;
 
 use crate::check::Verdict;
 use crate::cli::SectionId;
-use crate::harness::{measure, measure_alternating, Budget, Stats};
+use crate::harness::{measure_alternating, Budget};
 use crate::machine::{Machine, PeakRef};
 use crate::record::{Check, Measurement, Shape, Unit};
 
@@ -50,6 +49,9 @@ pub enum Work {
     /// Bytes that must be read per call; compared with the copy bandwidth.
     Bytes(f64),
 }
+
+/// One call of an implementation being timed, its error as text.
+pub type Call<'a> = &'a mut dyn FnMut() -> Result<(), String>;
 
 /// Shared state of a run: options, machine figures, results, progress.
 pub struct Ctx {
@@ -127,99 +129,78 @@ impl Ctx {
         plot: Option<(String, f64)>,
         mut f: impl FnMut() -> Result<(), E>,
     ) {
-        if let Err(e) = f() {
-            self.check(op, imp, shape, threads, Err(e.to_string()));
-            return;
-        }
-        let stats = measure(&self.budget, || f().is_ok());
-        self.record(op, imp, shape, threads, work, plot, stats);
+        let f = &mut || f().map_err(|e| e.to_string());
+        self.bench_alternating(op, shape, threads, work, plot, &mut [(imp, f)]);
     }
 
-    /// Times two implementations of one case in alternating calls ([`measure_alternating`]),
-    /// so that the ratio of their medians compares them at the same moments of a shared
-    /// machine, and records both measurements. An implementation whose first call returns an
-    /// error is recorded as a failed check instead, and the other is timed alone, as
-    /// [`bench`](Self::bench) would.
-    #[allow(clippy::too_many_arguments)]
-    pub fn bench_alternating<E: std::fmt::Display>(
+    /// Times implementations of one case in alternating calls ([`measure_alternating`]), so
+    /// that the ratios of their medians compare them at the same moments of a shared machine,
+    /// and records each measurement (with `plot` as [`bench`](Self::bench) takes it). An
+    /// implementation whose first call returns an error is recorded as a failed check instead,
+    /// and the others are timed without it.
+    pub fn bench_alternating(
         &mut self,
         op: &'static str,
-        [fa, ga]: [&'static str; 2],
-        shape: Shape,
-        threads: usize,
-        work: Work,
-        mut f: impl FnMut() -> Result<(), E>,
-        mut g: impl FnMut() -> Result<(), E>,
-    ) {
-        let (fr, gr) = (f(), g());
-        if fr.is_ok() && gr.is_ok() {
-            let [a, b] = measure_alternating(
-                &self.budget,
-                [&mut || drop(black_box(f())), &mut || drop(black_box(g()))],
-            );
-            self.record(op, fa, shape.clone(), threads, work, None, a);
-            self.record(op, ga, shape, threads, work, None, b);
-            return;
-        }
-        match fr {
-            Err(e) => self.check(op, fa, shape.clone(), threads, Err(e.to_string())),
-            Ok(()) => self.bench(op, fa, shape.clone(), threads, work, None, &mut f),
-        }
-        match gr {
-            Err(e) => self.check(op, ga, shape, threads, Err(e.to_string())),
-            Ok(()) => self.bench(op, ga, shape, threads, work, None, &mut g),
-        }
-    }
-
-    /// Records a measurement of `imp` taking `stats` per call for `work`.
-    #[allow(clippy::too_many_arguments)]
-    fn record(
-        &mut self,
-        op: &'static str,
-        imp: &'static str,
         shape: Shape,
         threads: usize,
         work: Work,
         plot: Option<(String, f64)>,
-        stats: Stats,
+        imps: &mut [(&'static str, Call<'_>)],
     ) {
-        let t = stats.median_s;
-        let (unit, rate, gbs, peak_ref) = match work {
-            Work::Flops(fl) => (Unit::Gflops, fl / t / 1e9, None, PeakRef::Fma { threads }),
-            Work::Elems { elems, bytes } => (
-                Unit::GelemS,
-                elems / t / 1e9,
-                Some(bytes / t / 1e9),
-                PeakRef::Copy { threads, working_set: bytes as usize },
-            ),
-            Work::Bytes(b) => {
-                (Unit::Gbs, b / t / 1e9, None, PeakRef::Copy { threads, working_set: b as usize })
+        let mut live = Vec::new();
+        let mut calls: Vec<Call<'_>> = Vec::new();
+        for (imp, f) in imps.iter_mut() {
+            match f() {
+                Ok(()) => {
+                    live.push(*imp);
+                    calls.push(&mut **f);
+                }
+                Err(e) => self.check(op, imp, shape.clone(), threads, Err(e)),
             }
-        };
-        let peak = self.machine.peak(peak_ref);
-        let pct_peak = 100.0 * gbs.unwrap_or(rate) / peak.value;
-        self.progress.log(&format!(
-            "{op}: {imp:<16} {:<22} t={threads}  {:>9.3} ms ±{:.0}%  {rate:>7.2} {}  {pct_peak:>3.0}% of {}",
-            shape.label(),
-            t * 1e3,
-            stats.spread() * 100.0,
-            unit.header(),
-            peak.what,
-        ));
-        self.measurements.push(Measurement {
-            op,
-            imp,
-            shape,
-            threads,
-            stats,
-            unit,
-            rate,
-            gbs,
-            pct_peak,
-            peak: peak.what,
-            peak_ref,
-            plot,
-        });
+        }
+        let stats = measure_alternating(&self.budget, &mut calls);
+        for (imp, stats) in live.into_iter().zip(stats) {
+            let t = stats.median_s;
+            let (unit, rate, gbs, peak_ref) = match work {
+                Work::Flops(fl) => (Unit::Gflops, fl / t / 1e9, None, PeakRef::Fma { threads }),
+                Work::Elems { elems, bytes } => (
+                    Unit::GelemS,
+                    elems / t / 1e9,
+                    Some(bytes / t / 1e9),
+                    PeakRef::Copy { threads, working_set: bytes as usize },
+                ),
+                Work::Bytes(b) => (
+                    Unit::Gbs,
+                    b / t / 1e9,
+                    None,
+                    PeakRef::Copy { threads, working_set: b as usize },
+                ),
+            };
+            let peak = self.machine.peak(peak_ref);
+            let pct_peak = 100.0 * gbs.unwrap_or(rate) / peak.value;
+            self.progress.log(&format!(
+                "{op}: {imp:<16} {:<22} t={threads}  {:>9.3} ms ±{:.0}%  {rate:>7.2} {}  {pct_peak:>3.0}% of {}",
+                shape.label(),
+                t * 1e3,
+                stats.spread() * 100.0,
+                unit.header(),
+                peak.what,
+            ));
+            self.measurements.push(Measurement {
+                op,
+                imp,
+                shape: shape.clone(),
+                threads,
+                stats,
+                unit,
+                rate,
+                gbs,
+                pct_peak,
+                peak: peak.what,
+                peak_ref,
+                plot: plot.clone(),
+            });
+        }
     }
 }
 

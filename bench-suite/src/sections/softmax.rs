@@ -9,7 +9,7 @@ use attn_kernels::Parallelism;
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
 use rayon::prelude::*;
 
-use super::{Ctx, Work};
+use super::{Call, Ctx, Work};
 use crate::check::{compare, softmax_bound, Rng};
 use crate::machine::{Placed, DESTINATION_PHASE, L3_WORKING_SET, SOURCE_PHASE};
 use crate::record::Shape;
@@ -346,8 +346,10 @@ fn bench_case(
             )
         };
         if out_of_cache {
-            let imps = [ours.name, copy.name];
-            ctx.bench_alternating(OP, imps, shape.clone(), t, work, || call(ours), || call(copy));
+            let mut a = || call(ours).map_err(|e| e.to_string());
+            let mut b = || call(copy).map_err(|e| e.to_string());
+            let imps: &mut [(_, Call<'_>)] = &mut [(ours.name, &mut a), (copy.name, &mut b)];
+            ctx.bench_alternating(OP, shape.clone(), t, work, None, imps);
         } else {
             for imp in [ours, copy] {
                 ctx.bench(OP, imp.name, shape.clone(), t, work, None, || call(imp));
