@@ -125,9 +125,12 @@ const STREAM_TASK_BYTES: usize = 1 << 20;
 /// What is left is the passes' memory traffic, not their arithmetic. With the input at a page
 /// start and the output half a page on (as the report places them and the copy), in one binary
 /// per variant, alternating (medians of 15 calls beside a copy median, 8192×4096, one thread,
-/// four to eight runs each): the kernel reached 76–80 % of the copy, and a skeleton of it with
-/// the exp and the stage stores removed 76–80 % too. Writing the drain in four page-interleaved
-/// runs, as glibc's copy writes, made the skeleton slower (67–72 % against 76–80 %).
+/// four to eight runs each), before the single stage row: the kernel reached 76–80 % of the
+/// copy, and a skeleton of it with the exp and the stage stores removed 76–80 % too. Writing the
+/// drain in four page-interleaved runs, as glibc's copy writes, made the skeleton slower (67–72
+/// % against 76–80 %). After it, beside a `memcpy` of the kernel's own buffers: the kernel
+/// 89–91 %, its three passes without the exp 88–100 %, a max pass then a non-temporal copy
+/// 84–95 %, that copy alone 101–112 %; the second read of each row is what remains.
 ///
 /// One pass with an online max would drop pass A's read and leave one stage row in L1: each
 /// group of 64 exponentiated against the running max, the sum rescaled when the max grows,

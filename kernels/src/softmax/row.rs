@@ -887,10 +887,10 @@ impl<S: SimdF32> Drain<S> {
     /// Writes pending vectors until every stage element below `p` has been read, or nothing
     /// is pending. A streamed row's pass B stages its terms in the buffer the previous row's
     /// drain is still reading ([`streamed_rows_loop`]) and calls this before each group's
-    /// stores (and the ragged last group's), so that no store overtakes the drain. At the drain's pace ([`DRAIN_PER_A`] vectors per
-    /// iteration of pass A, [`DRAIN_PER_B`] per group of pass B) it is ahead of pass B's
-    /// stores in rows of equal length and page phase until the last few groups; this test
-    /// makes it hold for any lengths and phases.
+    /// stores (and the ragged last group's), so that no store overtakes the drain. At the
+    /// drain's pace ([`DRAIN_PER_A`] vectors per iteration of pass A, [`DRAIN_PER_B`] per group
+    /// of pass B) it is ahead of pass B's stores in rows of equal length and page phase until
+    /// the last few groups; this test makes it hold for any lengths and phases.
     ///
     /// # Safety
     /// As [`step`](Self::step).
