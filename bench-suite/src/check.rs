@@ -9,15 +9,9 @@ use attn_reference::{
     LayerNormWeights, Mask, MatLayout, MatMut, MatRef, Result, Tensor4Layout, TensorMut, TensorRef,
 };
 
-/// Unit roundoff of f32.
-pub const U: f64 = 1.0 / (1u64 << 24) as f64;
-/// Slack on the dot-product bound γ·k·u: the classic bound is k·u for any summation order
-/// (blocked and pairwise orders do better); 2 covers the FMA-vs-separate rounding difference.
-pub const GAMMA: f64 = 2.0;
-/// Error of a vectorised `exp`, in units of u, that the softmax and attention bounds allow.
-/// Polynomial exps in SIMD kernels are typically within 1–3 ULP; 8 leaves margin without
-/// hiding a real bug (a wrong mask or a lost rescale is off by far more than 8 ULP).
-pub const EXP_ULPS: f64 = 8.0;
+pub use attn_tests::numerics::{GAMMA, U};
+/// The kernels' exp error in units of u (their published ULP bounds, from the numerics kit).
+pub const EXP_ULPS: f64 = attn_tests::numerics::EXP_REL / U;
 /// Absolute slack for results that underflow f32 (a probability below the smallest normal may
 /// flush to zero or keep a few subnormal bits).
 pub const TINY: f64 = 2.0 * f32::MIN_POSITIVE as f64;

@@ -4,22 +4,34 @@
 //! - [`arch`]: CPU feature detection and the cached ISA choice (AVX-512F, AVX2+FMA, portable);
 //! - [`par`]: the threading policy shared by all kernels;
 //! - [`gemm`]: cache-blocked SGEMM (loop nest, packing, per-ISA micro-kernels);
+//! - [`math`]: elementwise functions (GELU) with stated error bounds;
 //! - [`softmax`]: fused scale-mask-softmax with a vectorised exp;
-//! - [`attention`]: flash-style streaming attention and the decode path.
+//! - [`attention`]: flash-style streaming attention and the decode path;
+//! - [`layers`]: multi-head and cross-attention, the encoder block, layer norm, positional
+//!   encodings;
+//! - [`ffi`]: the C ABI (`include/attn_kernels.h`).
 //!
-//! Shapes, masks and errors are the reference crate's ([`attn_reference`]), re-exported here,
-//! so a call that the reference rejects is rejected here with the same error.
+//! The vocabulary (strided views, masks, errors and argument checks, layer configs and
+//! weights) is the `attn-core` crate's, re-exported here whole: the naive reference
+//! (`attn-reference`) takes the same types and runs the same checks, so a call that it rejects
+//! is rejected here with the same error. The product does not link the reference.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub mod arch;
 pub mod attention;
 pub mod gemm;
+pub mod math;
 pub mod par;
 pub mod softmax;
 
 pub use arch::Isa;
-pub use attn_reference::{Error, Mask, MatLayout, Result, Tensor4Layout};
+pub use attn_core::{
+    check_attention, check_eps, checked_product, default_scale, expect_dim, expect_finite,
+    Activation, EncoderConfig, EncoderWeights, Error, FeedForwardWeights, LayerNormWeights, Mask,
+    MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, PositionalEncoding, Result, Tensor4Layout,
+    TensorMut, TensorRef,
+};
 pub use par::Parallelism;
 pub mod ffi;
 pub mod layers;

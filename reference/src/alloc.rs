@@ -9,12 +9,7 @@ use crate::error::{Error, Result};
 
 const TOO_BIG: &str = "the sizes imply a scratch buffer that cannot be allocated";
 
-/// The product of `dims`, or an error naming `arg` when it overflows `usize`.
-pub(crate) fn product(arg: &'static str, dims: &[usize]) -> Result<usize> {
-    dims.iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or(Error::InvalidParameter { arg, requirement: TOO_BIG })
-}
+pub(crate) use attn_core::checked_product as product;
 
 /// A vector of `n` copies of `fill`, or an error naming `arg` when it cannot be allocated.
 pub(crate) fn filled<T: Clone>(arg: &'static str, n: usize, fill: T) -> Result<Vec<T>> {

@@ -2,71 +2,33 @@
 //! self-attention + residual + layer norm, then a two-layer feed-forward + residual + layer norm.
 
 use crate::alloc;
-use crate::error::{expect_dim, Result};
+use crate::error::Result;
 use crate::linear::linear;
 use crate::mask::Mask;
-use crate::mha::{multi_head_attention, MhaConfig, MhaWeights};
-use crate::norm::{check_eps, layer_norm, LayerNormWeights};
+pub use attn_core::layers::{Activation, EncoderConfig, EncoderWeights, FeedForwardWeights};
+
+use crate::mha::multi_head_attention;
+use crate::norm::layer_norm;
 use crate::shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
 
-/// The feed-forward activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Activation {
-    /// `max(x, 0)`, the original transformer's choice (the default).
-    #[default]
-    Relu,
-    /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (BERT, GPT-2).
-    GeluTanh,
-}
-
-impl Activation {
-    /// The activation of `x`, in f64. NaN stays NaN for both.
-    pub fn apply(self, x: f64) -> f64 {
-        match self {
-            // `x.max(0.0)` would turn NaN into 0; keep it visible.
-            Activation::Relu => {
-                if x < 0.0 {
-                    0.0
-                } else {
-                    x
-                }
-            }
-            Activation::GeluTanh => {
-                let c = (2.0 / std::f64::consts::PI).sqrt();
-                0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+/// The activation `act` of `x`, in f64. NaN stays NaN for both.
+pub fn activate(act: Activation, x: f64) -> f64 {
+    match act {
+        // `x.max(0.0)` would turn NaN into 0; keep it visible.
+        Activation::Relu => {
+            if x < 0.0 {
+                0.0
+            } else {
+                x
             }
         }
-    }
-}
-
-/// Caller-owned weights of the two-layer feed-forward: `w1: [d, ff]`, `b1: [ff]`,
-/// `w2: [ff, d_out]`, `b2: [d_out]`.
-#[derive(Clone, Copy, Debug)]
-pub struct FeedForwardWeights<'a> {
-    /// First layer, `[d, ff]`.
-    pub w1: MatRef<'a>,
-    /// First bias, `[ff]`.
-    pub b1: Option<&'a [f32]>,
-    /// Second layer, `[ff, d_out]`.
-    pub w2: MatRef<'a>,
-    /// Second bias, `[d_out]`.
-    pub b2: Option<&'a [f32]>,
-}
-
-impl FeedForwardWeights<'_> {
-    /// Checks the shapes against input width `d`, hidden width `ff` and output width `d_out`,
-    /// and the views against their slices. Errors name `w1`, `b1`, `w2`, `b2`.
-    pub fn check(&self, d: usize, ff: usize, d_out: usize) -> Result<()> {
-        self.w1.layout.expect_shape("w1", d, ff)?;
-        self.w2.layout.expect_shape("w2", ff, d_out)?;
-        if let Some(b) = self.b1 {
-            expect_dim("b1", "len", ff, b.len())?;
+        // 0.5·x·(1 + tanh(y)) = x / (1 + e^(−2y)): the same function, written so that it does
+        // not cancel where tanh(y) → −1 (in f64, 1 + tanh(y) has lost every digit by x = −7.5,
+        // where the f32 result is still a normal number).
+        Activation::GeluTanh => {
+            let y = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            x / (1.0 + (-2.0 * y).exp())
         }
-        if let Some(b) = self.b2 {
-            expect_dim("b2", "len", d_out, b.len())?;
-        }
-        self.w1.check("w1")?;
-        self.w2.check("w2")
     }
 }
 
@@ -94,59 +56,9 @@ pub fn feed_forward(
     let mut hidden = alloc::zeros("hidden", &[n, ff])?;
     linear(x, w.w1, w.b1, MatMut::row_major(&mut hidden, n, ff))?;
     for v in &mut hidden {
-        *v = act.apply(f64::from(*v)) as f32;
+        *v = activate(act, f64::from(*v)) as f32;
     }
     linear(MatRef::row_major(&hidden, n, ff), w.w2, w.b2, y)
-}
-
-/// The shape of an encoder block: a self-attention layer (`attn.kv_in_dim = attn.in_dim`), the
-/// feed-forward hidden width, its activation, and the layer-norm epsilon (finite, ≥ 0).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct EncoderConfig {
-    /// The self-attention layer; its `in_dim` is the model width `d`.
-    pub attn: MhaConfig,
-    /// Feed-forward hidden width.
-    pub ff_dim: usize,
-    /// Feed-forward activation.
-    pub activation: Activation,
-    /// Layer-norm epsilon, shared by both norms.
-    pub eps: f32,
-}
-
-impl EncoderConfig {
-    /// Checks the attention config, that it is self-attention, and the epsilon.
-    pub fn check(&self) -> Result<()> {
-        self.attn.check()?;
-        expect_dim("cfg", "kv_in_dim", self.attn.in_dim, self.attn.kv_in_dim)?;
-        check_eps(self.eps)
-    }
-}
-
-/// Caller-owned weights of an encoder block.
-#[derive(Clone, Copy, Debug)]
-pub struct EncoderWeights<'a> {
-    /// Self-attention weights.
-    pub attn: MhaWeights<'a>,
-    /// Layer norm after the attention residual (`[d]` each).
-    pub norm1: LayerNormWeights<'a>,
-    /// Feed-forward weights (`w1: [d, ff_dim]`, `w2: [ff_dim, d]`).
-    pub ff: FeedForwardWeights<'a>,
-    /// Layer norm after the feed-forward residual (`[d]` each).
-    pub norm2: LayerNormWeights<'a>,
-}
-
-impl EncoderWeights<'_> {
-    /// Checks every weight against `cfg`. Errors name the weight (`wq` …, `norm1.gamma`,
-    /// `norm2.beta`, `w1` …).
-    pub fn check(&self, cfg: &EncoderConfig) -> Result<()> {
-        let d = cfg.attn.in_dim;
-        self.attn.check(&cfg.attn)?;
-        expect_dim("norm1.gamma", "len", d, self.norm1.gamma.len())?;
-        expect_dim("norm1.beta", "len", d, self.norm1.beta.len())?;
-        self.ff.check(d, cfg.ff_dim, d)?;
-        expect_dim("norm2.gamma", "len", d, self.norm2.gamma.len())?;
-        expect_dim("norm2.beta", "len", d, self.norm2.beta.len())
-    }
 }
 
 /// One post-norm transformer encoder block ("Attention Is All You Need", §3.1), for each batch

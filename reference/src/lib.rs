@@ -5,9 +5,10 @@
 //! once. Each function's doc comment states its formula and conventions. The optimised
 //! `attn-kernels` crate is proven equivalent to these functions by property tests and fuzzing.
 //!
-//! The shape descriptors ([`shape`]), masks ([`mask`]) and error type ([`error`]) defined here
-//! are the vocabulary of the whole workspace; the kernels reuse them, and their layers take the
-//! same config and weight descriptors ([`MhaConfig`], [`MhaWeights`], [`EncoderConfig`], …).
+//! The shape descriptors ([`shape`]), masks ([`mask`]), error type ([`error`]) and the layers'
+//! config and weight descriptors ([`MhaConfig`], [`MhaWeights`], [`EncoderConfig`], …) are the
+//! `attn-core` crate's, the vocabulary the kernels share; they are re-exported here so that a
+//! caller of the reference needs one import.
 //!
 //! | module | operations |
 //! | --- | --- |
@@ -36,23 +37,23 @@
 mod alloc;
 pub mod attention;
 pub mod encoder;
-pub mod error;
 pub mod linear;
-pub mod mask;
 pub mod matmul;
 pub mod mha;
 pub mod norm;
 pub mod posenc;
 pub mod scores;
-pub mod shape;
 pub mod softmax;
+
+pub use attn_core::{error, mask, shape};
 
 pub use error::{Error, Result};
 pub use mask::Mask;
 pub use shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
 
 pub use encoder::{
-    encoder_block, feed_forward, Activation, EncoderConfig, EncoderWeights, FeedForwardWeights,
+    activate, encoder_block, feed_forward, Activation, EncoderConfig, EncoderWeights,
+    FeedForwardWeights,
 };
 pub use linear::linear;
 pub use mha::{cross_attention, multi_head_attention, MhaConfig, MhaWeights};

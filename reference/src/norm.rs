@@ -1,25 +1,9 @@
 //! Layer normalisation over the last dimension.
 
-use crate::error::{expect_dim, expect_finite, Error, Result};
+pub use attn_core::layers::{check_eps, LayerNormWeights};
+
+use crate::error::{expect_dim, Result};
 use crate::shape::{MatMut, MatRef};
-
-/// The learned affine parameters of a layer norm over `d` features.
-#[derive(Clone, Copy, Debug)]
-pub struct LayerNormWeights<'a> {
-    /// Scale γ, `[d]`.
-    pub gamma: &'a [f32],
-    /// Shift β, `[d]`.
-    pub beta: &'a [f32],
-}
-
-/// Checks a layer-norm epsilon: finite and ≥ 0.
-pub fn check_eps(eps: f32) -> Result<()> {
-    expect_finite("eps", eps)?;
-    if eps < 0.0 {
-        return Err(Error::InvalidParameter { arg: "eps", requirement: "must be >= 0" });
-    }
-    Ok(())
-}
 
 /// Layer norm of each row of `x: [n, d]` into `y: [n, d]`:
 /// `y_rj = (x_rj − μ_r) / √(σ²_r + eps) · γ_j + β_j` with `μ_r = Σ_j x_rj / d` and the biased

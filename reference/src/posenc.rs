@@ -1,26 +1,10 @@
 //! Positional encodings: the sinusoidal table of "Attention Is All You Need" and a learned
 //! table, each added to a batch of sequences.
 
-use crate::error::{expect_dim, Error, Result};
-use crate::shape::{MatMut, MatRef, TensorMut, TensorRef};
+pub use attn_core::layers::PositionalEncoding;
 
-/// Which position vectors `e_pos` are added to the input.
-#[derive(Clone, Copy, Debug)]
-pub enum PositionalEncoding<'a> {
-    /// `e_pos` from [`sinusoidal`]; the first row of every sequence is position `start`
-    /// (non-zero when continuing a sequence, e.g. behind a KV cache).
-    Sinusoidal {
-        /// Position of the first row.
-        start: usize,
-    },
-    /// A learned table `[max_pos, d]`: row `start + s` is added to sequence position `s`.
-    Learned {
-        /// The table.
-        table: MatRef<'a>,
-        /// Table row of the first sequence position.
-        start: usize,
-    },
-}
+use crate::error::{expect_dim, Error, Result};
+use crate::shape::{MatMut, TensorMut, TensorRef};
 
 /// Sinusoidal encoding value for position `pos`, feature `j` of width `d`:
 /// `PE(pos, 2i) = sin(pos / 10000^(2i/d))`, `PE(pos, 2i+1) = cos(pos / 10000^(2i/d))`.

@@ -25,10 +25,7 @@
 use attn_kernels::{Mask, Parallelism, Tensor4Layout};
 use attn_reference::{TensorMut, TensorRef};
 
-/// Unit roundoff of f32.
-pub const U: f64 = 1.0 / 16_777_216.0;
-/// The small constant of the bounds (see the module docs).
-pub const GAMMA: f64 = 2.0;
+pub use crate::numerics::{GAMMA, U};
 
 /// How a mask is built for a case.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -31,7 +31,7 @@ use attn_reference::softmax::softmax_row;
 use attn_reference::{Mask, MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
 
 /// Unit roundoff of f32 (shared with the GEMM bound).
-pub use crate::gemm_support::U;
+pub use crate::numerics::U;
 
 /// Sentinel elements on each side of every output slice.
 pub const GUARD: usize = 16;
@@ -47,19 +47,11 @@ const MAX_SLICE: usize = 1 << 18;
 /// the f64 reference stays fast.
 const MAX_WORK: usize = 1 << 18;
 
-/// Constant γ of the bounds: covers the second-order terms and the two roundings per term of an
-/// unfused multiply-add.
-const GAMMA: f64 = 2.0;
-
-/// Relative error allowed for the kernels' vectorised exp: 2 ULP (the softmax kernel states 1).
-pub const EXP_REL: f64 = 4.0 * U;
+use crate::numerics::{EXP_REL, GAMMA, SUBNORMAL_ULP as TINY};
 
 /// Magnitude above which an f32 intermediate may overflow (half of `f32::MAX`, leaving room for
 /// the rounding of the value itself and one more addition).
 const OVERFLOW: f64 = f32::MAX as f64 / 2.0;
-
-/// Smallest positive subnormal f32, the absolute rounding error of results that underflow.
-const TINY: f64 = 1.401_298_464_324_817e-45;
 
 /// Smallest positive normal f32: the error of an exp that flushes its subnormal results to 0.
 const MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;

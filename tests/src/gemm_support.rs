@@ -3,8 +3,7 @@
 
 use attn_reference::MatLayout;
 
-/// Unit roundoff of f32.
-pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+pub use crate::numerics::U;
 
 /// A small deterministic generator (xorshift64*), so proptest only has to shrink a seed.
 #[derive(Clone, Debug)]
@@ -112,11 +111,10 @@ pub fn bound(
     i: usize,
     j: usize,
 ) -> f64 {
-    const GAMMA: f64 = 2.0;
     let k = la.cols;
     let abs: f64 =
         (0..k).map(|p| (a[la.index(i, p)] as f64 * b[lb.index(p, j)] as f64).abs()).sum();
     let mag =
         alpha.abs() as f64 * abs + if beta == 0.0 { 0.0 } else { (beta * c_before).abs() as f64 };
-    GAMMA * (k as f64 + 3.0) * U * mag
+    crate::numerics::dot_bound(k, mag)
 }

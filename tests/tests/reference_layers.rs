@@ -6,7 +6,7 @@ use attn_reference::attention::attention;
 use attn_reference::*;
 use attn_tests::reference_support::{assert_rel_close, assert_within, SplitMix};
 
-const U: f64 = 1.0 / (1u64 << 24) as f64; // f32 unit roundoff
+use attn_tests::numerics::U;
 
 #[test]
 fn linear_with_bias_and_pytorch_weight_layout() {
@@ -188,9 +188,18 @@ fn feed_forward_activations() {
     let gelu = |x: f64| {
         0.5 * x * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3))).tanh())
     };
-    assert!((Activation::GeluTanh.apply(1.0) - 0.8411919906082768).abs() < 1e-15);
-    assert!(Activation::Relu.apply(f64::NAN).is_nan());
-    assert!(Activation::GeluTanh.apply(f64::NAN).is_nan());
+    assert!(
+        (attn_reference::activate(Activation::GeluTanh, 1.0) - 0.8411919906082768).abs() < 1e-15
+    );
+    // The reference evaluates x / (1 + e^(−2y)), the same function as the tanh form, which
+    // rounds `1 + tanh` to f64 and so is off by up to about |x|·2⁻⁵³: the two agree to that.
+    for i in -300..=300 {
+        let x = f64::from(i) / 100.0;
+        let (r, t) = (attn_reference::activate(Activation::GeluTanh, x), gelu(x));
+        assert!((r - t).abs() <= 4.0 * f64::EPSILON * x.abs(), "gelu({x}): {r} vs {t}");
+    }
+    assert!(attn_reference::activate(Activation::Relu, f64::NAN).is_nan());
+    assert!(attn_reference::activate(Activation::GeluTanh, f64::NAN).is_nan());
     assert_eq!(Activation::default(), Activation::Relu);
     // x [1, 2] · I₂ + b1 → [1, −2] → act → · [[2], [3]] + 0.5.
     let w1 = [1., 0., 0., 1.];

@@ -10,7 +10,7 @@ use attn_reference::*;
 use proptest::prelude::*;
 use proptest::sample::select;
 
-const U: f64 = 1.0 / (1u64 << 24) as f64; // f32 unit roundoff
+use attn_tests::numerics::U;
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig { cases, ..ProptestConfig::default() }

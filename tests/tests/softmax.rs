@@ -27,8 +27,7 @@ use attn_reference::softmax as reference;
 use attn_reference::{MatMut, MatRef, TensorMut, TensorRef};
 use proptest::prelude::*;
 
-const U: f64 = 1.0 / (1u64 << 24) as f64;
-const SUBNORMAL: f64 = 1.401_298_464_324_817e-45; // 2^−149
+use attn_tests::numerics::{SUBNORMAL_ULP as SUBNORMAL, U};
 
 fn gamma(n: usize) -> f64 {
     let nu = n as f64 * U;

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use attn_reference::{Error, Result};
+use attn_core::{Error, Result};
 
 /// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

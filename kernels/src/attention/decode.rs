@@ -17,7 +17,7 @@
 
 use rayon::prelude::*;
 
-use attn_reference::{Mask, TensorMut};
+use attn_core::{Mask, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_CHUNKS_PER_THREAD, DECODE_MIN_CHUNK};
 use super::simd::{

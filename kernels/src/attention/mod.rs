@@ -16,7 +16,7 @@
 //!
 //! [`attention`] / [`attention_with_isa`] pick the decode path for `Nq ≤ 16` and the flash path
 //! otherwise. Every entry point has the semantics, checks and errors of
-//! [`attn_reference::attention::attention`] (they share [`check_attention`]): any strides (so
+//! `attn_reference::attention::attention` (they share [`check_attention`]): any strides (so
 //! `[b, s, h, d]` and `[b, h, s, d]` storage both work without copies), `Nq ≠ Nk`, `d_k ≠ d_v`,
 //! GQA/MQA (query head `h` reads K/V head `h / (H_q / H_kv)`, no copies), every [`Mask`]; a
 //! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine.
@@ -38,12 +38,12 @@
 mod blocking;
 mod decode;
 mod flash;
-mod simd;
+pub(crate) mod simd;
 mod sink;
 mod unfused;
 
-use attn_reference::attention::check_attention;
-use attn_reference::{Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef};
+use attn_core::attention::check_attention;
+use attn_core::{Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef};
 
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
@@ -56,7 +56,7 @@ use simd::Strided;
 /// `o: [batch, hq, nq, dv]` as strided views; `mask` over `[batch, hq, nq, nk]`; when given,
 /// `lse` (`batch·hq·nq` floats, row-major over `[batch, hq, nq]`) receives
 /// `ln Σ_j exp(scale·q_i·k_j + mask_ij)`. `scale` must be finite (see
-/// [`attn_reference::attention::default_scale`]).
+/// [`default_scale`](attn_core::default_scale)).
 ///
 /// Errors: those of [`check_attention`] (shapes, bounds, aliasing output, zero heads, K/V heads
 /// not dividing query heads, non-finite scale, `lse` length).

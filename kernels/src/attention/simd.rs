@@ -62,6 +62,8 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn sub(self, a: Self::V, b: Self::V) -> Self::V;
     /// `a · b`.
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`, correctly rounded.
+    fn div(self, a: Self::V, b: Self::V) -> Self::V;
     /// `a · b + c` (fused on x86, one rounding).
     fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// Lane-wise maximum; when either lane is NaN the result is `b`'s lane (the x86 `maxps`
@@ -393,6 +395,10 @@ impl Simd for Portable {
         a * b
     }
     #[inline(always)]
+    fn div(self, a: Self::V, b: Self::V) -> Self::V {
+        a / b
+    }
+    #[inline(always)]
     fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
         a.mul_add(b, c)
     }
@@ -499,6 +505,10 @@ mod x86 {
             unsafe { _mm512_mul_ps(a, b) }
         }
         #[inline(always)]
+        fn div(self, a: __m512, b: __m512) -> __m512 {
+            unsafe { _mm512_div_ps(a, b) }
+        }
+        #[inline(always)]
         fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
             unsafe { _mm512_fmadd_ps(a, b, c) }
         }
@@ -594,6 +604,10 @@ mod x86 {
         #[inline(always)]
         fn mul(self, a: __m256, b: __m256) -> __m256 {
             unsafe { _mm256_mul_ps(a, b) }
+        }
+        #[inline(always)]
+        fn div(self, a: __m256, b: __m256) -> __m256 {
+            unsafe { _mm256_div_ps(a, b) }
         }
         #[inline(always)]
         fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {

@@ -12,7 +12,7 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use attn_reference::Tensor4Layout;
+use attn_core::Tensor4Layout;
 
 /// Row writer over the output tensor and the logsumexp vector.
 pub(crate) struct Sink<'a> {

@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use attn_reference::{MatLayout, MatMut, MatRef, Result};
+use attn_core::{MatLayout, MatMut, MatRef, Result};
 
 use super::simd::{axpy, exp_row, vectorize, Kernel, Simd};
 use super::sink::Sink;

@@ -1,7 +1,7 @@
 //! The only `unsafe` of the C ABI: turning the caller's pointers and the lengths implied by
 //! their views into slices, and the overlap check that makes `&`/`&mut` pairs sound.
 
-use attn_reference::{Error, MatLayout, Tensor4Layout};
+use attn_core::{Error, MatLayout, Tensor4Layout};
 
 /// Why a C call failed before or inside the Rust API.
 pub(crate) enum Failure {

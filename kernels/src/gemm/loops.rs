@@ -16,7 +16,7 @@
 
 use rayon::prelude::*;
 
-use attn_reference::MatRef;
+use attn_core::MatRef;
 
 use super::blocking::PAR_MIN_MNK;
 use super::pack::{pack_a, pack_b, with_buf, Slot};

@@ -23,7 +23,7 @@
 //! not reach the result. `α = 0` or `k = 0` means `A·B` is not computed, as in BLAS: `C ← β·C`
 //! (NaN or ∞ in A or B then do not matter). α and β must be finite. Nothing outside C's view
 //! is written, nothing outside the three views is read. Errors are the reference's
-//! ([`attn_reference::matmul::matmul`]): [`Error::ShapeMismatch`] naming `b` rows / `c`
+//! (`attn_reference::matmul::matmul`): [`Error::ShapeMismatch`] naming `b` rows / `c`
 //! rows / cols, [`Error::OutOfBounds`], [`Error::IndexOverflow`], [`Error::AliasedOutput`],
 //! [`Error::NonFinite`] for α / β, and `InvalidParameter { arg: "isa" }` for an ISA this CPU
 //! lacks.
@@ -56,8 +56,8 @@ mod loops;
 pub(crate) mod pack;
 pub(crate) mod ukernel;
 
-use attn_reference::error::{expect_dim, expect_finite};
-use attn_reference::{Error, MatLayout, MatMut, MatRef, Result};
+use attn_core::error::{expect_dim, expect_finite};
+use attn_core::{Error, MatLayout, MatMut, MatRef, Result};
 
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
@@ -71,7 +71,7 @@ use ukernel::{kernel_for, Kernel};
 ///
 /// ```
 /// use attn_kernels::{gemm::sgemm, MatLayout, Parallelism};
-/// use attn_reference::{MatMut, MatRef};
+/// use attn_kernels::{MatMut, MatRef};
 /// let a = [1.0, 2.0, 3.0, 4.0]; // 2×2 row-major
 /// let b = [5.0, 6.0, 7.0, 8.0];
 /// let mut c = [0.0; 4];

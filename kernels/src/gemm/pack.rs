@@ -11,7 +11,7 @@
 
 use std::cell::Cell;
 
-use attn_reference::MatRef;
+use attn_core::MatRef;
 
 /// A growable f32 buffer whose slices start on a 64-byte boundary (one cache line, one zmm), so
 /// B panels are read with aligned vector loads. Grows only; reused across calls.

@@ -10,7 +10,7 @@
 //!
 //! The attention is done with S before the feed-forward needs it, so the two share it.
 
-use attn_reference::{
+use attn_core::{
     Activation, EncoderConfig, EncoderWeights, FeedForwardWeights, Mask, MatLayout, MatMut, MatRef,
     Result, Tensor4Layout, TensorMut, TensorRef,
 };
@@ -40,13 +40,12 @@ allocating_form! {
     workspace: feed_forward_workspace_len(x.layout.rows, w.w1.layout.cols);
 }
 
-/// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` ([`attn_reference::feed_forward`]), the
+/// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` (`attn_reference::feed_forward`), the
 /// hidden layer `[n, ff]` in `workspace` (at least [`feed_forward_workspace_len`] elements).
 ///
 /// Both layers are [`linear`] calls (GEMM with the bias folded in). The activation is applied
-/// in place on the hidden layer: ReLU keeps NaN (`x < 0 ? 0 : x`), GELU (tanh form) is
-/// evaluated in f64 and rounded once, as in the reference, so only the GEMMs' f32 accumulation
-/// separates the two.
+/// in place on the hidden layer: ReLU keeps NaN (`x < 0 ? 0 : x`), GELU (tanh form) is the
+/// vectorised [`gelu_tanh`](crate::math::gelu_tanh), within its stated bound of the exact value.
 ///
 /// Errors: those of the reference, in the same order; then a too-short `workspace`.
 pub fn feed_forward_in(
@@ -82,7 +81,7 @@ fn activate(h: &mut [f32], act: Activation) {
     match act {
         // Not `max(0.0)`, which would turn NaN into 0.
         Activation::Relu => h.iter_mut().for_each(|v| *v = if *v < 0.0 { 0.0 } else { *v }),
-        Activation::GeluTanh => h.iter_mut().for_each(|v| *v = act.apply(f64::from(*v)) as f32),
+        Activation::GeluTanh => crate::math::gelu_tanh(h),
     }
 }
 
@@ -107,7 +106,7 @@ allocating_form! {
     workspace: encoder_workspace_len(cfg, x.layout.batch(), x.layout.seq());
 }
 
-/// One post-norm transformer encoder block ([`attn_reference::encoder_block`]), for each batch
+/// One post-norm transformer encoder block (`attn_reference::encoder_block`), for each batch
 /// `b` with `X = x[b]: [n, d]`:
 ///
 /// `H = LayerNorm₁(X + MultiHeadAttention(X, mask))`,

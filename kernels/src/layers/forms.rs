@@ -16,7 +16,7 @@ macro_rules! allocating_form {
         workspace: $len:expr;
     ) => {
         $(#[$attr])*
-        pub fn $name($($arg: $ty,)+ par: $crate::par::Parallelism) -> ::attn_reference::Result<()> {
+        pub fn $name($($arg: $ty,)+ par: $crate::par::Parallelism) -> ::attn_core::Result<()> {
             $checks?;
             let mut ws = $crate::layers::workspace::alloc($len)?;
             $name_in($($arg,)+ &mut ws, par)
@@ -47,7 +47,7 @@ macro_rules! layer_type {
 
         impl<'w> $Name<'w> {
             $(#[$new_doc])*
-            pub fn new($cfg: $Cfg, $weights: $W<'w>) -> ::attn_reference::Result<Self> {
+            pub fn new($cfg: $Cfg, $weights: $W<'w>) -> ::attn_core::Result<Self> {
                 $($checks;)*
                 $cfg.check()?;
                 $weights.check(&$cfg)?;
@@ -66,7 +66,7 @@ macro_rules! layer_type {
                 &self,
                 $($arg: $ty,)+
                 par: $crate::par::Parallelism,
-            ) -> ::attn_reference::Result<()> {
+            ) -> ::attn_core::Result<()> {
                 $fwd(&self.cfg, &self.weights, $($arg,)+ par)
             }
             #[doc = concat!("[`", stringify!($fwd_in), "`] with this ", $noun, "'s weights.")]
@@ -75,7 +75,7 @@ macro_rules! layer_type {
                 $($arg: $ty,)+
                 workspace: &mut [f32],
                 par: $crate::par::Parallelism,
-            ) -> ::attn_reference::Result<()> {
+            ) -> ::attn_core::Result<()> {
                 $fwd_in(&self.cfg, &self.weights, $($arg,)+ workspace, par)
             }
         }

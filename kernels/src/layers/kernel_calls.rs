@@ -2,7 +2,7 @@
 //! attention kernel ([`attention`], which picks its decode path for few queries and the flash
 //! path otherwise). Nothing else in `layers` multiplies matrices or computes attention.
 
-use attn_reference::{Mask, Result, TensorMut, TensorRef};
+use attn_core::{Mask, Result, TensorMut, TensorRef};
 
 pub(crate) use crate::gemm::sgemm;
 use crate::par::Parallelism;

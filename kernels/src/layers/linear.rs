@@ -1,7 +1,7 @@
 //! The linear layer `y = x·W + b` on the GEMM.
 
-use attn_reference::error::expect_dim;
-use attn_reference::{MatMut, MatRef, Result};
+use attn_core::error::expect_dim;
+use attn_core::{MatMut, MatRef, Result};
 
 use super::kernel_calls::sgemm;
 use crate::par::Parallelism;
@@ -10,7 +10,7 @@ use crate::par::Parallelism;
 /// [`crate::gemm::sgemm`] call, the bias broadcast into `y` first and accumulated with
 /// β = 1 (so the bias costs one pass over `y` and no second read of the product).
 ///
-/// Same conventions as [`attn_reference::linear()`]: the weight is stored `[in, out]` (a PyTorch
+/// Same conventions as `attn_reference::linear()`: the weight is stored `[in, out]` (a PyTorch
 /// `[out, in]` weight is its transposed view, no copy); `in = 0` gives `y = b` (or 0); `n = 0`
 /// writes nothing. Accumulation is in f32, so each element is within `γ·in·u·(Σ|x||W| + |b|)`
 /// of the exact value. Allocates nothing (the GEMM's packing buffers aside).

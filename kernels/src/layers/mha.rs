@@ -21,8 +21,8 @@
 
 use std::ptr;
 
-use attn_reference::error::expect_dim;
-use attn_reference::{
+use attn_core::error::expect_dim;
+use attn_core::{
     Mask, MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Result, Tensor4Layout, TensorMut,
     TensorRef,
 };
@@ -69,7 +69,7 @@ allocating_form! {
 /// `head_h = softmax(Q_h·K_gᵀ / √k_dim + mask)·V_g` with `g = h / (num_heads / kv_heads)`;
 /// `y[b] = concat_h(head_h)·Wo + bo`
 ///
-/// (the reference's [`attn_reference::multi_head_attention`], same conventions: `x`, `y` are
+/// (the reference's `attn_reference::multi_head_attention`, same conventions: `x`, `y` are
 /// `[batch, 1, n, in_dim]`, the mask addresses `[batch, num_heads, n, n]`, a fully masked row
 /// gives `y = bo`). `workspace` must hold [`mha_workspace_len`]`(cfg, batch, n, n)` elements;
 /// its contents on entry do not matter and on return are unspecified. No activation buffer is
@@ -113,7 +113,7 @@ allocating_form! {
 /// `Q = X1·Wq + bq`, `K = X2·Wk + bk`, `V = X2·Wv + bv`;
 /// `head_h = softmax(Q_h·K_gᵀ / √k_dim + mask)·V_g`; `y[b] = concat_h(head_h)·Wo + bo`
 ///
-/// (the reference's [`attn_reference::cross_attention`]; the mask addresses
+/// (the reference's `attn_reference::cross_attention`; the mask addresses
 /// `[batch, num_heads, n1, n2]`). `workspace` must hold
 /// [`mha_workspace_len`]`(cfg, batch, n1, n2)` elements. K and V are one GEMM when `wk` and
 /// `wv` are adjacent column blocks of one buffer.

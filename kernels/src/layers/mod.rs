@@ -29,11 +29,11 @@ pub mod mha;
 pub mod norm;
 pub mod posenc;
 
-pub use attn_reference::{
+pub use attn_core::{
     Activation, EncoderConfig, EncoderWeights, FeedForwardWeights, LayerNormWeights, MhaConfig,
     MhaWeights, PositionalEncoding,
 };
-pub use attn_reference::{MatMut, MatRef, TensorMut, TensorRef};
+pub use attn_core::{MatMut, MatRef, TensorMut, TensorRef};
 pub use encoder::{
     encoder_block, encoder_block_in, encoder_workspace_len, feed_forward, feed_forward_in,
     feed_forward_workspace_len, EncoderLayer,

@@ -1,8 +1,8 @@
 //! Layer norm over the last dimension, in f32.
 
-use attn_reference::error::expect_dim;
-use attn_reference::norm::check_eps;
-use attn_reference::{LayerNormWeights, MatMut, MatRef, Result};
+use attn_core::check_eps;
+use attn_core::error::expect_dim;
+use attn_core::{LayerNormWeights, MatMut, MatRef, Result};
 
 /// Independent partial sums per row: breaks the add dependency chain so the sums vectorise,
 /// and (as a pairwise-ish split) shortens the rounding-error chain from `d` to `d/LANES + LANES`.
@@ -10,7 +10,7 @@ const LANES: usize = 16;
 
 /// Layer norm of each row of `x: [n, d]` into `y: [n, d]`:
 /// `y_rj = (x_rj − μ_r) / √(σ²_r + eps) · γ_j + β_j`, `μ_r = Σ_j x_rj / d`, biased variance
-/// `σ²_r = Σ_j (x_rj − μ_r)² / d` (PyTorch's `LayerNorm`, [`attn_reference::layer_norm`]).
+/// `σ²_r = Σ_j (x_rj − μ_r)² / d` (PyTorch's `LayerNorm`, `attn_reference::layer_norm`).
 ///
 /// Two passes in f32 (mean, then the centred sum of squares, so there is no `E[x²] − μ²`
 /// cancellation), each summed over 16 partial sums. `eps = 0` and a constant row give

@@ -1,11 +1,11 @@
 //! Positional encodings: the sinusoidal table and a learned table, added to a batch of sequences.
 
-use attn_reference::error::expect_dim;
-use attn_reference::{Error, MatMut, PositionalEncoding, Result, TensorMut, TensorRef};
+use attn_core::error::expect_dim;
+use attn_core::{Error, MatMut, PositionalEncoding, Result, TensorMut, TensorRef};
 
 /// `10000^(2i/d)` for feature `j` of width `d`, in f64: the divisor of the sinusoid's angle,
 /// computed once per feature instead of once per element (the same f64 operations as
-/// [`attn_reference::posenc::sinusoidal`], so values are bitwise the reference's).
+/// `attn_reference::posenc::sinusoidal`, so values are bitwise the reference's).
 fn divisor(j: usize, d: usize) -> f64 {
     10000f64.powf((j - j % 2) as f64 / d as f64)
 }
@@ -24,7 +24,7 @@ fn sinusoid(pos: usize, j: usize, div: f64) -> f64 {
 
 /// Writes the sinusoidal table for positions `start .. start + rows` into `pe: [rows, d]`:
 /// `pe_sj = sin((start+s) / 10000^(2i/d))` for `j = 2i`, `cos(…)` for `j = 2i + 1`, evaluated
-/// in f64 and rounded once (bitwise equal to [`attn_reference::sinusoidal_table`]).
+/// in f64 and rounded once (bitwise equal to `attn_reference::sinusoidal_table`).
 ///
 /// Errors: `start + rows` overflowing `usize`, a view overrunning its slice, an aliased `pe`.
 pub fn sinusoidal_table(start: usize, pe: MatMut<'_>) -> Result<()> {
@@ -49,7 +49,7 @@ pub fn sinusoidal_table(start: usize, pe: MatMut<'_>) -> Result<()> {
 /// `y` of the same dims; `y_bsj = x_bsj + e_(start+s) j` (see [`PositionalEncoding`]).
 ///
 /// The sinusoidal value is evaluated in f64 and the sum rounded once, the learned one is an f32
-/// add: both bitwise equal to [`attn_reference::add_positional_encoding`]. Allocates nothing.
+/// add: both bitwise equal to `attn_reference::add_positional_encoding`. Allocates nothing.
 ///
 /// Errors: those of the reference, in the same order.
 pub fn add_positional_encoding(

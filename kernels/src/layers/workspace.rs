@@ -1,6 +1,6 @@
 //! Carving a caller-owned workspace into the activation buffers of a layer call.
 
-use attn_reference::{Error, MatLayout, Result, Tensor4Layout};
+use attn_core::{Error, MatLayout, Result, Tensor4Layout};
 
 /// The element count of a `[d0, d1, …]` buffer, saturating at `usize::MAX` (which no slice can
 /// hold, so a saturated size always reports a too-small workspace instead of wrapping).

@@ -2,7 +2,7 @@
 //!
 //! [`scale_mask_softmax`] computes `y = softmax(scale·x + mask)` over the last dimension of a
 //! `[batch, heads, rows, cols]` view, with the reference's conventions
-//! ([`attn_reference::softmax::scale_mask_softmax`]) and the same errors:
+//! (`attn_reference::softmax::scale_mask_softmax`) and the same errors:
 //! - logits are formed in f32: `z = scale·x` (one rounding), `z = fma(scale, x, bias)` for a
 //!   bias mask (one rounding; two on the portable ISA without FMA); masked positions are
 //!   skipped, never read into the arithmetic, and get exactly `0`;
@@ -83,8 +83,8 @@ pub(crate) use vector::{Avx2, Avx512};
 #[allow(unused_imports)]
 pub(crate) use vector::{Portable, SimdF32};
 
-use attn_reference::error::{expect_dim, expect_finite};
-use attn_reference::{MatMut, MatRef, TensorMut, TensorRef};
+use attn_core::error::{expect_dim, expect_finite};
+use attn_core::{MatMut, MatRef, TensorMut, TensorRef};
 use rayon::prelude::*;
 
 use crate::arch::{self, Isa};

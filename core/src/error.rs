@@ -140,3 +140,12 @@ pub fn expect_finite(arg: &'static str, value: f32) -> Result<()> {
         Err(Error::NonFinite { arg, value })
     }
 }
+
+/// The product of `dims`, or [`Error::InvalidParameter`] naming `arg` when it overflows `usize`
+/// (the sizes then imply a buffer that cannot exist).
+pub fn checked_product(arg: &'static str, dims: &[usize]) -> Result<usize> {
+    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or(Error::InvalidParameter {
+        arg,
+        requirement: "the sizes imply a scratch buffer that cannot be allocated",
+    })
+}

@@ -158,8 +158,8 @@ impl Tensor4Layout {
     }
 
     /// A batch of sequences, contiguous `[batch, seq, dim]` storage, seen as a one-head
-    /// `[batch, 1, seq, dim]` tensor: the activations the layers ([`crate::mha`],
-    /// [`crate::encoder`], [`crate::posenc`]) take and return.
+    /// `[batch, 1, seq, dim]` tensor: the activations the layers ([`crate::MhaConfig`],
+    /// [`crate::EncoderConfig`], [`crate::PositionalEncoding`]) take and return.
     pub const fn batch_seq(batch: usize, seq: usize, dim: usize) -> Self {
         Self {
             dims: [batch, 1, seq, dim],

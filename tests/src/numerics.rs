@@ -1,0 +1,66 @@
+//! The numerics kit: the constants every error bound of the workspace is built from, and the
+//! bounds that more than one place needs. The tests, the fuzz decoders and the report's
+//! correctness check (`attn-bench`) all import these, so their bounds cannot disagree; the
+//! kernels' own accuracy enters only through the constants the kernels publish
+//! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `GELU_TANH_*`).
+
+use attn_kernels::math::{GELU_TANH_ARG_ROUNDINGS, GELU_TANH_OUT_ROUNDINGS};
+use attn_kernels::softmax::{EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP};
+
+/// Unit roundoff of f32, `u = 2⁻²⁴`: a correctly rounded operation is off by at most `u`
+/// relative (for results in the normal range).
+pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// The smallest positive subnormal f32, `2⁻¹⁴⁹`: the absolute rounding error of a result in
+/// the subnormal range is at most half of it, an exp's at most one.
+pub const SUBNORMAL_ULP: f64 = 1.401_298_464_324_817e-45;
+
+/// The constant `γ` of the bounds `γ·n·u`: the classic bound of an `n`-term sum is `n·u` for
+/// any summation order to first order; 2 covers the second-order terms and an unfused
+/// multiply-add's two roundings per term (the portable ISA without FMA).
+pub const GAMMA: f64 = 2.0;
+
+/// `γ·n·u`, the relative error bound of an `n`-term sum or dot product (see [`GAMMA`]).
+pub fn gamma(n: usize) -> f64 {
+    GAMMA * n as f64 * U
+}
+
+/// One ULP of an f32 result is at most `2u` of its value (normal range).
+const ULP_REL: f64 = 2.0 * U;
+
+/// Relative error of one exp in the softmax and attention kernels, which run both the 1-ULP
+/// exp ([`EXP_MAX_ULP`]) and the softmax's table exp ([`SOFTMAX_EXP_MAX_ULP`]).
+pub const EXP_REL: f64 = ULP_REL * max(EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP);
+
+const fn max(a: f64, b: f64) -> f64 {
+    if a > b {
+        a
+    } else {
+        b
+    }
+}
+
+/// Bound on `|ĉ − c|` for one element of `α·A·B + β·C` with inner length `k`, where
+/// `mag = |α|·Σ_p |a_p b_p| + |β c|`: `γ·(k + 3)·u·mag` (the 3 covers α, β and the final add).
+pub fn dot_bound(k: usize, mag: f64) -> f64 {
+    gamma(k + 3) * mag
+}
+
+/// Bound on the error of the kernels' GELU (tanh form) at `x`, against the exact value `g`
+/// (both from the published constants; derivation in `attn_kernels::math`'s GELU docs):
+/// `((A·|z| + 2)·t + B)·u·|g|` with `z = −2√(2/π)(x + 0.044715x³)`, `t = e^z/(1 + e^z)`,
+/// `A` = [`GELU_TANH_ARG_ROUNDINGS`], `B` = [`GELU_TANH_OUT_ROUNDINGS`], the exp's
+/// 1 ULP (`2u`) in the `+ 2`, and a 1 % margin for second-order terms; plus `2⁻¹⁴⁹` for results
+/// in the subnormal range, and `|g|` itself where `e^z` overflows f32 (the kernel returns −0).
+pub fn gelu_tanh_bound(x: f32, g: f64) -> f64 {
+    let x = f64::from(x);
+    let z = -2.0 * (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+    // e^z overflows f32 once the computed argument passes ln(f32::MAX); allow for its error.
+    if z * (1.0 - GELU_TANH_ARG_ROUNDINGS * U) > (f32::MAX as f64).ln() {
+        return g.abs() + SUBNORMAL_ULP;
+    }
+    let t = if z > 0.0 { 1.0 / (1.0 + (-z).exp()) } else { z.exp() / (1.0 + z.exp()) };
+    let exp_ulps = 2.0 * EXP_MAX_ULP;
+    let rel = ((GELU_TANH_ARG_ROUNDINGS * z.abs() + exp_ulps) * t + GELU_TANH_OUT_ROUNDINGS) * U;
+    1.01 * rel * g.abs() + SUBNORMAL_ULP
+}
