@@ -13,18 +13,62 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The outcome of a C call.
+// The outcome of a C call. What every function of this header shares:
+//
+// **Statuses.** Every function returns an `AttnStatus` (never unwinds into C: a panic inside
+// is caught and reported as `ATTN_STATUS_PANIC`, a bug). After a failure,
+// `attn_last_error_message` gives a message naming the argument at fault (per thread).
+// Functions are reentrant: concurrent calls from several threads are fine when their outputs
+// are distinct.
+//
+// **Views.** A matrix view `{data, rows, cols, row_stride, col_stride, offset}` reads element
+// `(i, j)` at `data[offset + i·row_stride + j·col_stride]`; a 4-D view likewise with four dims
+// and strides (in elements, not bytes). No buffer length is passed: the caller guarantees that
+// `data` addresses every element from `data[0]` to the last one the view reaches, initialised
+// and aligned for `float`. So `ATTN_STATUS_OUT_OF_BOUNDS` never comes from a view (the library
+// computes each view's extent and trusts it); it comes only from a caller workspace shorter
+// than its `*_workspace_len`. A view with a zero dimension is empty: its `data` may be NULL
+// and is never read. An extent that overflows `size_t`, or exceeds `PTRDIFF_MAX` bytes or the
+// address space, is `ATTN_STATUS_INDEX_OVERFLOW` naming the view. An output view must map
+// distinct positions to distinct elements (no zero stride on a dimension longer than 1), else
+// `ATTN_STATUS_ALIASED_OUTPUT`.
+//
+// **Null pointers.** A NULL `data` (or vector pointer) where at least one element is needed is
+// `ATTN_STATUS_NULL_POINTER` naming it. Optional pointers (biases, `lse`, `mask`) mean "none"
+// when NULL; their lengths are then ignored (a NULL `lse` with any `lse_len` computes no
+// logsumexp).
+//
+// **Overlap.** Outputs (output views, `lse`, the workspace) may share no byte with any other
+// operand of the call: checked before anything is read, `ATTN_STATUS_ALIASED_OUTPUT`, and the
+// message names the two arguments ("argument `y` overlaps argument `x`"). Empty and NULL
+// ranges overlap nothing. Inputs may overlap each other freely. The one in-place operation is
+// `attn_softmax` with `y` exactly `x` (same data, dims, strides and offset).
+//
+// **Enum and bool fields** (`AttnMask.kind`, `AttnMask.causal_default_offset`, keep-mask
+// bytes, `AttnEncoderConfig.activation`) are fixed-width integers, validated before use: any
+// value that is not listed is `ATTN_STATUS_INVALID_PARAMETER` naming the field.
+//
+// **Threads.** `threads` is a request, the same policy as the Rust API's
+// `Parallelism::threads`: 0 = every available core, 1 = the calling thread only, n ≥ 2 = at
+// most `min(n, available cores)` threads. Any value is safe (`SIZE_MAX` included): the count is
+// clamped, the worker pools are bounded (one of all the cores for the whole process, and a
+// few smaller ones, the least recently used released), and small problems stay on the
+// calling thread. SGEMM, softmax and the flash attention path give bitwise identical results
+// for every thread count; the decode path splits keys by thread count, so its results may
+// differ between counts by rounding.
 typedef enum AttnStatus {
   // Success.
   ATTN_STATUS_OK = 0,
   // `Error::ShapeMismatch`: a dimension does not match the others.
   ATTN_STATUS_SHAPE_MISMATCH = 1,
-  // `Error::OutOfBounds`: a view (or the workspace) is larger than its buffer.
+  // `Error::OutOfBounds`: the workspace is shorter than the call needs (views have no
+  // length to check: see above).
   ATTN_STATUS_OUT_OF_BOUNDS = 2,
-  // `Error::IndexOverflow`: offset and strides overflow the address range.
+  // `Error::IndexOverflow`: a view's offset and strides, or a length, overflow `size_t`,
+  // `PTRDIFF_MAX` bytes or the address space.
   ATTN_STATUS_INDEX_OVERFLOW = 3,
-  // `Error::AliasedOutput`: an output view maps two positions to one element, or overlaps
-  // another operand.
+  // `Error::AliasedOutput`: an output view maps two positions to one element (a zero
+  // stride), or an output overlaps another operand (the message names both).
   ATTN_STATUS_ALIASED_OUTPUT = 4,
   // `Error::ZeroHeads`.
   ATTN_STATUS_ZERO_HEADS = 5,
@@ -34,8 +78,9 @@ typedef enum AttnStatus {
   ATTN_STATUS_KV_HEADS_NOT_DIVIDING = 7,
   // `Error::NonFinite`: a scale or epsilon is NaN or infinite.
   ATTN_STATUS_NON_FINITE = 8,
-  // `Error::InvalidParameter`: a scalar out of range, an unsupported ISA, a misaligned
-  // pointer, a buffer that cannot be allocated.
+  // `Error::InvalidParameter`: a scalar out of range, an enum or bool field with a value
+  // not listed, a keep-mask byte other than 0 or 1, a misaligned pointer, a buffer that
+  // cannot be allocated.
   ATTN_STATUS_INVALID_PARAMETER = 9,
   // A required pointer is null.
   ATTN_STATUS_NULL_POINTER = 10,
@@ -43,19 +88,21 @@ typedef enum AttnStatus {
   ATTN_STATUS_PANIC = 11,
 } AttnStatus;
 
-// Which mask an [`AttnMask`] is.
+// The values of [`AttnMask::kind`]. The field itself is an `int32_t`: any other value is
+// refused with `ATTN_STATUS_INVALID_PARAMETER` naming `mask.kind`.
 typedef enum AttnMaskKind {
   // Every key visible.
   ATTN_MASK_KIND_NONE = 0,
   // Key `j` visible to query `i` iff `j ≤ i + offset`.
   ATTN_MASK_KIND_CAUSAL = 1,
-  // Boolean keep-mask (`true` = attend) in `keep`.
+  // Byte keep-mask in `keep` (1 = attend, 0 = masked).
   ATTN_MASK_KIND_KEEP = 2,
   // Additive bias in `bias`.
   ATTN_MASK_KIND_BIAS = 3,
 } AttnMaskKind;
 
-// The feed-forward activation of the encoder block.
+// The values of [`AttnEncoderConfig::activation`]. The field itself is an `int32_t`: any
+// other value is refused with `ATTN_STATUS_INVALID_PARAMETER` naming `cfg.activation`.
 typedef enum AttnActivation {
   // `max(x, 0)`.
   ATTN_ACTIVATION_RELU = 0,
@@ -108,19 +155,28 @@ typedef struct AttnTensor {
   size_t offset;
 } AttnTensor;
 
-// A mask over the `[batch, heads, nq, nk]` scores. A null `const AttnMask*` means no mask.
+// A mask over the `[batch, heads, nq, nk]` scores (softmax: `[batch, heads, rows, cols]`). A
+// null `const AttnMask*` means no mask. A masked position gets exactly zero weight; a row whose
+// every position is masked gives an all-zero output row and logsumexp −∞ (never NaN, never a
+// uniform average). Only the fields of the chosen `kind` are read (zero-initialise the rest).
 typedef struct AttnMask {
-  // Which mask.
-  enum AttnMaskKind kind;
-  // Causal: use the default offset `nk − nq` (bottom-right, for a KV cache) and ignore
-  // `causal_offset`.
-  bool causal_default_offset;
-  // Causal: the diagonal offset when `causal_default_offset` is false (0 = PyTorch's
-  // `is_causal`).
+  // Which mask: one of the [`AttnMaskKind`] values (`ATTN_MASK_KIND_*`), read as an
+  // `int32_t`; any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `mask.kind`.
+  int32_t kind;
+  // Causal: 1 = use the default offset `nk − nq` (bottom-right, for a KV cache) and ignore
+  // `causal_offset`; 0 = use `causal_offset`. A byte (C `bool` values): any other value is
+  // `ATTN_STATUS_INVALID_PARAMETER` naming `mask.causal_default_offset`.
+  uint8_t causal_default_offset;
+  // Causal: the diagonal offset when `causal_default_offset` is 0 (0 = PyTorch's
+  // `is_causal`; negative values hide more keys).
   ptrdiff_t causal_offset;
-  // Keep: the elements (each exactly 0 or 1, C `bool`).
-  const bool *keep;
-  // Bias: the elements.
+  // Keep: the elements, one byte each: 1 = attend, 0 = masked (a C `bool` array fits).
+  // Validated, not coerced: every byte of the range the view spans (from `keep[0]` to the
+  // last element it reaches, gaps between strided elements included) must be 0 or 1, else
+  // `ATTN_STATUS_INVALID_PARAMETER` naming `mask.keep`. Null with a non-empty view is
+  // `ATTN_STATUS_NULL_POINTER`.
+  const uint8_t *keep;
+  // Bias: the elements, added to the scaled scores (−∞ masks a position).
   const float *bias;
   // Keep / bias: must be `[batch, heads, nq, nk]`; zero strides broadcast.
   size_t dims[4];
@@ -161,7 +217,17 @@ typedef struct AttnMhaConfig {
 // Caller-owned MHA weights, each `[in, out]` (`y = x·W + b`): `wq: [in_dim, heads·k_dim]`,
 // `wk: [kv_in_dim, kv_heads·k_dim]`, `wv: [kv_in_dim, kv_heads·v_dim]`,
 // `wo: [heads·v_dim, in_dim]`. Biases may be null (none); otherwise they hold the matching
-// output width. `wq`, `wk`, `wv` as adjacent column blocks of one buffer run as one GEMM.
+// output width.
+//
+// `wq`, `wk`, `wv` that are adjacent column blocks of one buffer run as one GEMM (self-
+// attention; `wk`, `wv` alone for cross-attention): same `rows`, `row_stride`, `col_stride`,
+// each block's first element (`data + offset`) exactly `cols·col_stride` floats after the
+// previous block's, and either the same `data` pointer (offsets selecting the blocks: e.g. a
+// row-major `[in, 3·w]` weight with offsets 0, w, 2w, or PyTorch's `in_proj_weight [3·w, in]`
+// read column-major with offsets 0, w·in, 2·w·in) or byte ranges that overlap (e.g. `data`
+// pointing at each block of a row-major `[in, 3·w]` weight). Blocks at different `data`
+// pointers whose ranges merely touch are not known to be one buffer and run as separate
+// GEMMs; the results agree within rounding either way.
 typedef struct AttnMhaWeights {
   // Query projection.
   struct AttnMat wq;
@@ -187,8 +253,10 @@ typedef struct AttnEncoderConfig {
   struct AttnMhaConfig attn;
   // Feed-forward hidden width.
   size_t ff_dim;
-  // Feed-forward activation.
-  enum AttnActivation activation;
+  // Feed-forward activation: one of the [`AttnActivation`] values (`ATTN_ACTIVATION_*`),
+  // read as an `int32_t`; any other value is `ATTN_STATUS_INVALID_PARAMETER` naming
+  // `cfg.activation`.
+  int32_t activation;
   // Layer-norm epsilon (finite, ≥ 0).
   float eps;
 } AttnEncoderConfig;
@@ -220,8 +288,10 @@ typedef struct AttnEncoderWeights {
 extern "C" {
 #endif // __cplusplus
 
-// The name of a status, e.g. `"ATTN_STATUS_SHAPE_MISMATCH"` (a static string).
-const char *attn_status_name(enum AttnStatus status);
+// The name of a status, e.g. `"ATTN_STATUS_SHAPE_MISMATCH"`, as a static NUL-terminated
+// string; any integer that is not an [`AttnStatus`] value gives `"unknown status"` (never
+// null). The argument is an `int32_t`, so any value may be passed.
+const char *attn_status_name(int32_t status);
 
 // Copies the message of this thread's last failed call (NUL-terminated, truncated to
 // `cap − 1` bytes) into `buf`, and returns the full message length in bytes (0 if none).
@@ -232,7 +302,17 @@ const char *attn_status_name(enum AttnStatus status);
 // `buf` addresses `cap` writable bytes.
 size_t attn_last_error_message(char *buf, size_t cap);
 
-// `C ← α·A·B + β·C` (`A: m×k`, `B: k×n`, `C: m×n`, any strides; β = 0: C is not read).
+// `C ← α·A·B + β·C` (`A: m×k`, `B: k×n`, `C: m×n`, any strides and offsets: a transposed or
+// column-major operand is just other strides).
+//
+// - `alpha`, `beta` must be finite (`ATTN_STATUS_NON_FINITE` naming them).
+// - β = 0: C is not read (a NaN already in C does not reach the result).
+// - α = 0 or k = 0: `A·B` is not computed, as in BLAS: `C ← β·C` (NaN or ∞ in A or B do not
+//   matter; with β = 0 too, C is set to zeros).
+// - m = 0 or n = 0: nothing is read or written.
+// - Nothing outside C's view is written, nothing outside the three views is read.
+// - `threads`: see [`AttnStatus`] (0 = all cores, 1 = this thread, n = at most n). The
+//   result is bitwise the same for every thread count.
 //
 // # Safety
 //
@@ -246,9 +326,21 @@ enum AttnStatus attn_sgemm(float alpha,
                            size_t threads);
 
 // Fused `y = softmax(scale·x + mask)` over the last dimension of a `[batch, heads, rows,
-// cols]` view (`mask` null for none). `lse` may be null; otherwise it receives the
-// `batch·heads·rows` row logsumexps (`lse_len` must equal that). A fully masked row is all
-// zeros with logsumexp −∞.
+// cols]` view (`mask` null for none, else over `[batch, heads, rows, cols]`).
+//
+// - `scale` must be finite. Logits are `scale·x` (plus the bias of a bias mask) in f32.
+// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal
+//   `batch·heads·rows` (`ATTN_STATUS_SHAPE_MISMATCH`) and `lse[(b·heads + h)·rows + i]`
+//   receives row `(b, h, i)`'s logsumexp `ln Σ_j exp(logit_j)` (row-major over
+//   `[batch, heads, rows]`, whatever the strides of `x` and `y`).
+// - Masked positions get exactly 0. A row whose every position is masked or `−∞` (or that
+//   is empty, `cols = 0`) is all zeros with logsumexp −∞, never NaN.
+// - `+∞` logits share the row's weight evenly (`1/count` each, 0 elsewhere), logsumexp +∞;
+//   `−∞` logits get weight 0; a NaN visible logit makes the whole row NaN.
+// - In place: pass `y` exactly equal to `x` (same data, dims, strides, offset); bit for bit
+//   the out-of-place result. Any other overlap of `y` (or `lse`) with `x` or the mask is
+//   `ATTN_STATUS_ALIASED_OUTPUT`.
+// - `threads`: see [`AttnStatus`]; the result is bitwise the same for every thread count.
 //
 // # Safety
 //
@@ -263,9 +355,21 @@ enum AttnStatus attn_softmax(struct AttnTensor x,
                              size_t threads);
 
 // `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]` (`q: [b, hq, nq, dk]`,
-// `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`; GQA when hkv < hq).
-// Picks the decode path for nq ≤ 16, the flash path otherwise. `mask` may be null (none).
-// `lse` may be null; otherwise it receives `b·hq·nq` logsumexps (`lse_len` must equal that).
+// `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`; GQA/MQA when hkv < hq:
+// hkv must divide hq, query head `h` reads K/V head `h / (hq / hkv)`). Picks the decode path
+// for nq ≤ 16, the flash path otherwise.
+//
+// - `scale` must be finite (1/√dk is the usual choice).
+// - `mask` may be NULL (none); otherwise over `[b, hq, nq, nk]` (see [`AttnMask`]).
+// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal `b·hq·nq`
+//   and `lse[(b·hq + h)·nq + i]` receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i`
+//   of head `h` of batch `b` (row-major over `[b, hq, nq]`).
+// - A fully masked row (every key masked, or nk = 0) gives an all-zero output row and
+//   logsumexp −∞. A key of zero weight contributes exactly 0 even if its value is ±∞ or NaN.
+//   A `−∞` bias masks its position; a `+∞` bias entry is outside the supported range.
+// - nq = 0 or an empty head dimension is fine (nothing, or zeros, to write).
+// - `threads`: see [`AttnStatus`]; the flash path (nq > 16) is bitwise the same for every
+//   thread count.
 //
 // # Safety
 //
@@ -282,8 +386,9 @@ enum AttnStatus attn_attention(struct AttnTensor q,
                                size_t threads);
 
 // Decode-step attention: [`attn_attention`] forced onto the decode path (few queries over
-// many keys: keys split across threads, partial results merged by logsumexp). Same
-// arguments and contract.
+// many keys: keys split across threads, partial results merged by logsumexp), for any nq.
+// Same arguments, conventions and statuses as [`attn_attention`]; its results may differ
+// between thread counts by rounding (see [`AttnStatus`]).
 //
 // # Safety
 //
@@ -298,7 +403,9 @@ enum AttnStatus attn_decode(struct AttnTensor q,
                             size_t lse_len,
                             size_t threads);
 
-// Layer norm of each row of `x: [n, d]` into `y: [n, d]` with `gamma`, `beta` of `d` floats.
+// Layer norm of each row of `x: [n, d]` into `y: [n, d]` with `gamma`, `beta` of `d` floats:
+// `y = (x − mean)/√(var + eps)·gamma + beta` (`eps` finite and ≥ 0). Runs on the calling
+// thread.
 //
 // # Safety
 //
@@ -332,8 +439,11 @@ enum AttnStatus attn_mha_config_from_embed_dim(size_t embed_dim,
                                                struct AttnMhaConfig *out);
 
 // Multi-head self-attention `y = MHA(x)` (`x`, `y`: `[batch, 1, n, in_dim]`, mask over
-// `[batch, heads, n, n]` or null). `workspace` holds `workspace_len` floats, at least
-// [`attn_mha_workspace_len`]; pass null and 0 to let the call allocate.
+// `[batch, heads, n, n]` or null; scores scaled by 1/√k_dim). `workspace` holds
+// `workspace_len` floats, at least [`attn_mha_workspace_len`] (else
+// `ATTN_STATUS_OUT_OF_BOUNDS`); pass NULL and 0 to let the call allocate (NULL with a nonzero
+// length is `ATTN_STATUS_NULL_POINTER`). The weights' contract, including when the Q/K/V
+// projections run as one GEMM, is on [`AttnMhaWeights`]. `threads`: see [`AttnStatus`].
 //
 // # Safety
 //
@@ -349,8 +459,8 @@ enum AttnStatus attn_mha_forward(const struct AttnMhaConfig *cfg,
                                  size_t threads);
 
 // Cross-attention `y = CrossAttention(x1, x2)` (`x1`, `y`: `[batch, 1, n1, in_dim]`, `x2`:
-// `[batch, 1, n2, kv_in_dim]`, mask over `[batch, heads, n1, n2]` or null); workspace as
-// [`attn_mha_forward`].
+// `[batch, 1, n2, kv_in_dim]`, mask over `[batch, heads, n1, n2]` or null); workspace,
+// weights and `threads` as [`attn_mha_forward`] (adjacent `wk`/`wv` blocks run as one GEMM).
 //
 // # Safety
 //
@@ -365,7 +475,8 @@ enum AttnStatus attn_cross_attention_forward(const struct AttnMhaConfig *cfg,
                                              size_t workspace_len,
                                              size_t threads);
 
-// Writes the workspace size (in floats) of [`attn_encoder_forward`] into `*out`.
+// Writes the workspace size (in floats) of [`attn_encoder_forward`] into `*out` (sizes
+// saturate at `SIZE_MAX`; `cfg->activation` is validated).
 //
 // # Safety
 //
@@ -376,8 +487,9 @@ enum AttnStatus attn_encoder_workspace_len(const struct AttnEncoderConfig *cfg,
                                            size_t *out);
 
 // One post-norm encoder block `y = LN₂(H + FF(H))`, `H = LN₁(x + MHA(x))` (`x`, `y`:
-// `[batch, 1, n, d]`, mask over `[batch, heads, n, n]` or null); workspace as
-// [`attn_mha_forward`] with [`attn_encoder_workspace_len`].
+// `[batch, 1, n, d]`, mask over `[batch, heads, n, n]` or null); workspace and `threads` as
+// [`attn_mha_forward`] with [`attn_encoder_workspace_len`]. `cfg->activation` is validated
+// (see [`AttnEncoderConfig`]).
 //
 // # Safety
 //

@@ -3,6 +3,8 @@
 //! reference's result, and the error bound derived for it in `layers_support`). The C program
 //! checks sgemm, attention, decode, layer norm and multi-head attention (allocating and
 //! caller-workspace forms) against those values, and the status codes of bad arguments.
+//! `tests/c/boundary_test.c` checks the boundary itself (out-of-range enum values, status names
+//! of any integer, aliasing and overflow statuses, absurd thread counts).
 
 mod layers_support;
 
@@ -101,30 +103,57 @@ fn staticlib() -> PathBuf {
     lib
 }
 
-#[test]
-fn c_program_calls_the_abi() {
+/// Compiles `tests/c/{name}.c` against the committed header and the staticlib into `dir`.
+fn compile_c(name: &str, dir: &Path) -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-    let dir = std::env::temp_dir().join(format!("attn-c-abi-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    write_cases(&dir);
-    let exe = dir.join("abi_test");
+    let exe = dir.join(name);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let out = Command::new(&cc)
-        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .args(["-std=c11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-I"])
         .arg(root.join("kernels/include"))
-        .arg(root.join("tests/c/abi_test.c"))
+        .arg(root.join(format!("tests/c/{name}.c")))
         .arg(staticlib())
         .args(["-lpthread", "-ldl", "-lm", "-o"])
         .arg(&exe)
         .output()
         .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
     assert!(out.status.success(), "C build failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+#[test]
+fn c_program_calls_the_abi() {
+    let dir = std::env::temp_dir().join(format!("attn-c-abi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_cases(&dir);
+    let exe = compile_c("abi_test", &dir);
     let run = Command::new(&exe).arg(&dir).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "C checks failed ({:?}):\n{stdout}\n{stderr}", run.status);
     assert!(stdout.contains("all checks passed"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tests/c/boundary_test.c`: out-of-range enum and bool values (mask kind 4, 7, 9, a causal
+/// flag of 2, keep bytes 2 and 255, activation 5), status names of 12, −1, 1000, statuses and
+/// messages naming the real fault, and `SIZE_MAX` / 4096 threads on every threaded entry point
+/// (each call under a second). Set `ATTN_C_TEST_KEEP=1` to keep the binary (for valgrind).
+#[test]
+fn c_program_checks_the_boundary() {
+    let dir = std::env::temp_dir().join(format!("attn-c-boundary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = compile_c("boundary_test", &dir);
+    let run = Command::new(&exe).output().unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "C checks failed ({:?}):\n{stdout}\n{stderr}", run.status);
+    assert!(stdout.contains("all boundary checks passed"), "{stdout}");
+    if std::env::var_os("ATTN_C_TEST_KEEP").is_some() {
+        eprintln!("kept {}", exe.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// The same values through the Rust API, so a failure above can be told apart from one here.

@@ -4,21 +4,13 @@
 //! `include/attn_kernels.h` is generated from this file by cbindgen (`cbindgen.toml`); a test
 //! regenerates it and fails when the committed header differs (`ATTN_BLESS=1` rewrites it).
 //!
-//! Contract of every function:
-//! - returns an [`AttnStatus`]: `ATTN_STATUS_OK`, one code per [`Error`] variant of the Rust API,
-//!   `ATTN_STATUS_NULL_POINTER` for a null pointer where at least one element is needed, and
-//!   `ATTN_STATUS_PANIC` if anything inside panicked (caught: nothing unwinds into C);
-//!   [`attn_last_error_message`] gives the message of the thread's last failure;
-//! - a view `{data, dims…, strides…, offset}` reads elements `data[offset + Σ i_k·stride_k]`;
-//!   the caller guarantees `data` addresses every element up to the last one the view reaches
-//!   (computed here, overflow reported), initialised, aligned for `float`;
-//! - outputs (and the workspace) may not overlap any other operand of the call: checked,
-//!   `ATTN_STATUS_ALIASED_OUTPUT`;
-//! - `threads` ≤ 1 runs on the calling thread, `n` uses a cached pool of `n` threads.
+//! The contract every function shares is written on [`AttnStatus`] (the first item of the
+//! header), so that C users read it there: statuses and messages, views, null pointers,
+//! overlap, overflow, enum and bool fields, thread counts.
 //!
 //! The unsafe operations (pointer + implied length → slice) live in `raw`; the functions here
-//! only forward the caller's contract to them, after the null and overlap checks, and then go
-//! through the safe Rust API, which checks shapes exactly as for Rust callers.
+//! only forward the caller's contract to them, after the null, value and overlap checks, and
+//! then go through the safe Rust API, which checks shapes exactly as for Rust callers.
 
 mod raw;
 
@@ -34,7 +26,49 @@ use attn_core::{
 use crate::par::Parallelism;
 use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 
-/// The outcome of a C call.
+/// The outcome of a C call. What every function of this header shares:
+///
+/// **Statuses.** Every function returns an `AttnStatus` (never unwinds into C: a panic inside
+/// is caught and reported as `ATTN_STATUS_PANIC`, a bug). After a failure,
+/// `attn_last_error_message` gives a message naming the argument at fault (per thread).
+/// Functions are reentrant: concurrent calls from several threads are fine when their outputs
+/// are distinct.
+///
+/// **Views.** A matrix view `{data, rows, cols, row_stride, col_stride, offset}` reads element
+/// `(i, j)` at `data[offset + i·row_stride + j·col_stride]`; a 4-D view likewise with four dims
+/// and strides (in elements, not bytes). No buffer length is passed: the caller guarantees that
+/// `data` addresses every element from `data[0]` to the last one the view reaches, initialised
+/// and aligned for `float`. So `ATTN_STATUS_OUT_OF_BOUNDS` never comes from a view (the library
+/// computes each view's extent and trusts it); it comes only from a caller workspace shorter
+/// than its `*_workspace_len`. A view with a zero dimension is empty: its `data` may be NULL
+/// and is never read. An extent that overflows `size_t`, or exceeds `PTRDIFF_MAX` bytes or the
+/// address space, is `ATTN_STATUS_INDEX_OVERFLOW` naming the view. An output view must map
+/// distinct positions to distinct elements (no zero stride on a dimension longer than 1), else
+/// `ATTN_STATUS_ALIASED_OUTPUT`.
+///
+/// **Null pointers.** A NULL `data` (or vector pointer) where at least one element is needed is
+/// `ATTN_STATUS_NULL_POINTER` naming it. Optional pointers (biases, `lse`, `mask`) mean "none"
+/// when NULL; their lengths are then ignored (a NULL `lse` with any `lse_len` computes no
+/// logsumexp).
+///
+/// **Overlap.** Outputs (output views, `lse`, the workspace) may share no byte with any other
+/// operand of the call: checked before anything is read, `ATTN_STATUS_ALIASED_OUTPUT`, and the
+/// message names the two arguments ("argument `y` overlaps argument `x`"). Empty and NULL
+/// ranges overlap nothing. Inputs may overlap each other freely. The one in-place operation is
+/// `attn_softmax` with `y` exactly `x` (same data, dims, strides and offset).
+///
+/// **Enum and bool fields** (`AttnMask.kind`, `AttnMask.causal_default_offset`, keep-mask
+/// bytes, `AttnEncoderConfig.activation`) are fixed-width integers, validated before use: any
+/// value that is not listed is `ATTN_STATUS_INVALID_PARAMETER` naming the field.
+///
+/// **Threads.** `threads` is a request, the same policy as the Rust API's
+/// `Parallelism::threads`: 0 = every available core, 1 = the calling thread only, n ≥ 2 = at
+/// most `min(n, available cores)` threads. Any value is safe (`SIZE_MAX` included): the count is
+/// clamped, the worker pools are bounded (one of all the cores for the whole process, and a
+/// few smaller ones, the least recently used released), and small problems stay on the
+/// calling thread. SGEMM, softmax and the flash attention path give bitwise identical results
+/// for every thread count; the decode path splits keys by thread count, so its results may
+/// differ between counts by rounding.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnStatus {
@@ -42,12 +76,14 @@ pub enum AttnStatus {
     Ok = 0,
     /// `Error::ShapeMismatch`: a dimension does not match the others.
     ShapeMismatch = 1,
-    /// `Error::OutOfBounds`: a view (or the workspace) is larger than its buffer.
+    /// `Error::OutOfBounds`: the workspace is shorter than the call needs (views have no
+    /// length to check: see above).
     OutOfBounds = 2,
-    /// `Error::IndexOverflow`: offset and strides overflow the address range.
+    /// `Error::IndexOverflow`: a view's offset and strides, or a length, overflow `size_t`,
+    /// `PTRDIFF_MAX` bytes or the address space.
     IndexOverflow = 3,
-    /// `Error::AliasedOutput`: an output view maps two positions to one element, or overlaps
-    /// another operand.
+    /// `Error::AliasedOutput`: an output view maps two positions to one element (a zero
+    /// stride), or an output overlaps another operand (the message names both).
     AliasedOutput = 4,
     /// `Error::ZeroHeads`.
     ZeroHeads = 5,
@@ -57,8 +93,9 @@ pub enum AttnStatus {
     KvHeadsNotDividing = 7,
     /// `Error::NonFinite`: a scale or epsilon is NaN or infinite.
     NonFinite = 8,
-    /// `Error::InvalidParameter`: a scalar out of range, an unsupported ISA, a misaligned
-    /// pointer, a buffer that cannot be allocated.
+    /// `Error::InvalidParameter`: a scalar out of range, an enum or bool field with a value
+    /// not listed, a keep-mask byte other than 0 or 1, a misaligned pointer, a buffer that
+    /// cannot be allocated.
     InvalidParameter = 9,
     /// A required pointer is null.
     NullPointer = 10,
@@ -148,7 +185,8 @@ pub struct AttnTensorMut {
     pub offset: usize,
 }
 
-/// Which mask an [`AttnMask`] is.
+/// The values of [`AttnMask::kind`]. The field itself is an `int32_t`: any other value is
+/// refused with `ATTN_STATUS_INVALID_PARAMETER` naming `mask.kind`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnMaskKind {
@@ -156,27 +194,56 @@ pub enum AttnMaskKind {
     None = 0,
     /// Key `j` visible to query `i` iff `j ≤ i + offset`.
     Causal = 1,
-    /// Boolean keep-mask (`true` = attend) in `keep`.
+    /// Byte keep-mask in `keep` (1 = attend, 0 = masked).
     Keep = 2,
     /// Additive bias in `bias`.
     Bias = 3,
 }
 
-/// A mask over the `[batch, heads, nq, nk]` scores. A null `const AttnMask*` means no mask.
+impl AttnMaskKind {
+    /// The kind `v` stands for, or the error naming `mask.kind`.
+    fn from_c(v: i32) -> Result<Self, Failure> {
+        Ok(match v {
+            0 => AttnMaskKind::None,
+            1 => AttnMaskKind::Causal,
+            2 => AttnMaskKind::Keep,
+            3 => AttnMaskKind::Bias,
+            _ => {
+                return Err(Failure::BadValue {
+                    arg: "mask.kind",
+                    value: i64::from(v),
+                    allowed: "must be ATTN_MASK_KIND_NONE (0), ATTN_MASK_KIND_CAUSAL (1), \
+                              ATTN_MASK_KIND_KEEP (2) or ATTN_MASK_KIND_BIAS (3)",
+                })
+            }
+        })
+    }
+}
+
+/// A mask over the `[batch, heads, nq, nk]` scores (softmax: `[batch, heads, rows, cols]`). A
+/// null `const AttnMask*` means no mask. A masked position gets exactly zero weight; a row whose
+/// every position is masked gives an all-zero output row and logsumexp −∞ (never NaN, never a
+/// uniform average). Only the fields of the chosen `kind` are read (zero-initialise the rest).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnMask {
-    /// Which mask.
-    pub kind: AttnMaskKind,
-    /// Causal: use the default offset `nk − nq` (bottom-right, for a KV cache) and ignore
-    /// `causal_offset`.
-    pub causal_default_offset: bool,
-    /// Causal: the diagonal offset when `causal_default_offset` is false (0 = PyTorch's
-    /// `is_causal`).
+    /// Which mask: one of the [`AttnMaskKind`] values (`ATTN_MASK_KIND_*`), read as an
+    /// `int32_t`; any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `mask.kind`.
+    pub kind: i32,
+    /// Causal: 1 = use the default offset `nk − nq` (bottom-right, for a KV cache) and ignore
+    /// `causal_offset`; 0 = use `causal_offset`. A byte (C `bool` values): any other value is
+    /// `ATTN_STATUS_INVALID_PARAMETER` naming `mask.causal_default_offset`.
+    pub causal_default_offset: u8,
+    /// Causal: the diagonal offset when `causal_default_offset` is 0 (0 = PyTorch's
+    /// `is_causal`; negative values hide more keys).
     pub causal_offset: isize,
-    /// Keep: the elements (each exactly 0 or 1, C `bool`).
-    pub keep: *const bool,
-    /// Bias: the elements.
+    /// Keep: the elements, one byte each: 1 = attend, 0 = masked (a C `bool` array fits).
+    /// Validated, not coerced: every byte of the range the view spans (from `keep[0]` to the
+    /// last element it reaches, gaps between strided elements included) must be 0 or 1, else
+    /// `ATTN_STATUS_INVALID_PARAMETER` naming `mask.keep`. Null with a non-empty view is
+    /// `ATTN_STATUS_NULL_POINTER`.
+    pub keep: *const u8,
+    /// Bias: the elements, added to the scaled scores (−∞ masks a position).
     pub bias: *const f32,
     /// Keep / bias: must be `[batch, heads, nq, nk]`; zero strides broadcast.
     pub dims: [usize; 4],
@@ -207,7 +274,17 @@ pub struct AttnMhaConfig {
 /// Caller-owned MHA weights, each `[in, out]` (`y = x·W + b`): `wq: [in_dim, heads·k_dim]`,
 /// `wk: [kv_in_dim, kv_heads·k_dim]`, `wv: [kv_in_dim, kv_heads·v_dim]`,
 /// `wo: [heads·v_dim, in_dim]`. Biases may be null (none); otherwise they hold the matching
-/// output width. `wq`, `wk`, `wv` as adjacent column blocks of one buffer run as one GEMM.
+/// output width.
+///
+/// `wq`, `wk`, `wv` that are adjacent column blocks of one buffer run as one GEMM (self-
+/// attention; `wk`, `wv` alone for cross-attention): same `rows`, `row_stride`, `col_stride`,
+/// each block's first element (`data + offset`) exactly `cols·col_stride` floats after the
+/// previous block's, and either the same `data` pointer (offsets selecting the blocks: e.g. a
+/// row-major `[in, 3·w]` weight with offsets 0, w, 2w, or PyTorch's `in_proj_weight [3·w, in]`
+/// read column-major with offsets 0, w·in, 2·w·in) or byte ranges that overlap (e.g. `data`
+/// pointing at each block of a row-major `[in, 3·w]` weight). Blocks at different `data`
+/// pointers whose ranges merely touch are not known to be one buffer and run as separate
+/// GEMMs; the results agree within rounding either way.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnMhaWeights {
@@ -229,7 +306,8 @@ pub struct AttnMhaWeights {
     pub bo: *const f32,
 }
 
-/// The feed-forward activation of the encoder block.
+/// The values of [`AttnEncoderConfig::activation`]. The field itself is an `int32_t`: any
+/// other value is refused with `ATTN_STATUS_INVALID_PARAMETER` naming `cfg.activation`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnActivation {
@@ -247,8 +325,10 @@ pub struct AttnEncoderConfig {
     pub attn: AttnMhaConfig,
     /// Feed-forward hidden width.
     pub ff_dim: usize,
-    /// Feed-forward activation.
-    pub activation: AttnActivation,
+    /// Feed-forward activation: one of the [`AttnActivation`] values (`ATTN_ACTIVATION_*`),
+    /// read as an `int32_t`; any other value is `ATTN_STATUS_INVALID_PARAMETER` naming
+    /// `cfg.activation`.
+    pub activation: i32,
     /// Layer-norm epsilon (finite, ≥ 0).
     pub eps: f32,
 }
@@ -290,6 +370,16 @@ fn guard(f: impl FnOnce() -> Result<(), Failure>) -> AttnStatus {
         Ok(Err(Failure::Null(arg))) => {
             (AttnStatus::NullPointer, format!("argument `{arg}`: null pointer"))
         }
+        Ok(Err(Failure::Overlap { output, other })) => (
+            AttnStatus::AliasedOutput,
+            format!(
+                "argument `{output}` overlaps argument `{other}`: an output may share no memory \
+                 with another operand of the call"
+            ),
+        ),
+        Ok(Err(Failure::BadValue { arg, value, allowed })) => {
+            (AttnStatus::InvalidParameter, format!("argument `{arg}`: got {value}; {allowed}"))
+        }
         Err(_) => (AttnStatus::Panic, "internal panic caught at the C boundary".to_string()),
     };
     // Formatting cannot unwind here (the message is built already); a failed access to the
@@ -318,7 +408,7 @@ macro_rules! c_views {
             }
             /// The span and, after the overlap check, the view.
             fn span(&self, arg: &'static str) -> Result<Span, Failure> {
-                Ok(span(arg, self.data, $len(arg, &self.layout())?))
+                span(arg, self.data, $len(arg, &self.layout())?)
             }
             /// # Safety
             #[doc = $safety]
@@ -348,7 +438,7 @@ c_views! {
         "`data` addresses the view's elements, used by nothing else during the call.";
 }
 
-/// The mask's element span (empty for none/causal).
+/// The mask's element span (empty for none/causal), after checking its kind.
 ///
 /// # Safety
 /// `mask` is null or points to a valid [`AttnMask`].
@@ -356,28 +446,41 @@ unsafe fn mask_span(mask: *const AttnMask) -> Result<Option<Span>, Failure> {
     // SAFETY: forwarded from the caller.
     let Some(m) = (unsafe { mask.as_ref() }) else { return Ok(None) };
     let l = Tensor4Layout::strided(m.dims, m.strides, m.offset);
-    Ok(match m.kind {
-        AttnMaskKind::Keep => Some(span("mask", m.keep, tensor_len("mask", &l)?)),
-        AttnMaskKind::Bias => Some(span("mask", m.bias, tensor_len("mask", &l)?)),
+    Ok(match AttnMaskKind::from_c(m.kind)? {
+        AttnMaskKind::Keep => Some(span("mask", m.keep, tensor_len("mask", &l)?)?),
+        AttnMaskKind::Bias => Some(span("mask", m.bias, tensor_len("mask", &l)?)?),
         AttnMaskKind::None | AttnMaskKind::Causal => None,
     })
 }
 
+/// The Rust mask, every enum and bool of it validated first.
+///
 /// # Safety
 /// `mask` is null or points to a valid [`AttnMask`] whose `keep`/`bias` addresses its view.
 unsafe fn mask_view<'a>(mask: *const AttnMask) -> Result<Mask<'a>, Failure> {
     // SAFETY: forwarded from the caller.
     let Some(m) = (unsafe { mask.as_ref() }) else { return Ok(Mask::None) };
     let layout = Tensor4Layout::strided(m.dims, m.strides, m.offset);
-    Ok(match m.kind {
+    Ok(match AttnMaskKind::from_c(m.kind)? {
         AttnMaskKind::None => Mask::None,
         AttnMaskKind::Causal => {
-            Mask::Causal { offset: (!m.causal_default_offset).then_some(m.causal_offset) }
+            let default = match m.causal_default_offset {
+                0 => false,
+                1 => true,
+                v => {
+                    return Err(Failure::BadValue {
+                        arg: "mask.causal_default_offset",
+                        value: i64::from(v),
+                        allowed: "must be 0 (use causal_offset) or 1 (default offset nk - nq)",
+                    })
+                }
+            };
+            Mask::Causal { offset: (!default).then_some(m.causal_offset) }
         }
         AttnMaskKind::Keep => {
             // SAFETY: forwarded from the caller.
-            let keep = unsafe { slice("mask", m.keep, tensor_len("mask", &layout)?)? };
-            Mask::Keep { keep, layout }
+            let bytes = unsafe { slice("mask", m.keep, tensor_len("mask", &layout)?)? };
+            Mask::Keep { keep: raw::bools("mask.keep", bytes)?, layout }
         }
         AttnMaskKind::Bias => {
             // SAFETY: forwarded from the caller.
@@ -444,15 +547,16 @@ impl CWeights for AttnMhaWeights {
     }
     /// Spans of the weights and biases (bias lengths from `cfg`, checked first).
     fn spans(&self, cfg: &MhaConfig) -> Result<Vec<Span>, Failure> {
+        let [wq, wk, wv] = self.qkv();
         Ok(vec![
-            self.wq.span("wq")?,
-            self.wk.span("wk")?,
-            self.wv.span("wv")?,
+            wq.span("wq")?,
+            wk.span("wk")?,
+            wv.span("wv")?,
             self.wo.span("wo")?,
-            span("bq", self.bq, cfg.q_width()),
-            span("bk", self.bk, cfg.k_width()),
-            span("bv", self.bv, cfg.v_width()),
-            span("bo", self.bo, cfg.in_dim),
+            span("bq", self.bq, cfg.q_width())?,
+            span("bk", self.bk, cfg.k_width())?,
+            span("bv", self.bv, cfg.v_width())?,
+            span("bo", self.bo, cfg.in_dim)?,
         ])
     }
     /// # Safety
@@ -460,18 +564,92 @@ impl CWeights for AttnMhaWeights {
     unsafe fn view<'a>(&self, cfg: &MhaConfig) -> Result<MhaWeights<'a>, Failure> {
         // The bias lengths below are products that must not overflow.
         cfg.check()?;
-        // SAFETY: forwarded from the caller.
+        let [wq, wk, wv] = self.qkv();
+        // SAFETY: forwarded from the caller (`qkv` only rebases views inside one buffer).
         unsafe {
             Ok(MhaWeights {
-                wq: self.wq.view("wq")?,
-                wk: self.wk.view("wk")?,
-                wv: self.wv.view("wv")?,
+                wq: wq.view("wq")?,
+                wk: wk.view("wk")?,
+                wv: wv.view("wv")?,
                 wo: self.wo.view("wo")?,
                 bq: opt("bq", self.bq, cfg.q_width())?,
                 bk: opt("bk", self.bk, cfg.k_width())?,
                 bv: opt("bv", self.bv, cfg.v_width())?,
                 bo: opt("bo", self.bo, cfg.in_dim)?,
             })
+        }
+    }
+}
+
+impl AttnMhaWeights {
+    /// `wq`, `wk`, `wv`, with each run of adjacent column blocks of one buffer rebased onto one
+    /// `data` pointer (the lowest of the run, offsets adjusted), so that the layer sees them as
+    /// views of one slice and runs them as one GEMM (`layers::mha`'s `project`). A run is
+    /// consecutive views in that order with equal `rows`, `row_stride` and `col_stride`, each
+    /// starting (by address: `data + offset`) exactly `cols · col_stride` elements after the
+    /// previous one starts, and known to share a buffer: the same `data`, or byte ranges that
+    /// overlap (two valid ranges that overlap belong to one allocation). Views merely next to
+    /// each other in memory with different `data` pointers are left alone (three GEMMs, same
+    /// results): C cannot say they are one buffer.
+    fn qkv(&self) -> [AttnMat; 3] {
+        let mut w = [self.wq, self.wk, self.wv];
+        let mut start = 0;
+        for end in 1..=w.len() {
+            if end == w.len() || !joins(&w[end - 1], &w[end]) {
+                rebase(&mut w[start..end]);
+                start = end;
+            }
+        }
+        w
+    }
+}
+
+/// Byte address of element `(0, 0)` of a non-empty view, if it does not overflow.
+fn first_addr(m: &AttnMat) -> Option<usize> {
+    (m.data as usize).checked_add(m.offset.checked_mul(std::mem::size_of::<f32>())?)
+}
+
+/// True when `b` is the column block right after `a`'s, in the same buffer (see
+/// [`AttnMhaWeights::qkv`]).
+fn joins(a: &AttnMat, b: &AttnMat) -> bool {
+    let non_empty = |m: &AttnMat| !m.data.is_null() && m.rows > 0 && m.cols > 0;
+    if !(non_empty(a) && non_empty(b))
+        || (a.rows, a.row_stride, a.col_stride) != (b.rows, b.row_stride, b.col_stride)
+    {
+        return false;
+    }
+    let next = a
+        .cols
+        .checked_mul(a.col_stride)
+        .and_then(|e| e.checked_mul(std::mem::size_of::<f32>()))
+        .and_then(|bytes| first_addr(a)?.checked_add(bytes));
+    if next.is_none() || next != first_addr(b) {
+        return false;
+    }
+    match (a.span("a"), b.span("b")) {
+        (Ok(sa), Ok(sb)) => std::ptr::eq(a.data, b.data) || raw::overlap(&sa, &sb),
+        _ => false,
+    }
+}
+
+/// Rebases the views of `run` onto the lowest `data` pointer among them, keeping every
+/// element's address; leaves them as they are when that is not exact (a pointer not aligned for
+/// `f32`, an offset that overflows).
+fn rebase(run: &mut [AttnMat]) {
+    let Some(base) = run.iter().map(|m| m.data).min_by_key(|p| *p as usize) else { return };
+    let size = std::mem::size_of::<f32>();
+    let moved: Option<Vec<usize>> = run
+        .iter()
+        .map(|m| {
+            let bytes = m.data as usize - base as usize;
+            bytes.is_multiple_of(size).then_some(())?;
+            m.offset.checked_add(bytes / size)
+        })
+        .collect();
+    if let Some(offsets) = moved {
+        for (m, offset) in run.iter_mut().zip(offsets) {
+            m.data = base;
+            m.offset = offset;
         }
     }
 }
@@ -509,16 +687,25 @@ unsafe fn opt_mut<'a>(
 }
 
 impl AttnEncoderConfig {
-    fn to_rust(self) -> EncoderConfig {
-        EncoderConfig {
+    /// The Rust config, after checking `activation` (the only field that is not a size).
+    fn to_rust(self) -> Result<EncoderConfig, Failure> {
+        let activation = match self.activation {
+            0 => Activation::Relu,
+            1 => Activation::GeluTanh,
+            v => {
+                return Err(Failure::BadValue {
+                    arg: "cfg.activation",
+                    value: i64::from(v),
+                    allowed: "must be ATTN_ACTIVATION_RELU (0) or ATTN_ACTIVATION_GELU_TANH (1)",
+                })
+            }
+        };
+        Ok(EncoderConfig {
             attn: self.attn.to_rust(),
             ff_dim: self.ff_dim,
-            activation: match self.activation {
-                AttnActivation::Relu => Activation::Relu,
-                AttnActivation::GeluTanh => Activation::GeluTanh,
-            },
+            activation,
             eps: self.eps,
-        }
+        })
     }
 }
 
@@ -527,7 +714,7 @@ impl CWeights for AttnEncoderWeights {
     type Config = EncoderConfig;
     type Weights<'a> = EncoderWeights<'a>;
     fn config(c: AttnEncoderConfig) -> Result<EncoderConfig, Failure> {
-        let c = c.to_rust();
+        let c = c.to_rust()?;
         c.check()?;
         Ok(c)
     }
@@ -535,14 +722,14 @@ impl CWeights for AttnEncoderWeights {
         let d = cfg.attn.in_dim;
         let mut s = self.attn.spans(&cfg.attn)?;
         s.extend([
-            span("norm1.gamma", self.norm1_gamma, d),
-            span("norm1.beta", self.norm1_beta, d),
+            span("norm1.gamma", self.norm1_gamma, d)?,
+            span("norm1.beta", self.norm1_beta, d)?,
             self.w1.span("w1")?,
-            span("b1", self.b1, cfg.ff_dim),
+            span("b1", self.b1, cfg.ff_dim)?,
             self.w2.span("w2")?,
-            span("b2", self.b2, d),
-            span("norm2.gamma", self.norm2_gamma, d),
-            span("norm2.beta", self.norm2_beta, d),
+            span("b2", self.b2, d)?,
+            span("norm2.gamma", self.norm2_gamma, d)?,
+            span("norm2.beta", self.norm2_beta, d)?,
         ]);
         Ok(s)
     }
@@ -573,23 +760,29 @@ impl CWeights for AttnEncoderWeights {
     }
 }
 
-/// The name of a status, e.g. `"ATTN_STATUS_SHAPE_MISMATCH"` (a static string).
+/// The name of a status, e.g. `"ATTN_STATUS_SHAPE_MISMATCH"`, as a static NUL-terminated
+/// string; any integer that is not an [`AttnStatus`] value gives `"unknown status"` (never
+/// null). The argument is an `int32_t`, so any value may be passed.
 #[no_mangle]
-pub extern "C" fn attn_status_name(status: AttnStatus) -> *const c_char {
-    let s: &'static [u8] = match status {
-        AttnStatus::Ok => b"ATTN_STATUS_OK\0",
-        AttnStatus::ShapeMismatch => b"ATTN_STATUS_SHAPE_MISMATCH\0",
-        AttnStatus::OutOfBounds => b"ATTN_STATUS_OUT_OF_BOUNDS\0",
-        AttnStatus::IndexOverflow => b"ATTN_STATUS_INDEX_OVERFLOW\0",
-        AttnStatus::AliasedOutput => b"ATTN_STATUS_ALIASED_OUTPUT\0",
-        AttnStatus::ZeroHeads => b"ATTN_STATUS_ZERO_HEADS\0",
-        AttnStatus::HeadsNotDivisible => b"ATTN_STATUS_HEADS_NOT_DIVISIBLE\0",
-        AttnStatus::KvHeadsNotDividing => b"ATTN_STATUS_KV_HEADS_NOT_DIVIDING\0",
-        AttnStatus::NonFinite => b"ATTN_STATUS_NON_FINITE\0",
-        AttnStatus::InvalidParameter => b"ATTN_STATUS_INVALID_PARAMETER\0",
-        AttnStatus::NullPointer => b"ATTN_STATUS_NULL_POINTER\0",
-        AttnStatus::Panic => b"ATTN_STATUS_PANIC\0",
-    };
+pub extern "C" fn attn_status_name(status: i32) -> *const c_char {
+    const NAMES: [&[u8]; 12] = [
+        b"ATTN_STATUS_OK\0",
+        b"ATTN_STATUS_SHAPE_MISMATCH\0",
+        b"ATTN_STATUS_OUT_OF_BOUNDS\0",
+        b"ATTN_STATUS_INDEX_OVERFLOW\0",
+        b"ATTN_STATUS_ALIASED_OUTPUT\0",
+        b"ATTN_STATUS_ZERO_HEADS\0",
+        b"ATTN_STATUS_HEADS_NOT_DIVISIBLE\0",
+        b"ATTN_STATUS_KV_HEADS_NOT_DIVIDING\0",
+        b"ATTN_STATUS_NON_FINITE\0",
+        b"ATTN_STATUS_INVALID_PARAMETER\0",
+        b"ATTN_STATUS_NULL_POINTER\0",
+        b"ATTN_STATUS_PANIC\0",
+    ];
+    let s: &'static [u8] = usize::try_from(status)
+        .ok()
+        .and_then(|i| NAMES.get(i).copied())
+        .unwrap_or(b"unknown status\0");
     s.as_ptr().cast()
 }
 
@@ -620,7 +813,17 @@ pub unsafe extern "C" fn attn_last_error_message(buf: *mut c_char, cap: usize) -
     .unwrap_or(0)
 }
 
-/// `C ← α·A·B + β·C` (`A: m×k`, `B: k×n`, `C: m×n`, any strides; β = 0: C is not read).
+/// `C ← α·A·B + β·C` (`A: m×k`, `B: k×n`, `C: m×n`, any strides and offsets: a transposed or
+/// column-major operand is just other strides).
+///
+/// - `alpha`, `beta` must be finite (`ATTN_STATUS_NON_FINITE` naming them).
+/// - β = 0: C is not read (a NaN already in C does not reach the result).
+/// - α = 0 or k = 0: `A·B` is not computed, as in BLAS: `C ← β·C` (NaN or ∞ in A or B do not
+///   matter; with β = 0 too, C is set to zeros).
+/// - m = 0 or n = 0: nothing is read or written.
+/// - Nothing outside C's view is written, nothing outside the three views is read.
+/// - `threads`: see [`AttnStatus`] (0 = all cores, 1 = this thread, n = at most n). The
+///   result is bitwise the same for every thread count.
 ///
 /// # Safety
 ///
@@ -644,9 +847,21 @@ pub unsafe extern "C" fn attn_sgemm(
 }
 
 /// Fused `y = softmax(scale·x + mask)` over the last dimension of a `[batch, heads, rows,
-/// cols]` view (`mask` null for none). `lse` may be null; otherwise it receives the
-/// `batch·heads·rows` row logsumexps (`lse_len` must equal that). A fully masked row is all
-/// zeros with logsumexp −∞.
+/// cols]` view (`mask` null for none, else over `[batch, heads, rows, cols]`).
+///
+/// - `scale` must be finite. Logits are `scale·x` (plus the bias of a bias mask) in f32.
+/// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal
+///   `batch·heads·rows` (`ATTN_STATUS_SHAPE_MISMATCH`) and `lse[(b·heads + h)·rows + i]`
+///   receives row `(b, h, i)`'s logsumexp `ln Σ_j exp(logit_j)` (row-major over
+///   `[batch, heads, rows]`, whatever the strides of `x` and `y`).
+/// - Masked positions get exactly 0. A row whose every position is masked or `−∞` (or that
+///   is empty, `cols = 0`) is all zeros with logsumexp −∞, never NaN.
+/// - `+∞` logits share the row's weight evenly (`1/count` each, 0 elsewhere), logsumexp +∞;
+///   `−∞` logits get weight 0; a NaN visible logit makes the whole row NaN.
+/// - In place: pass `y` exactly equal to `x` (same data, dims, strides, offset); bit for bit
+///   the out-of-place result. Any other overlap of `y` (or `lse`) with `x` or the mask is
+///   `ATTN_STATUS_ALIASED_OUTPUT`.
+/// - `threads`: see [`AttnStatus`]; the result is bitwise the same for every thread count.
 ///
 /// # Safety
 ///
@@ -663,23 +878,44 @@ pub unsafe extern "C" fn attn_softmax(
     threads: usize,
 ) -> AttnStatus {
     guard(|| {
-        let mut inputs = vec![x.span("x")?];
+        // In place when `y` is `x` exactly (same data, dims, strides, offset).
+        let in_place = std::ptr::eq(x.data, y.data)
+            && (x.dims, x.strides, x.offset) == (y.dims, y.strides, y.offset);
         // SAFETY: the caller's contract.
-        inputs.extend(unsafe { mask_span(mask)? });
-        disjoint(&[y.span("y")?, span("lse", lse, lse_len)], &inputs)?;
+        let mask_span = unsafe { mask_span(mask)? };
+        let inputs: Vec<Span> = if in_place { vec![] } else { vec![x.span("x")?] };
+        let inputs: Vec<Span> = inputs.into_iter().chain(mask_span).collect();
+        disjoint(&[y.span("y")?, span("lse", lse, lse_len)?], &inputs)?;
         // SAFETY: the caller's contract; outputs checked disjoint from everything else.
-        let (x, mask, y) = unsafe { (x.view("x")?, mask_view(mask)?, y.view("y")?) };
+        let (mask, y) = unsafe { (mask_view(mask)?, y.view("y")?) };
         // SAFETY: as above.
         let lse = unsafe { opt_mut("lse", lse, lse_len)? };
         let par = self::threads(threads);
+        if in_place {
+            return Ok(crate::softmax::scale_mask_softmax_inplace(y, scale, &mask, lse, par)?);
+        }
+        // SAFETY: as above (`x` is not `y` and overlaps no output).
+        let x = unsafe { x.view("x")? };
         Ok(crate::softmax::scale_mask_softmax(x, scale, &mask, y, lse, par)?)
     })
 }
 
 /// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]` (`q: [b, hq, nq, dk]`,
-/// `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`; GQA when hkv < hq).
-/// Picks the decode path for nq ≤ 16, the flash path otherwise. `mask` may be null (none).
-/// `lse` may be null; otherwise it receives `b·hq·nq` logsumexps (`lse_len` must equal that).
+/// `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`; GQA/MQA when hkv < hq:
+/// hkv must divide hq, query head `h` reads K/V head `h / (hq / hkv)`). Picks the decode path
+/// for nq ≤ 16, the flash path otherwise.
+///
+/// - `scale` must be finite (1/√dk is the usual choice).
+/// - `mask` may be NULL (none); otherwise over `[b, hq, nq, nk]` (see [`AttnMask`]).
+/// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal `b·hq·nq`
+///   and `lse[(b·hq + h)·nq + i]` receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i`
+///   of head `h` of batch `b` (row-major over `[b, hq, nq]`).
+/// - A fully masked row (every key masked, or nk = 0) gives an all-zero output row and
+///   logsumexp −∞. A key of zero weight contributes exactly 0 even if its value is ±∞ or NaN.
+///   A `−∞` bias masks its position; a `+∞` bias entry is outside the supported range.
+/// - nq = 0 or an empty head dimension is fine (nothing, or zeros, to write).
+/// - `threads`: see [`AttnStatus`]; the flash path (nq > 16) is bitwise the same for every
+///   thread count.
 ///
 /// # Safety
 ///
@@ -703,8 +939,9 @@ pub unsafe extern "C" fn attn_attention(
 }
 
 /// Decode-step attention: [`attn_attention`] forced onto the decode path (few queries over
-/// many keys: keys split across threads, partial results merged by logsumexp). Same
-/// arguments and contract.
+/// many keys: keys split across threads, partial results merged by logsumexp), for any nq.
+/// Same arguments, conventions and statuses as [`attn_attention`]; its results may differ
+/// between thread counts by rounding (see [`AttnStatus`]).
 ///
 /// # Safety
 ///
@@ -751,7 +988,7 @@ unsafe fn attention_call(
     let mut inputs = vec![q.span("q")?, k.span("k")?, v.span("v")?];
     // SAFETY: forwarded from the caller.
     inputs.extend(unsafe { mask_span(mask)? });
-    disjoint(&[o.span("o")?, span("lse", lse, lse_len)], &inputs)?;
+    disjoint(&[o.span("o")?, span("lse", lse, lse_len)?], &inputs)?;
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
     let (q, k, v, mask, o) =
         unsafe { (q.view("q")?, k.view("k")?, v.view("v")?, mask_view(mask)?, o.view("o")?) };
@@ -766,7 +1003,9 @@ unsafe fn attention_call(
     }?)
 }
 
-/// Layer norm of each row of `x: [n, d]` into `y: [n, d]` with `gamma`, `beta` of `d` floats.
+/// Layer norm of each row of `x: [n, d]` into `y: [n, d]` with `gamma`, `beta` of `d` floats:
+/// `y = (x − mean)/√(var + eps)·gamma + beta` (`eps` finite and ≥ 0). Runs on the calling
+/// thread.
 ///
 /// # Safety
 ///
@@ -782,7 +1021,7 @@ pub unsafe extern "C" fn attn_layer_norm(
 ) -> AttnStatus {
     guard(|| {
         let d = x.cols;
-        let ins = [x.span("x")?, span("gamma", gamma, d), span("beta", beta, d)];
+        let ins = [x.span("x")?, span("gamma", gamma, d)?, span("beta", beta, d)?];
         disjoint(&[y.span("y")?], &ins)?;
         // SAFETY: the caller's contract; the output checked disjoint.
         let (x, gamma, beta, y) = unsafe {
@@ -809,25 +1048,25 @@ pub unsafe extern "C" fn attn_mha_workspace_len(
     // SAFETY: forwarded from the caller.
     unsafe {
         write_len(cfg, out, |c: AttnMhaConfig| {
-            crate::layers::mha_workspace_len(&c.to_rust(), batch, n_q, n_kv)
+            Ok(crate::layers::mha_workspace_len(&c.to_rust(), batch, n_q, n_kv))
         })
     }
 }
 
-/// The body of the `*_workspace_len` entry points: `*out = len(*cfg)` (the config is not
-/// checked: the sizes saturate), after the null checks of `cfg` then `out`.
+/// The body of the `*_workspace_len` entry points: `*out = len(*cfg)` (the sizes are not
+/// checked: they saturate; enum fields are), after the null checks of `cfg` then `out`.
 ///
 /// # Safety
 /// `cfg` is null or valid; `out` is null or writable.
 unsafe fn write_len<C: Copy>(
     cfg: *const C,
     out: *mut usize,
-    len: impl FnOnce(C) -> usize,
+    len: impl FnOnce(C) -> Result<usize, Failure>,
 ) -> AttnStatus {
     guard(|| {
         // SAFETY: the caller's contract.
         let (cfg, out) = unsafe { (deref("cfg", cfg)?, deref_mut("out", out)?) };
-        *out = len(*cfg);
+        *out = len(*cfg)?;
         Ok(())
     })
 }
@@ -860,8 +1099,11 @@ pub unsafe extern "C" fn attn_mha_config_from_embed_dim(
 }
 
 /// Multi-head self-attention `y = MHA(x)` (`x`, `y`: `[batch, 1, n, in_dim]`, mask over
-/// `[batch, heads, n, n]` or null). `workspace` holds `workspace_len` floats, at least
-/// [`attn_mha_workspace_len`]; pass null and 0 to let the call allocate.
+/// `[batch, heads, n, n]` or null; scores scaled by 1/√k_dim). `workspace` holds
+/// `workspace_len` floats, at least [`attn_mha_workspace_len`] (else
+/// `ATTN_STATUS_OUT_OF_BOUNDS`); pass NULL and 0 to let the call allocate (NULL with a nonzero
+/// length is `ATTN_STATUS_NULL_POINTER`). The weights' contract, including when the Q/K/V
+/// projections run as one GEMM, is on [`AttnMhaWeights`]. `threads`: see [`AttnStatus`].
 ///
 /// # Safety
 ///
@@ -884,8 +1126,8 @@ pub unsafe extern "C" fn attn_mha_forward(
 }
 
 /// Cross-attention `y = CrossAttention(x1, x2)` (`x1`, `y`: `[batch, 1, n1, in_dim]`, `x2`:
-/// `[batch, 1, n2, kv_in_dim]`, mask over `[batch, heads, n1, n2]` or null); workspace as
-/// [`attn_mha_forward`].
+/// `[batch, 1, n2, kv_in_dim]`, mask over `[batch, heads, n1, n2]` or null); workspace,
+/// weights and `threads` as [`attn_mha_forward`] (adjacent `wk`/`wv` blocks run as one GEMM).
 ///
 /// # Safety
 ///
@@ -979,7 +1221,7 @@ unsafe fn layer_operands<'a, W: CWeights>(
     }
     // SAFETY: forwarded from the caller.
     inputs.extend(unsafe { mask_span(mask)? });
-    disjoint(&[y.span("y")?, span("workspace", workspace, workspace_len)], &inputs)?;
+    disjoint(&[y.span("y")?, span("workspace", workspace, workspace_len)?], &inputs)?;
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
     let (w, x1, mask, y, ws) = unsafe {
         (
@@ -1000,7 +1242,8 @@ unsafe fn layer_operands<'a, W: CWeights>(
     Ok(LayerOperands { cfg, w, x1, x2, mask, y, ws, par: self::threads(threads) })
 }
 
-/// Writes the workspace size (in floats) of [`attn_encoder_forward`] into `*out`.
+/// Writes the workspace size (in floats) of [`attn_encoder_forward`] into `*out` (sizes
+/// saturate at `SIZE_MAX`; `cfg->activation` is validated).
 ///
 /// # Safety
 ///
@@ -1015,14 +1258,15 @@ pub unsafe extern "C" fn attn_encoder_workspace_len(
     // SAFETY: forwarded from the caller.
     unsafe {
         write_len(cfg, out, |c: AttnEncoderConfig| {
-            crate::layers::encoder_workspace_len(&c.to_rust(), batch, n)
+            Ok(crate::layers::encoder_workspace_len(&c.to_rust()?, batch, n))
         })
     }
 }
 
 /// One post-norm encoder block `y = LN₂(H + FF(H))`, `H = LN₁(x + MHA(x))` (`x`, `y`:
-/// `[batch, 1, n, d]`, mask over `[batch, heads, n, n]` or null); workspace as
-/// [`attn_mha_forward`] with [`attn_encoder_workspace_len`].
+/// `[batch, 1, n, d]`, mask over `[batch, heads, n, n]` or null); workspace and `threads` as
+/// [`attn_mha_forward`] with [`attn_encoder_workspace_len`]. `cfg->activation` is validated
+/// (see [`AttnEncoderConfig`]).
 ///
 /// # Safety
 ///
@@ -1053,3 +1297,6 @@ pub unsafe extern "C" fn attn_encoder_forward(
 
 #[cfg(test)]
 mod header;
+
+#[cfg(test)]
+mod tests;

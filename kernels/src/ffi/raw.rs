@@ -9,6 +9,23 @@ pub(crate) enum Failure {
     Api(Error),
     /// A pointer that must address at least one element is null.
     Null(&'static str),
+    /// An output's memory overlaps another operand's (`ATTN_STATUS_ALIASED_OUTPUT`).
+    Overlap {
+        /// The output.
+        output: &'static str,
+        /// The operand it overlaps.
+        other: &'static str,
+    },
+    /// An integer field that stands for an enum or a bool holds another value
+    /// (`ATTN_STATUS_INVALID_PARAMETER`).
+    BadValue {
+        /// The field, e.g. `mask.kind`.
+        arg: &'static str,
+        /// The value found.
+        value: i64,
+        /// The values it may take.
+        allowed: &'static str,
+    },
 }
 
 impl From<Error> for Failure {
@@ -90,23 +107,53 @@ fn check_ptr<T>(arg: &'static str, ptr: *const T, len: usize) -> Result<(), Fail
 /// A byte range a call reads or writes: (name, start address, length in bytes).
 pub(crate) type Span = (&'static str, usize, usize);
 
-/// The byte range of `len` elements of `T` at `ptr`.
-pub(crate) fn span<T>(arg: &'static str, ptr: *const T, len: usize) -> Span {
-    (arg, ptr as usize, len.saturating_mul(std::mem::size_of::<T>()))
+/// The byte range of `len` elements of `T` at `ptr`. A null pointer spans nothing (the call
+/// fails with `NULL_POINTER` when it makes the slice, or the pointer means "none"), so it never
+/// overlaps anything. A range of more than `isize::MAX` bytes, or one that wraps around the
+/// address space, is the IndexOverflow error naming `arg`: no buffer is that large.
+pub(crate) fn span<T>(arg: &'static str, ptr: *const T, len: usize) -> Result<Span, Failure> {
+    if ptr.is_null() || len == 0 {
+        return Ok((arg, ptr as usize, 0));
+    }
+    let bytes = len
+        .checked_mul(std::mem::size_of::<T>())
+        .filter(|&b| b <= isize::MAX as usize && (ptr as usize).checked_add(b).is_some());
+    match bytes {
+        Some(b) => Ok((arg, ptr as usize, b)),
+        None => Err(Failure::Api(Error::IndexOverflow { arg })),
+    }
+}
+
+/// True when the two ranges share a byte (empty ranges share none).
+pub(crate) fn overlap(a: &Span, b: &Span) -> bool {
+    a.2 > 0 && b.2 > 0 && a.1 < b.1 + b.2 && b.1 < a.1 + a.2
 }
 
 /// Checks that each output range overlaps no other range (inputs or outputs): a C caller may
 /// pass the same buffer twice, which a Rust `&mut` must not alias. Errors with
-/// [`Error::AliasedOutput`] naming the output.
+/// [`Failure::Overlap`] naming the output and the first operand it overlaps.
 pub(crate) fn disjoint(outputs: &[Span], inputs: &[Span]) -> Result<(), Failure> {
-    let overlap = |a: &Span, b: &Span| {
-        a.2 > 0 && b.2 > 0 && a.1 < b.1.saturating_add(b.2) && b.1 < a.1.saturating_add(a.2)
-    };
     for (i, o) in outputs.iter().enumerate() {
-        let others = outputs.iter().skip(i + 1).chain(inputs);
-        if others.clone().any(|x| overlap(o, x)) {
-            return Err(Failure::Api(Error::AliasedOutput { arg: o.0 }));
+        let mut others = outputs.iter().skip(i + 1).chain(inputs);
+        if let Some(x) = others.find(|x| overlap(o, x)) {
+            return Err(Failure::Overlap { output: o.0, other: x.0 });
         }
     }
     Ok(())
+}
+
+/// `bytes` as C `bool`s, after checking that each is 0 or 1 (any other byte is not a valid
+/// Rust `bool`): the error names `arg` and the first bad value.
+pub(crate) fn bools<'a>(arg: &'static str, bytes: &'a [u8]) -> Result<&'a [bool], Failure> {
+    if let Some(&b) = bytes.iter().find(|&&b| b > 1) {
+        return Err(Failure::BadValue {
+            arg,
+            value: i64::from(b),
+            allowed: "every byte of a keep-mask (gaps between strided elements included) must \
+                      be 0 (masked) or 1 (attend)",
+        });
+    }
+    // SAFETY: every byte is 0 or 1, the two valid `bool`s, which have the size and alignment
+    // of `u8`; the lifetime and the absence of writers carry over from `bytes`.
+    Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<bool>(), bytes.len()) })
 }

@@ -91,27 +91,28 @@ pub(crate) struct Problem<'a> {
 /// reads and writes that nobody else touches during the call.
 pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
     let work = pb.m.saturating_mul(pb.n).saturating_mul(pb.k);
+    // `count()` is at most the machine's cores; the products below saturate all the same.
     let threads = if work >= PAR_MIN_MNK { par.count() } else { 1 };
     let (mr, nr) = (pb.kern.mr, pb.kern.nr);
     if threads == 1 {
         // SAFETY: forwarded.
         unsafe { run_blocks(pb, 0, pb.m, 0, pb.n) };
-    } else if pb.m.div_ceil(mr) >= 2 * threads {
+    } else if pb.m.div_ceil(mr) >= threads.saturating_mul(2) {
         let chunk = pb.m.div_ceil(mr).div_ceil(threads) * mr;
         par.install(|| {
             (0..threads).into_par_iter().for_each(|t| {
-                let lo = (t * chunk).min(pb.m);
+                let lo = t.saturating_mul(chunk).min(pb.m);
                 // SAFETY: forwarded; threads get disjoint row ranges.
-                unsafe { run_blocks(pb, lo, (lo + chunk).min(pb.m), 0, pb.n) };
+                unsafe { run_blocks(pb, lo, lo.saturating_add(chunk).min(pb.m), 0, pb.n) };
             })
         });
     } else {
         let chunk = pb.n.div_ceil(nr).div_ceil(threads) * nr;
         par.install(|| {
             (0..threads).into_par_iter().for_each(|t| {
-                let lo = (t * chunk).min(pb.n);
+                let lo = t.saturating_mul(chunk).min(pb.n);
                 // SAFETY: forwarded; threads get disjoint column ranges.
-                unsafe { run_blocks(pb, 0, pb.m, lo, (lo + chunk).min(pb.n)) };
+                unsafe { run_blocks(pb, 0, pb.m, lo, lo.saturating_add(chunk).min(pb.n)) };
             })
         });
     }

@@ -2,10 +2,29 @@
 //! attention kernel ([`attention`], which picks its decode path for few queries and the flash
 //! path otherwise). Nothing else in `layers` multiplies matrices or computes attention.
 
-use attn_core::{Mask, Result, TensorMut, TensorRef};
+use attn_core::{Mask, MatMut, MatRef, Result, TensorMut, TensorRef};
 
-pub(crate) use crate::gemm::sgemm;
 use crate::par::Parallelism;
+
+#[cfg(test)]
+thread_local! {
+    /// GEMM calls made through [`sgemm`] on this thread (unit tests count the projections).
+    pub(crate) static GEMM_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// [`crate::gemm::sgemm`]: `C ← α·A·B + β·C`.
+pub(crate) fn sgemm(
+    alpha: f32,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    beta: f32,
+    c: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    #[cfg(test)]
+    GEMM_CALLS.with(|n| n.set(n.get() + 1));
+    crate::gemm::sgemm(alpha, a, b, beta, c, par)
+}
 
 /// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`, without the logsumexp.
 pub(crate) fn attention(

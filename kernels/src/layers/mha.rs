@@ -252,8 +252,8 @@ fn as_seq(buf: &mut [f32], batch: usize, n: usize, width: usize) -> TensorMut<'_
 /// columns side by side in `y` (`[batch, 1, n, Σ cols]`, checked by the caller along with `x`
 /// and the weights).
 ///
-/// Consecutive blocks whose weights are adjacent column ranges of one buffer (same slice, same
-/// strides, the next block starting where the previous ends) are merged into one GEMM over the
+/// Consecutive blocks whose weights are adjacent column ranges of one buffer (slices starting
+/// at the same address, same strides, the next block starting where the previous ends) are merged into one GEMM over the
 /// combined view: the fused QKV projection, found from the caller's layout rather than by
 /// copying weights. Biases are written into their column ranges first (zeros for a block without
 /// one, when another in its group has one) and the GEMM accumulates with β = 1.
@@ -274,7 +274,10 @@ fn project(
             wl.cols += blocks[end].0.layout.cols;
             end += 1;
         }
-        let wmat = MatRef::new(blocks[i].0.data, wl);
+        // The group's blocks share their first element's address; the longest slice covers
+        // the merged view (the last block's reaches its end).
+        let data = blocks[i..end].iter().map(|(w, _)| w.data).max_by_key(|d| d.len());
+        let wmat = MatRef::new(data.unwrap_or(blocks[i].0.data), wl);
         let has_bias = blocks[i..end].iter().any(|(_, b)| b.is_some());
         let yl = columns(&y.layout, col, wl.cols);
         match (fold_batch(&x.layout), fold_batch(&yl)) {
@@ -301,10 +304,12 @@ fn project(
     Ok(())
 }
 
-/// True when `b` is the column range of `a`'s buffer right after `a`'s.
+/// True when `b` is the column range of `a`'s buffer right after `a`'s: both slices start at
+/// the same address (their lengths may differ: through the C ABI each view's slice ends at its
+/// own last element) and `b`'s offset is where `a`'s columns end.
 fn continues(a: &MatRef<'_>, b: &MatRef<'_>) -> bool {
     let (la, lb) = (a.layout, b.layout);
-    ptr::eq(a.data, b.data)
+    ptr::eq(a.data.as_ptr(), b.data.as_ptr())
         && la.rows == lb.rows
         && la.row_stride == lb.row_stride
         && la.col_stride == lb.col_stride

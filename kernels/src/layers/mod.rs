@@ -20,7 +20,7 @@
 
 #[macro_use]
 mod forms;
-mod kernel_calls;
+pub(crate) mod kernel_calls;
 mod workspace;
 
 pub mod encoder;

@@ -1,0 +1,456 @@
+//! The boundary's own checks, called from Rust the way C calls them: out-of-range enum and bool
+//! values, status names for any integer, statuses and messages that name the real fault, and
+//! the fused QKV projection (GEMM calls counted on this thread).
+
+use std::ffi::CStr;
+use std::ptr::{null, null_mut};
+
+use super::*;
+use crate::layers::kernel_calls::GEMM_CALLS;
+
+fn last_error() -> String {
+    let mut buf = vec![0 as c_char; 512];
+    // SAFETY: `buf` holds 512 writable bytes.
+    unsafe { attn_last_error_message(buf.as_mut_ptr(), buf.len()) };
+    // SAFETY: the function NUL-terminates within `cap`.
+    unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+}
+
+fn name(status: i32) -> String {
+    // SAFETY: the function returns a static NUL-terminated string.
+    unsafe { CStr::from_ptr(attn_status_name(status)) }.to_string_lossy().into_owned()
+}
+
+fn mat(data: &[f32], rows: usize, cols: usize, rs: usize, cs: usize, offset: usize) -> AttnMat {
+    AttnMat { data: data.as_ptr(), rows, cols, row_stride: rs, col_stride: cs, offset }
+}
+
+fn mat_mut(data: &mut [f32], rows: usize, cols: usize) -> AttnMatMut {
+    AttnMatMut { data: data.as_mut_ptr(), rows, cols, row_stride: cols, col_stride: 1, offset: 0 }
+}
+
+/// A contiguous `[b, h, s, d]` view.
+fn tensor(data: &[f32], dims: [usize; 4]) -> AttnTensor {
+    let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
+    AttnTensor { data: data.as_ptr(), dims, strides, offset: 0 }
+}
+
+fn tensor_mut(data: &mut [f32], dims: [usize; 4]) -> AttnTensorMut {
+    let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
+    AttnTensorMut { data: data.as_mut_ptr(), dims, strides, offset: 0 }
+}
+
+fn no_mask() -> AttnMask {
+    AttnMask {
+        kind: 0,
+        causal_default_offset: 0,
+        causal_offset: 0,
+        keep: null(),
+        bias: null(),
+        dims: [0; 4],
+        strides: [0; 4],
+        offset: 0,
+    }
+}
+
+#[test]
+fn status_names_for_every_integer() {
+    let all = [
+        (AttnStatus::Ok, "ATTN_STATUS_OK"),
+        (AttnStatus::ShapeMismatch, "ATTN_STATUS_SHAPE_MISMATCH"),
+        (AttnStatus::OutOfBounds, "ATTN_STATUS_OUT_OF_BOUNDS"),
+        (AttnStatus::IndexOverflow, "ATTN_STATUS_INDEX_OVERFLOW"),
+        (AttnStatus::AliasedOutput, "ATTN_STATUS_ALIASED_OUTPUT"),
+        (AttnStatus::ZeroHeads, "ATTN_STATUS_ZERO_HEADS"),
+        (AttnStatus::HeadsNotDivisible, "ATTN_STATUS_HEADS_NOT_DIVISIBLE"),
+        (AttnStatus::KvHeadsNotDividing, "ATTN_STATUS_KV_HEADS_NOT_DIVIDING"),
+        (AttnStatus::NonFinite, "ATTN_STATUS_NON_FINITE"),
+        (AttnStatus::InvalidParameter, "ATTN_STATUS_INVALID_PARAMETER"),
+        (AttnStatus::NullPointer, "ATTN_STATUS_NULL_POINTER"),
+        (AttnStatus::Panic, "ATTN_STATUS_PANIC"),
+    ];
+    for (s, want) in all {
+        assert_eq!(name(s as i32), want);
+    }
+    for bad in [12, 13, -1, 1000, i32::MIN, i32::MAX] {
+        assert_eq!(name(bad), "unknown status", "{bad}");
+    }
+}
+
+/// Softmax of one `[1, 1, 2, 3]` tensor under `mask`.
+fn softmax_with(mask: &AttnMask) -> AttnStatus {
+    let x = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let mut y = [0.0f32; 6];
+    // SAFETY: views address their buffers; the mask's pointers address its view.
+    unsafe {
+        attn_softmax(
+            tensor(&x, [1, 1, 2, 3]),
+            1.0,
+            mask,
+            tensor_mut(&mut y, [1, 1, 2, 3]),
+            null_mut(),
+            0,
+            1,
+        )
+    }
+}
+
+#[test]
+fn out_of_range_mask_fields_are_refused() {
+    for kind in [4, 7, 9, -1, i32::MAX] {
+        let m = AttnMask { kind, ..no_mask() };
+        assert_eq!(softmax_with(&m), AttnStatus::InvalidParameter, "kind {kind}");
+        let msg = last_error();
+        assert!(msg.contains("mask.kind") && msg.contains(&kind.to_string()), "{msg}");
+    }
+    let causal =
+        |d| AttnMask { kind: AttnMaskKind::Causal as i32, causal_default_offset: d, ..no_mask() };
+    assert_eq!(softmax_with(&causal(1)), AttnStatus::Ok);
+    assert_eq!(softmax_with(&causal(0)), AttnStatus::Ok);
+    assert_eq!(softmax_with(&causal(2)), AttnStatus::InvalidParameter);
+    assert!(last_error().contains("mask.causal_default_offset"), "{}", last_error());
+    // Keep bytes: 0/1 accepted, anything else refused, also in a gap between strided elements.
+    let keep_mask = |keep: &[u8], strides| AttnMask {
+        kind: AttnMaskKind::Keep as i32,
+        keep: keep.as_ptr(),
+        dims: [1, 1, 2, 3],
+        strides,
+        ..no_mask()
+    };
+    assert_eq!(softmax_with(&keep_mask(&[1, 0, 1, 1, 1, 0], [6, 6, 3, 1])), AttnStatus::Ok);
+    assert_eq!(
+        softmax_with(&keep_mask(&[1, 0, 2, 1, 1, 0], [6, 6, 3, 1])),
+        AttnStatus::InvalidParameter
+    );
+    assert!(
+        last_error().contains("mask.keep") && last_error().contains("got 2"),
+        "{}",
+        last_error()
+    );
+    let gap = [1, 1, 1, 255, 1, 1, 1];
+    assert_eq!(softmax_with(&keep_mask(&gap, [7, 7, 4, 1])), AttnStatus::InvalidParameter);
+    // The same bytes without the bad one in reach are fine.
+    assert_eq!(softmax_with(&keep_mask(&gap[4..], [3, 3, 0, 1])), AttnStatus::Ok);
+}
+
+/// A small MHA shape: in_dim 8, two heads of 4.
+const CFG: AttnMhaConfig =
+    AttnMhaConfig { in_dim: 8, kv_in_dim: 8, k_dim: 4, v_dim: 4, num_heads: 2, kv_heads: 2 };
+
+fn vals(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 97) as f32 / 97.0 - 0.5)
+        .collect()
+}
+
+#[test]
+fn encoder_activation_is_validated() {
+    let cfg = |activation| AttnEncoderConfig { attn: CFG, ff_dim: 16, activation, eps: 1e-5 };
+    let mut len = 0usize;
+    for good in [AttnActivation::Relu as i32, AttnActivation::GeluTanh as i32] {
+        // SAFETY: valid pointers.
+        let s = unsafe { attn_encoder_workspace_len(&cfg(good), 1, 3, &mut len) };
+        assert_eq!(s, AttnStatus::Ok);
+    }
+    for bad in [2, 5, -1] {
+        // SAFETY: valid pointers.
+        let s = unsafe { attn_encoder_workspace_len(&cfg(bad), 1, 3, &mut len) };
+        assert_eq!(s, AttnStatus::InvalidParameter, "{bad}");
+        assert!(last_error().contains("cfg.activation"), "{}", last_error());
+        // The forward call refuses it before reading any weight (all null here).
+        let w = AttnEncoderWeights {
+            attn: AttnMhaWeights {
+                wq: mat(&[], 0, 0, 0, 0, 0),
+                wk: mat(&[], 0, 0, 0, 0, 0),
+                wv: mat(&[], 0, 0, 0, 0, 0),
+                wo: mat(&[], 0, 0, 0, 0, 0),
+                bq: null(),
+                bk: null(),
+                bv: null(),
+                bo: null(),
+            },
+            norm1_gamma: null(),
+            norm1_beta: null(),
+            w1: mat(&[], 0, 0, 0, 0, 0),
+            b1: null(),
+            w2: mat(&[], 0, 0, 0, 0, 0),
+            b2: null(),
+            norm2_gamma: null(),
+            norm2_beta: null(),
+        };
+        let x = vals(3 * 8, 1);
+        let mut y = vec![0.0; 3 * 8];
+        // SAFETY: views address their buffers.
+        let s = unsafe {
+            attn_encoder_forward(
+                &cfg(bad),
+                &w,
+                tensor(&x, [1, 1, 3, 8]),
+                null(),
+                tensor_mut(&mut y, [1, 1, 3, 8]),
+                null_mut(),
+                0,
+                1,
+            )
+        };
+        assert_eq!(s, AttnStatus::InvalidParameter, "{bad}");
+        assert!(last_error().contains("cfg.activation"), "{}", last_error());
+    }
+}
+
+#[test]
+fn aliasing_names_both_arguments() {
+    let a = vals(16, 2);
+    let b = vals(16, 3);
+    let mut c = vec![0.0f32; 16];
+    // C overlapping B (B read from C's own buffer).
+    let cm = mat_mut(&mut c, 4, 4);
+    // SAFETY: views address their buffers (the overlap is refused before any slice is made).
+    let s = unsafe {
+        attn_sgemm(
+            1.0,
+            mat(&a, 4, 4, 4, 1, 0),
+            AttnMat { data: cm.data, ..mat(&b, 4, 4, 4, 1, 0) },
+            0.0,
+            cm,
+            1,
+        )
+    };
+    assert_eq!(s, AttnStatus::AliasedOutput);
+    let msg = last_error();
+    assert!(msg.contains("`c` overlaps argument `b`"), "{msg}");
+    assert!(!msg.contains("zero stride"), "{msg}");
+    // A zero stride in the output is still the Rust API's message.
+    // SAFETY: as above.
+    let s = unsafe {
+        attn_sgemm(
+            1.0,
+            mat(&a, 4, 4, 4, 1, 0),
+            mat(&b, 4, 4, 4, 1, 0),
+            0.0,
+            AttnMatMut { row_stride: 0, ..mat_mut(&mut c, 4, 4) },
+            1,
+        )
+    };
+    assert_eq!(s, AttnStatus::AliasedOutput);
+    assert!(last_error().contains("zero stride"), "{}", last_error());
+    // lse inside o.
+    let q = vals(2 * 4, 4);
+    let k = vals(3 * 4, 5);
+    let v = vals(3 * 4, 6);
+    let mut o = vec![0.0f32; 2 * 4];
+    let lse = o.as_mut_ptr();
+    // SAFETY: as above.
+    let s = unsafe {
+        attn_attention(
+            tensor(&q, [1, 1, 2, 4]),
+            tensor(&k, [1, 1, 3, 4]),
+            tensor(&v, [1, 1, 3, 4]),
+            0.5,
+            null(),
+            tensor_mut(&mut o, [1, 1, 2, 4]),
+            lse,
+            2,
+            1,
+        )
+    };
+    assert_eq!(s, AttnStatus::AliasedOutput);
+    assert!(last_error().contains("`o` overlaps argument `lse`"), "{}", last_error());
+}
+
+#[test]
+fn in_place_softmax_equals_out_of_place() {
+    let x = vals(2 * 3 * 5, 7);
+    let mut y = vec![0.0f32; x.len()];
+    let mut lse_a = [0.0f32; 6];
+    let mut lse_b = [0.0f32; 6];
+    let dims = [1, 2, 3, 5];
+    // SAFETY: views address their buffers.
+    let s = unsafe {
+        attn_softmax(
+            tensor(&x, dims),
+            0.7,
+            null(),
+            tensor_mut(&mut y, dims),
+            lse_a.as_mut_ptr(),
+            6,
+            1,
+        )
+    };
+    assert_eq!(s, AttnStatus::Ok);
+    let mut z = x.clone();
+    let zm = tensor_mut(&mut z, dims);
+    // SAFETY: x and y are the same view: the in-place path.
+    let s = unsafe {
+        attn_softmax(
+            AttnTensor { data: zm.data, ..tensor(&x, dims) },
+            0.7,
+            null(),
+            zm,
+            lse_b.as_mut_ptr(),
+            6,
+            1,
+        )
+    };
+    assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+    assert!(y.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert_eq!(lse_a.map(f32::to_bits), lse_b.map(f32::to_bits));
+    // A partial overlap is refused, naming both.
+    let mut w = x.clone();
+    let wm = tensor_mut(&mut w, [1, 1, 1, 5]);
+    let shifted =
+        AttnTensor { data: wm.data.wrapping_add(1).cast_const(), ..tensor(&x, [1, 1, 1, 5]) };
+    // SAFETY: refused before any slice is made.
+    let s = unsafe { attn_softmax(shifted, 1.0, null(), wm, null_mut(), 0, 1) };
+    assert_eq!(s, AttnStatus::AliasedOutput);
+    assert!(last_error().contains("`y` overlaps argument `x`"), "{}", last_error());
+}
+
+#[test]
+fn null_spans_do_not_overlap_and_huge_views_overflow() {
+    let (wq, wk, wv, wo) = (vals(64, 1), vals(64, 2), vals(64, 3), vals(64, 4));
+    let w = AttnMhaWeights {
+        wq: mat(&wq, 8, 8, 8, 1, 0),
+        wk: mat(&wk, 8, 8, 8, 1, 0),
+        wv: mat(&wv, 8, 8, 8, 1, 0),
+        wo: mat(&wo, 8, 8, 8, 1, 0),
+        bq: null(),
+        bk: null(),
+        bv: null(),
+        bo: null(),
+    };
+    let x = vals(3 * 8, 5);
+    let mut y = vec![0.0; 3 * 8];
+    // SAFETY: views address their buffers; the workspace is null (refused).
+    let s = unsafe {
+        attn_mha_forward(
+            &CFG,
+            &w,
+            tensor(&x, [1, 1, 3, 8]),
+            null(),
+            tensor_mut(&mut y, [1, 1, 3, 8]),
+            null_mut(),
+            100,
+            1,
+        )
+    };
+    assert_eq!(s, AttnStatus::NullPointer, "{}", last_error());
+    assert!(last_error().contains("workspace"), "{}", last_error());
+    // An SGEMM C view of 2^62 elements: no buffer is that large.
+    let a = vals(4, 1);
+    let huge = AttnMatMut {
+        data: y.as_mut_ptr(),
+        rows: 1 << 31,
+        cols: 1 << 31,
+        row_stride: 1 << 31,
+        col_stride: 1,
+        offset: 0,
+    };
+    // SAFETY: refused before any slice is made.
+    let s = unsafe {
+        attn_sgemm(1.0, mat(&a, 1 << 31, 0, 0, 1, 0), mat(&a, 0, 1 << 31, 1, 1, 0), 0.0, huge, 1)
+    };
+    assert_eq!(s, AttnStatus::IndexOverflow, "{}", last_error());
+    assert!(last_error().contains("`c`"), "{}", last_error());
+}
+
+/// Runs `attn_mha_forward` (or, with `x2`, the cross-attention) on the weights and counts the
+/// GEMM calls it makes on this thread.
+fn count_gemms(w: &AttnMhaWeights, cross: bool) -> (usize, Vec<f32>) {
+    let x = vals(5 * 8, 9);
+    let x2 = vals(4 * 8, 10);
+    let mut y = vec![0.0; 5 * 8];
+    GEMM_CALLS.with(|n| n.set(0));
+    // SAFETY: views address their buffers.
+    let s = unsafe {
+        let (tx, ty) = (tensor(&x, [1, 1, 5, 8]), tensor_mut(&mut y, [1, 1, 5, 8]));
+        if cross {
+            attn_cross_attention_forward(
+                &CFG,
+                w,
+                tx,
+                tensor(&x2, [1, 1, 4, 8]),
+                null(),
+                ty,
+                null_mut(),
+                0,
+                1,
+            )
+        } else {
+            attn_mha_forward(&CFG, w, tx, null(), ty, null_mut(), 0, 1)
+        }
+    };
+    assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+    (GEMM_CALLS.with(|n| n.get()), y)
+}
+
+#[test]
+fn adjacent_qkv_blocks_run_as_one_gemm_through_c() {
+    // One [8, 24] row-major buffer holding wq | wk | wv, plus biases [24].
+    let wqkv = vals(8 * 24, 11);
+    let wo = vals(64, 12);
+    let bqkv = vals(24, 13);
+    let bo = vals(8, 14);
+    let sep: Vec<Vec<f32>> = (0..3)
+        .map(|c| (0..8).flat_map(|r| wqkv[r * 24 + c * 8..][..8].to_vec()).collect())
+        .collect();
+    let weights = |wq, wk, wv| AttnMhaWeights {
+        wq,
+        wk,
+        wv,
+        wo: mat(&wo, 8, 8, 8, 1, 0),
+        bq: bqkv.as_ptr(),
+        bk: bqkv[8..].as_ptr(),
+        bv: bqkv[16..].as_ptr(),
+        bo: bo.as_ptr(),
+    };
+    let separate = weights(
+        mat(&sep[0], 8, 8, 8, 1, 0),
+        mat(&sep[1], 8, 8, 8, 1, 0),
+        mat(&sep[2], 8, 8, 8, 1, 0),
+    );
+    let (n, want) = count_gemms(&separate, false);
+    assert_eq!(n, 4, "three projections and the output");
+    // Same data pointer, offsets select the blocks.
+    let same = weights(
+        mat(&wqkv, 8, 8, 24, 1, 0),
+        mat(&wqkv, 8, 8, 24, 1, 8),
+        mat(&wqkv, 8, 8, 24, 1, 16),
+    );
+    // Pointers to each block (overlapping byte ranges: one buffer).
+    let moved = weights(
+        mat(&wqkv, 8, 8, 24, 1, 0),
+        mat(&wqkv[8..], 8, 8, 24, 1, 0),
+        mat(&wqkv[16..], 8, 8, 24, 1, 0),
+    );
+    // PyTorch's in_proj_weight [24, 8] row-major, read as W = in_proj_weightᵀ (column-major
+    // [8, 24]): the blocks follow each other without overlapping, same data pointer.
+    let mut torch = vec![0.0; 24 * 8];
+    for r in 0..8 {
+        for c in 0..24 {
+            torch[c * 8 + r] = wqkv[r * 24 + c];
+        }
+    }
+    let col = weights(
+        mat(&torch, 8, 8, 1, 8, 0),
+        mat(&torch, 8, 8, 1, 8, 64),
+        mat(&torch, 8, 8, 1, 8, 128),
+    );
+    for (what, w) in [("same data", same), ("moved data", moved), ("column-major", col)] {
+        let (n, got) = count_gemms(&w, false);
+        assert_eq!(n, 2, "{what}: one QKV GEMM and the output");
+        for (g, e) in got.iter().zip(&want) {
+            assert!((g - e).abs() <= 1e-5 * (1.0 + e.abs()), "{what}: {g} vs {e}");
+        }
+    }
+    // Column-major blocks at different pointers only touch: not known to be one buffer.
+    let touching = weights(
+        mat(&torch, 8, 8, 1, 8, 0),
+        mat(&torch[64..], 8, 8, 1, 8, 0),
+        mat(&torch[128..], 8, 8, 1, 8, 0),
+    );
+    assert_eq!(count_gemms(&touching, false).0, 4);
+    // Cross-attention: wk | wv adjacent make one K/V GEMM (Q, KV, output).
+    assert_eq!(count_gemms(&same, true).0, 3);
+    assert_eq!(count_gemms(&separate, true).0, 4);
+}

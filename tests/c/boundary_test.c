@@ -1,0 +1,279 @@
+/*
+ * The C ABI's boundary from C, run by tests/tests/c_abi.rs (no arguments, no data files):
+ * out-of-range enum and bool values, status names for any integer, statuses and messages that
+ * name the real fault, absurd thread counts on every entry point that takes one. Exit status:
+ * the number of failed checks. With ATTN_NO_TIMING set in the environment (under valgrind),
+ * the one-second limit per threaded call is not checked.
+ */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime under -std=c11 */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "attn_kernels.h"
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                                      \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                              \
+            fprintf(stderr, __VA_ARGS__);                                                     \
+            fprintf(stderr, "\n");                                                            \
+            failures++;                                                                       \
+        }                                                                                     \
+    } while (0)
+
+/* The status of `call` is `want` and, when `needle` is not NULL, the last error message
+ * contains it. */
+#define EXPECT(call, want, needle)                                                            \
+    do {                                                                                      \
+        AttnStatus got_ = (call);                                                             \
+        CHECK(got_ == (want), "%s: got %s, want %s (%s)", #call, attn_status_name(got_),      \
+              attn_status_name(want), last_error());                                          \
+        expect_message(#call, needle);                                                        \
+    } while (0)
+
+static const char *last_error(void) {
+    static char buf[512];
+    attn_last_error_message(buf, sizeof buf);
+    return buf;
+}
+
+/* The last error message contains `needle` (nothing to check for NULL). */
+static void expect_message(const char *call, const char *needle) {
+    if (needle != NULL)
+        CHECK(strstr(last_error(), needle) != NULL, "%s: message '%s' lacks '%s'", call,
+              last_error(), needle);
+}
+
+static float *vals(size_t n, unsigned seed) {
+    float *v = malloc((n ? n : 1) * sizeof *v);
+    for (size_t i = 0; i < n; i++) v[i] = (float)((i * 2654435761u + seed) % 97) / 97.0f - 0.5f;
+    return v;
+}
+
+static AttnMat mat(const float *data, size_t rows, size_t cols, size_t rs, size_t cs) {
+    AttnMat m = {data, rows, cols, rs, cs, 0};
+    return m;
+}
+
+static AttnMatMut mat_mut(float *data, size_t rows, size_t cols) {
+    AttnMatMut m = {data, rows, cols, cols, 1, 0};
+    return m;
+}
+
+static AttnTensor tensor(const float *data, size_t b, size_t h, size_t s, size_t d) {
+    AttnTensor t = {data, {b, h, s, d}, {h * s * d, s * d, d, 1}, 0};
+    return t;
+}
+
+static AttnTensorMut tensor_mut(float *data, size_t b, size_t h, size_t s, size_t d) {
+    AttnTensorMut t = {data, {b, h, s, d}, {h * s * d, s * d, d, 1}, 0};
+    return t;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void test_status_names(void) {
+    CHECK(strcmp(attn_status_name(ATTN_STATUS_OK), "ATTN_STATUS_OK") == 0, "OK name");
+    CHECK(strcmp(attn_status_name(ATTN_STATUS_PANIC), "ATTN_STATUS_PANIC") == 0, "PANIC name");
+    CHECK(strcmp(attn_status_name(ATTN_STATUS_NULL_POINTER), "ATTN_STATUS_NULL_POINTER") == 0,
+          "NULL_POINTER name");
+    const int32_t bad[] = {12, 13, -1, 1000, INT32_MIN, INT32_MAX};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *n = attn_status_name(bad[i]);
+        CHECK(n != NULL && strcmp(n, "unknown status") == 0, "status %d: '%s'", (int)bad[i],
+              n ? n : "(null)");
+    }
+}
+
+/* Mask kinds 4, 7, 9 (and others) through softmax, attention and decode; a causal flag of 2;
+ * keep-mask bytes other than 0/1. */
+static void test_mask_fields(void) {
+    float *x = vals(2 * 3, 1), *y = vals(2 * 3, 2);
+    float *q = vals(2 * 4, 3), *k = vals(3 * 4, 4), *v = vals(3 * 4, 5), *o = vals(2 * 4, 6);
+    AttnTensor tx = tensor(x, 1, 1, 2, 3), tq = tensor(q, 1, 1, 2, 4), tk = tensor(k, 1, 1, 3, 4),
+               tv = tensor(v, 1, 1, 3, 4);
+    AttnTensorMut ty = tensor_mut(y, 1, 1, 2, 3), to = tensor_mut(o, 1, 1, 2, 4);
+    const int32_t kinds[] = {4, 7, 9, -1, INT32_MAX};
+    for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++) {
+        AttnMask m;
+        memset(&m, 0, sizeof m);
+        m.kind = kinds[i];
+        EXPECT(attn_softmax(tx, 1.0f, &m, ty, NULL, 0, 1), ATTN_STATUS_INVALID_PARAMETER,
+               "mask.kind");
+        EXPECT(attn_attention(tq, tk, tv, 0.5f, &m, to, NULL, 0, 1),
+               ATTN_STATUS_INVALID_PARAMETER, "mask.kind");
+        EXPECT(attn_decode(tq, tk, tv, 0.5f, &m, to, NULL, 0, 1), ATTN_STATUS_INVALID_PARAMETER,
+               "mask.kind");
+    }
+    AttnMask causal;
+    memset(&causal, 0, sizeof causal);
+    causal.kind = ATTN_MASK_KIND_CAUSAL;
+    causal.causal_default_offset = 1;
+    EXPECT(attn_attention(tq, tk, tv, 0.5f, &causal, to, NULL, 0, 1), ATTN_STATUS_OK, NULL);
+    causal.causal_default_offset = 2;
+    EXPECT(attn_attention(tq, tk, tv, 0.5f, &causal, to, NULL, 0, 1),
+           ATTN_STATUS_INVALID_PARAMETER, "mask.causal_default_offset");
+    EXPECT(attn_softmax(tx, 1.0f, &causal, ty, NULL, 0, 1), ATTN_STATUS_INVALID_PARAMETER,
+           "mask.causal_default_offset");
+
+    /* keep over [1, 1, 2, 3] with a padded row (row stride 4): byte 3 is a gap. */
+    uint8_t keep[8] = {1, 0, 1, 0, 1, 1, 0, 0};
+    AttnMask km;
+    memset(&km, 0, sizeof km);
+    km.kind = ATTN_MASK_KIND_KEEP;
+    km.keep = keep;
+    size_t dims[4] = {1, 1, 2, 3}, strides[4] = {8, 8, 4, 1};
+    memcpy(km.dims, dims, sizeof dims);
+    memcpy(km.strides, strides, sizeof strides);
+    EXPECT(attn_softmax(tx, 1.0f, &km, ty, NULL, 0, 1), ATTN_STATUS_OK, NULL);
+    CHECK(y[1] == 0.0f && y[5] == 0.0f, "keep 0 masks: %g %g", y[1], y[5]);
+    keep[2] = 2;
+    EXPECT(attn_softmax(tx, 1.0f, &km, ty, NULL, 0, 1), ATTN_STATUS_INVALID_PARAMETER,
+           "mask.keep");
+    keep[2] = 1;
+    keep[3] = 255; /* in the gap between the rows: still inside the span, refused */
+    EXPECT(attn_softmax(tx, 1.0f, &km, ty, NULL, 0, 1), ATTN_STATUS_INVALID_PARAMETER,
+           "mask.keep");
+    keep[3] = 0;
+    km.dims[3] = 4; /* the mask must match the scores: [1, 1, 2, 4] is wrong for nk = 3 */
+    EXPECT(attn_attention(tq, tk, tv, 0.5f, &km, to, NULL, 0, 1), ATTN_STATUS_SHAPE_MISMATCH,
+           NULL);
+    km.dims[2] = 2, km.dims[3] = 3;
+    EXPECT(attn_attention(tq, tk, tv, 0.5f, &km, to, NULL, 0, 1), ATTN_STATUS_OK, NULL);
+    keep[4] = 7;
+    EXPECT(attn_decode(tq, tk, tv, 0.5f, &km, to, NULL, 0, 1), ATTN_STATUS_INVALID_PARAMETER,
+           "mask.keep");
+    free(x), free(y), free(q), free(k), free(v), free(o);
+}
+
+static AttnMhaWeights mha_weights(const float *wq, const float *wk, const float *wv,
+                                  const float *wo, size_t d) {
+    AttnMhaWeights w = {mat(wq, d, d, d, 1), mat(wk, d, d, d, 1), mat(wv, d, d, d, 1),
+                        mat(wo, d, d, d, 1), NULL, NULL, NULL, NULL};
+    return w;
+}
+
+/* Encoder activation 5, the NULL workspace of length 100, the 2^62-element C view, and the
+ * aliasing messages. */
+static void test_layer_and_view_faults(void) {
+    const size_t d = 8, n = 3, ff = 16;
+    AttnMhaConfig cfg = {d, d, 4, 4, 2, 2};
+    float *wq = vals(d * d, 1), *wk = vals(d * d, 2), *wv = vals(d * d, 3), *wo = vals(d * d, 4);
+    float *x = vals(n * d, 5), *y = vals(n * d, 6);
+    AttnMhaWeights w = mha_weights(wq, wk, wv, wo, d);
+    AttnTensor tx = tensor(x, 1, 1, n, d);
+    AttnTensorMut ty = tensor_mut(y, 1, 1, n, d);
+    EXPECT(attn_mha_forward(&cfg, &w, tx, NULL, ty, NULL, 100, 1), ATTN_STATUS_NULL_POINTER,
+           "workspace");
+    EXPECT(attn_mha_forward(&cfg, &w, tx, NULL, ty, NULL, 0, 1), ATTN_STATUS_OK, NULL);
+
+    float *g = vals(d, 7), *b = vals(d, 8), *w1 = vals(d * ff, 9), *w2 = vals(ff * d, 10);
+    AttnEncoderWeights ew = {w, g, b, mat(w1, d, ff, ff, 1), NULL, mat(w2, ff, d, d, 1), NULL,
+                             g, b};
+    AttnEncoderConfig ec = {cfg, ff, 5, 1e-5f};
+    size_t len = 0;
+    EXPECT(attn_encoder_workspace_len(&ec, 1, n, &len), ATTN_STATUS_INVALID_PARAMETER,
+           "cfg.activation");
+    EXPECT(attn_encoder_forward(&ec, &ew, tx, NULL, ty, NULL, 0, 1),
+           ATTN_STATUS_INVALID_PARAMETER, "cfg.activation");
+    ec.activation = -1;
+    EXPECT(attn_encoder_forward(&ec, &ew, tx, NULL, ty, NULL, 0, 1),
+           ATTN_STATUS_INVALID_PARAMETER, "cfg.activation");
+    ec.activation = ATTN_ACTIVATION_GELU_TANH;
+    EXPECT(attn_encoder_forward(&ec, &ew, tx, NULL, ty, NULL, 0, 1), ATTN_STATUS_OK, NULL);
+
+    /* C of 2^62 elements (never touched: refused before any slice is made). */
+    float *a = vals(16, 11), *bb = vals(16, 12), *c = vals(16, 13);
+    size_t big = (size_t)1 << 31;
+    AttnMatMut huge = {c, big, big, big, 1, 0};
+    EXPECT(attn_sgemm(1, mat(a, big, 0, 0, 1), mat(bb, 0, big, 1, 1), 0, huge, 1),
+           ATTN_STATUS_INDEX_OVERFLOW, "`c`");
+    /* C overlapping A, then B: the message names the pair. */
+    EXPECT(attn_sgemm(1, mat(c, 4, 4, 4, 1), mat(bb, 4, 4, 4, 1), 0, mat_mut(c, 4, 4), 1),
+           ATTN_STATUS_ALIASED_OUTPUT, "`c` overlaps argument `a`");
+    EXPECT(attn_sgemm(1, mat(a, 4, 4, 4, 1), mat(c + 2, 2, 2, 2, 1), 0, mat_mut(c, 4, 2), 1),
+           ATTN_STATUS_ALIASED_OUTPUT, "`c` overlaps argument `b`");
+    /* In-place softmax: y is exactly x. */
+    EXPECT(attn_softmax(tensor(c, 1, 1, 4, 4), 1.0f, NULL, tensor_mut(c, 1, 1, 4, 4), NULL, 0, 1),
+           ATTN_STATUS_OK, NULL);
+    float sum = c[0] + c[1] + c[2] + c[3];
+    CHECK(fabsf(sum - 1.0f) < 1e-5f, "in-place softmax row sums to %g", sum);
+    /* lse inside y. */
+    EXPECT(attn_softmax(tensor(a, 1, 1, 4, 4), 1.0f, NULL, tensor_mut(c, 1, 1, 4, 4), c + 4, 4, 1),
+           ATTN_STATUS_ALIASED_OUTPUT, "`y` overlaps argument `lse`");
+    /* The workspace inside the input. */
+    EXPECT(attn_mha_forward(&cfg, &w, tx, NULL, ty, x, n * d, 1), ATTN_STATUS_ALIASED_OUTPUT,
+           "`workspace` overlaps argument `x1`");
+    free(wq), free(wk), free(wv), free(wo), free(x), free(y), free(g), free(b), free(w1),
+        free(w2), free(a), free(bb), free(c);
+}
+
+static int timing = 1;
+
+#define TIMED(call)                                                                           \
+    do {                                                                                      \
+        double t0_ = now();                                                                   \
+        AttnStatus s_ = (call);                                                               \
+        double dt_ = now() - t0_;                                                             \
+        CHECK(s_ == ATTN_STATUS_OK, "%s: %s (%s)", #call, attn_status_name(s_), last_error()); \
+        CHECK(!timing || dt_ < 1.0, "%s took %.3f s", #call, dt_);                            \
+    } while (0)
+
+/* Every entry point that takes a thread count, with SIZE_MAX and 4096 threads on problems just
+ * large enough to be threaded. */
+static void test_thread_counts(void) {
+    const size_t counts[] = {SIZE_MAX, 4096, 0};
+    const size_t m = 160, d = 64, n = 96, ff = 128, nk = 1024;
+    float *a = vals(m * m, 1), *b = vals(m * m, 2), *c = vals(m * m, 3);
+    float *x = vals(2 * 256 * 256, 4), *y = vals(2 * 256 * 256, 5), *lse = vals(2 * 256, 6);
+    float *q = vals(4 * n * d, 7), *k = vals(4 * nk * d, 8), *v = vals(4 * nk * d, 9),
+          *o = vals(4 * n * d, 10);
+    AttnMhaConfig cfg = {d, d, 16, 16, 4, 4};
+    float *wq = vals(d * d, 11), *wk = vals(d * d, 12), *wv = vals(d * d, 13), *wo = vals(d * d, 14);
+    float *g = vals(d, 15), *be = vals(d, 16), *w1 = vals(d * ff, 17), *w2 = vals(ff * d, 18);
+    float *xs = vals(n * d, 19), *ys = vals(n * d, 20);
+    AttnMhaWeights w = mha_weights(wq, wk, wv, wo, d);
+    AttnEncoderWeights ew = {w, g, be, mat(w1, d, ff, ff, 1), NULL, mat(w2, ff, d, d, 1), NULL,
+                             g, be};
+    AttnEncoderConfig ec = {cfg, ff, ATTN_ACTIVATION_RELU, 1e-5f};
+    for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
+        size_t t = counts[i];
+        TIMED(attn_sgemm(1, mat(a, m, m, m, 1), mat(b, m, m, m, 1), 0, mat_mut(c, m, m), t));
+        TIMED(attn_softmax(tensor(x, 1, 2, 256, 256), 0.5f, NULL, tensor_mut(y, 1, 2, 256, 256),
+                           lse, 2 * 256, t));
+        TIMED(attn_attention(tensor(q, 1, 4, n, d), tensor(k, 1, 4, n, d), tensor(v, 1, 4, n, d),
+                             0.125f, NULL, tensor_mut(o, 1, 4, n, d), NULL, 0, t));
+        TIMED(attn_decode(tensor(q, 1, 4, 1, d), tensor(k, 1, 4, nk, d), tensor(v, 1, 4, nk, d),
+                          0.125f, NULL, tensor_mut(o, 1, 4, 1, d), NULL, 0, t));
+        TIMED(attn_mha_forward(&cfg, &w, tensor(xs, 1, 1, n, d), NULL,
+                               tensor_mut(ys, 1, 1, n, d), NULL, 0, t));
+        TIMED(attn_cross_attention_forward(&cfg, &w, tensor(xs, 1, 1, n, d),
+                                           tensor(x, 1, 1, n / 2, d), NULL,
+                                           tensor_mut(ys, 1, 1, n, d), NULL, 0, t));
+        TIMED(attn_encoder_forward(&ec, &ew, tensor(xs, 1, 1, n, d), NULL,
+                                   tensor_mut(ys, 1, 1, n, d), NULL, 0, t));
+    }
+    free(a), free(b), free(c), free(x), free(y), free(lse), free(q), free(k), free(v), free(o),
+        free(wq), free(wk), free(wv), free(wo), free(g), free(be), free(w1), free(w2), free(xs),
+        free(ys);
+}
+
+int main(void) {
+    timing = getenv("ATTN_NO_TIMING") == NULL;
+    test_status_names();
+    test_mask_fields();
+    test_layer_and_view_faults();
+    test_thread_counts();
+    if (failures == 0) printf("all boundary checks passed\n");
+    return failures;
+}
