@@ -401,7 +401,6 @@ pub(crate) unsafe fn exp_neg_scaled_n<S: SimdF32, const K: usize>(x: [S::V; K]) 
 /// function so that it inlines.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) unsafe fn exp_ps_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     debug_assert!(Isa::Avx512.is_supported());
     // SAFETY: forwarded contract.
@@ -416,7 +415,6 @@ pub(crate) unsafe fn exp_ps_avx512(x: std::arch::x86_64::__m512) -> std::arch::x
 /// `#[target_feature(enable = "avx2,fma")]` function so that it inlines.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) unsafe fn exp_ps_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     debug_assert!(Isa::Avx2.is_supported());
     // SAFETY: forwarded contract.
@@ -461,7 +459,6 @@ pub(crate) fn exp_neg_lut4_f32x8(x: [wide::f32x8; 4]) -> [wide::f32x8; 4] {
 
 /// Portable exp of 8 lanes of `wide::f32x8` (the module's algorithm; max error 1 ULP).
 #[inline(always)]
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
 pub(crate) fn exp_f32x8(x: wide::f32x8) -> wide::f32x8 {
     // SAFETY: the portable ISA is supported everywhere.
     unsafe { exp_v::<super::vector::Portable>(x) }

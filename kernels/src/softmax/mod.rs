@@ -36,27 +36,14 @@
 //! its AVX-512, AVX2 and portable implementations: the only intrinsics of the softmax).
 //! The ISA is chosen by [`crate::arch`] (the one place for GEMM and softmax alike).
 //!
-//! # Crate-internal contract for the attention kernels
+//! # What the attention kernels use
 //!
-//! Flash attention fuses softmax pieces into its own loops; it uses, and may rely on:
-//! - `row_max(isa, &[f32]) -> f32`: the max of a contiguous row, NaN skipped, `−∞` if empty;
-//! - `exp_sub_sum(isa, &mut [f32], m) -> f32`: `x_j ← exp(x_j − m)` in place, returns the f32
-//!   sum of the new values; needs a finite `m ≥ max_j x_j − 43` (the row max, or a running
-//!   max that only grows): it uses the `x ≤ 43` exp (`exp_low_v`, same bits as `exp_v` there);
-//! - `scale_row(isa, &mut [f32], s)`: `x_j ← s·x_j`;
-//! - the vector exp itself, 1 ULP (see [`exp`]): `exp_ps_avx512(__m512)`, `exp_ps_avx2(__m256)`
-//!   (`unsafe`, `#[inline(always)]`: call them from inside a function compiled with
-//!   `#[target_feature(enable = "avx512f")]` / `"avx2,fma"` on a CPU that has it), the safe
-//!   `exp_f32x8(wide::f32x8)`, and the generic `exp_v::<S: SimdF32>(S::V)` for code written
-//!   over the `SimdF32` trait (`Avx512`, `Avx2`, `Portable` implement it), with
-//!   `exp_low_v` its cheaper twin for arguments `≤ 43` (such as `s − running max`), both
-//!   within 1 ULP; `exp_neg_n` (1.5 ULP, arguments `≤ 0` only, `K` vectors interleaved)
-//!   and its two paths are what the softmax itself uses and are available to it too;
-//! - the table path alone for four vectors whose lanes are NaN or in `[LUT_MIN, 0]`
-//!   (`LUT_MIN` = −87; other lanes give unspecified values, never undefined behaviour):
-//!   `exp_neg_lut4_avx512`, `exp_neg_lut4_avx2` (`unsafe`, as `exp_ps_*`) and the safe
-//!   `exp_neg_lut4_f32x8` (the 1-ULP `exp_low_v` there, without an FMA); flash attention's
-//!   online softmax uses them on key blocks within that range.
+//! The attention module's vector trait (`attention::simd::Simd`) runs this module's exps on its
+//! own vectors: the 1-ULP exp (`exp_ps_avx512`, `exp_ps_avx2`, `exp_f32x8`) and the 1.5-ULP
+//! table exp of four vectors whose lanes are NaN or in `[LUT_MIN, 0]` (`exp_neg_lut4_avx512`,
+//! `exp_neg_lut4_avx2`, `exp_neg_lut4_f32x8`; other lanes give unspecified values, never
+//! undefined behaviour). The `unsafe` ones must be called from code compiled for their ISA on
+//! a CPU that has it.
 //!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
 //! [`crate::arch::selected`] or checked with [`Isa::require`]; an unsupported
@@ -70,18 +57,9 @@ pub use exp::{
     exp_slice, exp_slice_with_isa, softmax_exp_slice_with_isa, EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP,
 };
 
-#[allow(unused_imports)] // the attention kernel's API (module docs)
-pub(crate) use exp::{exp_f32x8, exp_low_v, exp_neg_lut4_f32x8, exp_v, LUT_MIN};
+pub(crate) use exp::{exp_f32x8, exp_neg_lut4_f32x8, LUT_MIN};
 #[cfg(target_arch = "x86_64")]
-#[allow(unused_imports)]
 pub(crate) use exp::{exp_neg_lut4_avx2, exp_neg_lut4_avx512, exp_ps_avx2, exp_ps_avx512};
-#[allow(unused_imports)]
-pub(crate) use row::{exp_sub_sum, row_max, scale as scale_row};
-#[cfg(target_arch = "x86_64")]
-#[allow(unused_imports)]
-pub(crate) use vector::{Avx2, Avx512};
-#[allow(unused_imports)]
-pub(crate) use vector::{Portable, SimdF32};
 
 use attn_core::error::{expect_dim, expect_finite};
 use attn_core::{MatMut, MatRef, TensorMut, TensorRef};

@@ -47,9 +47,7 @@
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
-use super::exp::{
-    exp_low_v, exp_map_body, exp_neg_lut_folded_n, exp_neg_scaled_n, LutConsts, LUT_MIN,
-};
+use super::exp::{exp_map_body, exp_neg_lut_folded_n, exp_neg_scaled_n, LutConsts, LUT_MIN};
 use super::vector::{Portable, SimdF32};
 use crate::arch::Isa;
 
@@ -447,8 +445,6 @@ struct TableExp;
 struct MaskedTableExp;
 /// The softmax's full-range exp ([`exp_neg_scaled_n`]): any lane `≤ 0`, `−∞` included.
 struct FullExp;
-/// The 1-ULP exp for lanes `≤ 43` ([`exp_low_v`]): the attention kernel's running max.
-struct LowExp;
 
 // SAFETY (the impls): forward the caller's contract.
 impl GroupExp for TableExp {
@@ -468,16 +464,6 @@ impl GroupExp for FullExp {
     #[inline(always)]
     unsafe fn exp<S: SimdF32>(d: [S::V; EXP_UNROLL], _: &LutConsts<S>) -> [S::V; EXP_UNROLL] {
         unsafe { exp_neg_scaled_n::<S, EXP_UNROLL>(d) }
-    }
-}
-impl GroupExp for LowExp {
-    #[inline(always)]
-    unsafe fn exp<S: SimdF32>(mut d: [S::V; EXP_UNROLL], _: &LutConsts<S>) -> [S::V; EXP_UNROLL] {
-        // A loop, not `array::map`: the map's closure does not inline into target-feature code.
-        for v in &mut d {
-            *v = unsafe { exp_low_v::<S>(*v) };
-        }
-        d
     }
 }
 
@@ -1429,58 +1415,6 @@ unsafe fn lse_row_body<S: SimdF32>(x: &[f32], y: Option<&mut [f32]>) -> f32 {
     }
 }
 
-/// `max_j x_j`, NaN skipped, `−∞` when empty.
-///
-/// # Safety
-/// `S::ISA` supported.
-#[inline(always)]
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
-unsafe fn row_max_body<S: SimdF32>(x: &[f32]) -> f32 {
-    // SAFETY: forwarded contract.
-    unsafe {
-        let z = Plain::<S> { x: x.as_ptr(), scale: S::splat(1.0) };
-        range_pass::<S, _, false>(&z, x.len(), &mut Drain::none()).0
-    }
-}
-
-/// `x_j ← exp(x_j − m)`, returns `Σ_j x_j` (after the update).
-///
-/// # Safety
-/// `S::ISA` supported.
-#[inline(always)]
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
-unsafe fn exp_sub_sum_body<S: SimdF32>(x: &mut [f32], m: f32) -> f32 {
-    let p = x.as_mut_ptr();
-    // SAFETY: forwarded contract; in place is allowed by `exp_sum_pass`.
-    unsafe {
-        let z = Plain::<S> { x: p, scale: S::splat(1.0) };
-        let c = LutConsts::new(1.0);
-        exp_sum_pass::<S, _, LowExp, true, false>(
-            &z,
-            x.len(),
-            m,
-            p,
-            std::ptr::null(),
-            0,
-            &c,
-            (0.0, 1.0),
-            &mut Drain::none(),
-        )
-    }
-}
-
-/// `x_j ← x_j · s`.
-///
-/// # Safety
-/// `S::ISA` supported.
-#[inline(always)]
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
-unsafe fn scale_body<S: SimdF32>(x: &mut [f32], s: f32) {
-    let p = x.as_mut_ptr();
-    // SAFETY: forwarded contract.
-    unsafe { scale_pass::<S>(p, p, x.len(), s) }
-}
-
 /// One module of `#[target_feature]` wrappers per ISA around the generic bodies above.
 macro_rules! isa_fns {
     ($module:ident, $S:ty $(, $feature:literal)?) => {
@@ -1517,24 +1451,6 @@ macro_rules! isa_fns {
             pub(super) unsafe fn lse_row(x: &[f32], y: Option<&mut [f32]>) -> f32 {
                 // SAFETY: as above.
                 unsafe { lse_row_body::<$S>(x, y) }
-            }
-            #[allow(dead_code)]
-            $(#[target_feature(enable = $feature)])?
-            pub(super) unsafe fn row_max(x: &[f32]) -> f32 {
-                // SAFETY: as above.
-                unsafe { row_max_body::<$S>(x) }
-            }
-            #[allow(dead_code)]
-            $(#[target_feature(enable = $feature)])?
-            pub(super) unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f32 {
-                // SAFETY: as above.
-                unsafe { exp_sub_sum_body::<$S>(x, m) }
-            }
-            #[allow(dead_code)]
-            $(#[target_feature(enable = $feature)])?
-            pub(super) unsafe fn scale(x: &mut [f32], s: f32) {
-                // SAFETY: as above.
-                unsafe { scale_body::<$S>(x, s) }
             }
             $(#[target_feature(enable = $feature)])?
             pub(super) unsafe fn exp_map(x: &[f32], y: &mut [f32]) {
@@ -1660,35 +1576,9 @@ pub(crate) fn exp_neg_map(isa: Isa, x: &[f32], y: &mut [f32]) {
     dispatch!(isa, exp_neg_map(&x[..n], &mut y[..n]))
 }
 
-// ---- The crate-internal row API the attention kernel builds on (see `softmax/mod.rs`). ----
-
-/// `max_j x_j` of a contiguous row; NaN elements are skipped, an empty row gives `−∞`.
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
-pub(crate) fn row_max(isa: Isa, x: &[f32]) -> f32 {
-    dispatch!(isa, row_max(x))
-}
-
-/// `x_j ← exp(x_j − m)` in place, returning `Σ_j x_j` (f32, accumulated in `LANES`
-/// partial sums). Needs a finite `m ≥ max_j x_j − 43` (usually [`row_max`]); larger
-/// differences are clamped (see `exp_low_v`).
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
-pub(crate) fn exp_sub_sum(isa: Isa, x: &mut [f32], m: f32) -> f32 {
-    dispatch!(isa, exp_sub_sum(x, m))
-}
-
-/// `x_j ← x_j · s` in place.
-#[allow(dead_code)] // the attention kernel's API (softmax/mod.rs)
-pub(crate) fn scale(isa: Isa, x: &mut [f32], s: f32) {
-    dispatch!(isa, scale(x, s))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn data(n: usize) -> Vec<f32> {
-        (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect()
-    }
 
     #[test]
     fn far_order_is_a_permutation_covering_the_row() {
@@ -1709,35 +1599,5 @@ mod tests {
         let mut order = FarOrder::new(4096);
         let first: Vec<usize> = (0..6).map(|_| order.next()).collect();
         assert_eq!(first, [0, 1024, 2048, 3072, 16, 1040]);
-    }
-
-    #[test]
-    fn primitives_match_scalar_on_every_isa() {
-        for isa in Isa::supported() {
-            for n in [0, 1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 100] {
-                let x = data(n);
-                let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                assert_eq!(row_max(isa, &x).to_bits(), m.to_bits(), "{isa} n={n}");
-                let mut e = x.clone();
-                let s = exp_sub_sum(isa, &mut e, m);
-                let mut exact = 0.0f64;
-                for (v, xi) in e.iter().zip(&x) {
-                    // The kernel exponentiates the f32 difference.
-                    let want = f64::from(*xi - m).exp();
-                    exact += want;
-                    assert!((f64::from(*v) - want).abs() <= want * 2.5e-7, "{isa} n={n}");
-                }
-                assert!((f64::from(s) - exact).abs() <= exact * (n as f64 + 2.0) * 1.2e-7);
-                scale(isa, &mut e, 2.0);
-                let mut e2 = x.clone();
-                exp_sub_sum(isa, &mut e2, m);
-                for (a, b) in e.iter().zip(&e2) {
-                    assert_eq!(*a, 2.0 * *b);
-                }
-            }
-            let mut nan = vec![1.0, f32::NAN, 3.0];
-            assert_eq!(row_max(isa, &nan), 3.0);
-            assert!(exp_sub_sum(isa, &mut nan, 3.0).is_nan());
-        }
     }
 }
