@@ -12,8 +12,11 @@
 //! - a NaN visible logit makes the whole row NaN (masked positions included) and its lse NaN;
 //! - `+∞` logits share the weight evenly (`1/count` each, 0 elsewhere), lse `+∞`;
 //! - `|z| ≤ 1e30` is ordinary input: `z − m` never overflows to NaN; a logit whose f32 product
-//!   `scale·x` overflows becomes `±∞` and follows the rule above (the f64 reference may keep
-//!   it finite — the one place the two can differ beyond rounding).
+//!   `scale·x` (or `scale·x + bias`) overflows becomes `±∞` and follows the rule above; the
+//!   f64 reference takes its logits beyond the f32 range as `±∞` too
+//!   ([`attn_reference::softmax::saturate_logit`]), so the two agree; only a logit whose
+//!   product overflows while the sum with the bias would not (`|scale·x|`, `|bias|` near
+//!   `f32::MAX` with opposite signs) can differ beyond rounding.
 //!
 //! Accuracy, with `u = 2⁻²⁴`, `E` = [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP: the softmax passes use
 //! their own exp for arguments `z − m ≤ 0`, see [`exp`]), `n` visible positions:
@@ -84,7 +87,7 @@ pub(crate) use vector::{Avx2, Avx512};
 pub(crate) use vector::{Portable, SimdF32};
 
 use attn_reference::error::{expect_dim, expect_finite};
-use attn_reference::{MatMut, MatRef, TensorMut, TensorRef};
+use attn_reference::{Error, MatMut, MatRef, TensorMut, TensorRef};
 use rayon::prelude::*;
 
 use crate::arch::{self, Isa};
@@ -178,7 +181,7 @@ pub fn scale_mask_softmax_with_isa(
     y.check("y")?;
     let [batch, heads, rows, cols] = x.layout.dims;
     mask.check(batch, heads, rows, cols)?;
-    check_lse(lse.as_deref(), batch * heads * rows)?;
+    check_lse(lse.as_deref(), batch.saturating_mul(heads).saturating_mul(rows))?;
     let ctx = Ctx { isa, x: Some(x), scale, mask, dims: x.layout.dims };
     ctx.run(y, lse, par);
     Ok(())
@@ -211,7 +214,7 @@ pub fn scale_mask_softmax_inplace_with_isa(
     x.check("x")?;
     let [batch, heads, rows, cols] = x.layout.dims;
     mask.check(batch, heads, rows, cols)?;
-    check_lse(lse.as_deref(), batch * heads * rows)?;
+    check_lse(lse.as_deref(), batch.saturating_mul(heads).saturating_mul(rows))?;
     let ctx = Ctx { isa, x: None, scale, mask, dims: x.layout.dims };
     ctx.run(x, lse, par);
     Ok(())
@@ -271,19 +274,31 @@ pub fn logsumexp_with_isa(isa: Isa, x: MatRef<'_>, par: Parallelism) -> Result<V
     x.check("x")?;
     let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
     let rows = x.layout.rows;
-    let f = |scratch: &mut Scratch, r: usize| {
+    // An `r × 0` view (or one with a zero row stride) may have any `r`, so the result is
+    // allocated fallibly, with the reference's error when it cannot be.
+    let mut out = Vec::new();
+    out.try_reserve_exact(rows).map_err(|_| Error::InvalidParameter {
+        arg: "x",
+        requirement: "the sizes imply a scratch buffer that cannot be allocated",
+    })?;
+    out.resize(rows, f32::NEG_INFINITY);
+    if x.layout.cols == 0 {
+        return Ok(out); // empty rows: −∞ each, nothing to read
+    }
+    let f = |scratch: &mut Scratch, (r, l): (usize, &mut f32)| {
         let pos = RowPos { r, b: 0, h: 0, i: r };
-        row::lse_row(isa, gather(&xt, pos, &mut scratch.x), None)
+        *l = row::lse_row(isa, gather(&xt, pos, &mut scratch.x), None);
     };
     if use_threads(par, x.layout.len()) {
         let min = min_rows_per_task(x.layout.cols);
-        Ok(par.install(|| {
-            (0..rows).into_par_iter().with_min_len(min).map_init(Scratch::default, f).collect()
-        }))
+        par.install(|| {
+            out.par_iter_mut().enumerate().with_min_len(min).for_each_init(Scratch::default, f)
+        });
     } else {
         let mut scratch = Scratch::default();
-        Ok((0..rows).map(|r| f(&mut scratch, r)).collect())
+        out.iter_mut().enumerate().for_each(|rl| f(&mut scratch, rl));
     }
+    Ok(out)
 }
 
 fn check_lse(lse: Option<&[f32]>, rows: usize) -> Result<()> {
@@ -431,13 +446,20 @@ where
 {
     let dims = y.layout.dims;
     let [batch, heads, rows, cols] = dims;
-    let nrows = batch * heads * rows;
+    // Bounded by the slices once past the early return below: `y` has `nrows·cols` distinct
+    // elements (checked injective) or `lse` has `nrows` entries.
+    let nrows = batch.saturating_mul(heads).saturating_mul(rows);
     let mut slots: Vec<Option<&mut f32>> = match lse {
         Some(l) => l.iter_mut().map(Some).collect(),
         None => Vec::new(),
     };
     if cols == 0 {
         // Nothing to index: an empty view's offset and strides need not lie inside its slice.
+        // Without logsumexps there is nothing to write, whatever `batch·heads·rows` says (a
+        // `[1, 1, 2⁴⁰, 0]` view is legal): return at once, as the reference does.
+        if slots.is_empty() {
+            return;
+        }
         let mut scratch = Scratch::default();
         let mut pos = RowPos::FIRST;
         for r in 0..nrows {
