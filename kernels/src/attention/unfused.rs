@@ -6,9 +6,9 @@
 
 use rayon::prelude::*;
 
-use attn_reference::{MatLayout, MatMut, MatRef, Result};
+use attn_reference::{Error, MatLayout, MatMut, MatRef, Result};
 
-use super::simd::{axpy, exp_row, vectorize, Kernel, Simd};
+use super::simd::{axpy, exp_row, pos_inf_weights, vectorize, Kernel, Simd};
 use super::sink::Sink;
 use super::{matrix, row_of, Problem};
 use crate::arch::Isa;
@@ -18,7 +18,7 @@ use crate::par::Parallelism;
 /// Runs the unfused path over all heads, writing through `sink`. With fewer heads than
 /// threads the SGEMMs get the threads instead.
 pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) -> Result<()> {
-    let tasks = p.batch * p.hq;
+    let tasks = p.batch.saturating_mul(p.hq);
     if p.nq == 0 || tasks == 0 {
         return Ok(());
     }
@@ -40,7 +40,7 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     let kh = h / p.group;
     let (nq, nk, dv) = (p.nq, p.nk, p.dv);
     // 1. S = scale·Q·Kᵀ (Kᵀ is K's view transposed: no copy).
-    let mut sc = vec![0.0f32; nq * nk];
+    let mut sc = zeros("k", nq.checked_mul(nk))?;
     let q = MatRef::new(p.q.data, matrix(&p.q.layout, b, h));
     let kt = MatRef::new(p.k.data, matrix(&p.k.layout, b, kh).transposed());
     sgemm_with_isa(isa, p.scale2, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
@@ -50,7 +50,7 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     //    reference skips it), but the SGEMM would form 0·∞ = NaN at a ±∞/NaN value (e.g. an
     //    unwritten KV-cache slot under the mask): when the head has both, P·V skips the zero
     //    weights row by row instead (vectorised along dv; this path is for tests and benches).
-    let mut o = vec![0.0f32; nq * dv];
+    let mut o = zeros("v", nq.checked_mul(dv))?;
     if nk > 0 && dv > 0 {
         let vs = p.values(b, kh);
         let mut tmp = vec![0.0f32; dv];
@@ -72,6 +72,21 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
         sink.write_row(b, h, i, lse, |d| row[d] * inv);
     }
     Ok(())
+}
+
+/// A zeroed scratch buffer of `n` floats, or the reference's error for a scratch buffer that
+/// cannot be allocated (`n` overflowed, or the allocation failed): this path materialises
+/// `Nq × Nk` scores, and a view with broadcast (zero-stride) operands can ask for any size.
+fn zeros(arg: &'static str, n: Option<usize>) -> Result<Vec<f32>> {
+    let err = Error::InvalidParameter {
+        arg,
+        requirement: "the sizes imply a scratch buffer that cannot be allocated",
+    };
+    let n = n.ok_or(err.clone())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| err)?;
+    v.resize(n, 0.0);
+    Ok(v)
 }
 
 /// Masks each score row of one head and replaces it by `e^(s − max)`; returns the maxima and
@@ -97,7 +112,12 @@ impl Kernel for SoftmaxRows<'_, '_> {
         for (i, row) in sc.chunks_exact_mut(nk).enumerate() {
             p.apply_mask(b, h, i, 1, 0, nk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
-            sums[i] = exp_row(s, row, m);
+            // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
+            sums[i] = if m == f32::INFINITY {
+                pos_inf_weights(row, nk, 1, 0)
+            } else {
+                exp_row(s, row, m)
+            };
             maxes[i] = m;
         }
         (maxes, sums)
