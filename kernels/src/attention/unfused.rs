@@ -1,6 +1,6 @@
-//! The unfused path: per `(batch, query head)`, materialise the scores `S = scale·Q·Kᵀ`
-//! (`Nq × Nk`, one SGEMM), apply the mask and a row softmax in place, then `O = P·V` (a second
-//! SGEMM) and divide each row by its sum. It needs `Nq·(Nk + dv)` floats per task, which is the
+//! The unfused path: per `(batch, query head)`, materialise the scores `S = scale·(Q·Kᵀ)`
+//! (`Nq × Nk`, one SGEMM, then the scale), apply the mask and a row softmax in place, then
+//! `O = P·V` (a second SGEMM) and divide each row by its sum. It needs `Nq·(Nk + dv)` floats per task, which is the
 //! point of comparison with the flash path; it is kept for equivalence tests and benchmarks,
 //! not for production use.
 
@@ -39,11 +39,13 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     let (b, h) = (t / p.hq, t % p.hq);
     let kh = h / p.group;
     let (nq, nk, dv) = (p.nq, p.nk, p.dv);
-    // 1. S = scale·Q·Kᵀ (Kᵀ is K's view transposed: no copy).
+    // 1. S = Q·Kᵀ (Kᵀ is K's view transposed: no copy), scaled with the mask below. Not as
+    //    the SGEMM's α: α = 0 skips the product (BLAS), where the reference's scale·(q·k) is
+    //    NaN for an infinite q·k.
     let mut sc = zeros("k", nq.checked_mul(nk))?;
     let q = MatRef::new(p.q.data, matrix(&p.q.layout, b, h));
     let kt = MatRef::new(p.k.data, matrix(&p.k.layout, b, kh).transposed());
-    sgemm_with_isa(isa, p.scale2, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
+    sgemm_with_isa(isa, 1.0, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
     // 2. Mask and softmax rows (unnormalised; each row keeps its max and sum).
     let (maxes, sums) = vectorize(isa, SoftmaxRows { p, b, h, sc: &mut sc });
     // 3. O = P·V, normalised once per row. A zero weight must contribute exactly 0 (the
@@ -110,6 +112,9 @@ impl Kernel for SoftmaxRows<'_, '_> {
             return (maxes, sums);
         }
         for (i, row) in sc.chunks_exact_mut(nk).enumerate() {
+            if p.scale2 != 1.0 {
+                row.iter_mut().for_each(|x| *x *= p.scale2);
+            }
             p.apply_mask(b, h, i, 1, 0, nk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
             // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
