@@ -9,7 +9,8 @@
 //!   the diagonal are never visited. Tasks are `(batch, head, query tile)`, spread over rayon.
 //! - [`decode`]: for a handful of queries over many keys (`Nq ≤ 16`, generation with a KV
 //!   cache). All query heads of a GQA group and all queries form the rows, the keys of each
-//!   `(batch, K/V head)` are split into chunks across threads, and the chunks' partial results
+//!   `(batch, K/V head)` are split into chunks fixed by `Nk` (threads take whole chunks, so the
+//!   result does not depend on the thread count), and the chunks' partial results
 //!   are merged by their logsumexp (flash-decoding). Each key/value row is read once.
 //! - [`attention_unfused`]: scores materialised per head, then softmax, then `P·V`; kept as a
 //!   second implementation for equivalence tests and benchmarks.
@@ -19,11 +20,15 @@
 //! [`attn_reference::attention::attention`] (they share [`check_attention`]): any strides (so
 //! `[b, s, h, d]` and `[b, h, s, d]` storage both work without copies), `Nq ≠ Nk`, `d_k ≠ d_v`,
 //! GQA/MQA (query head `h` reads K/V head `h / (H_q / H_kv)`, no copies), every [`Mask`]; a
-//! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine.
+//! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine. A call with
+//! nothing to write (an empty output view and no logsumexp entry) returns at once whatever its
+//! other dimensions (`2⁴⁰` rows of width 0, `2⁵⁰` keys of width 0), as the reference does; with
+//! `d_k = d_v = 0` the logsumexps are computed without visiting the keys. No allocation or loop
+//! is sized by a dimension whose product with a zero dimension is empty.
 //!
 //! Numerics: the query tile is packed pre-multiplied by `scale` (a nonzero product that would
 //! underflow to zero is kept as the smallest subnormal of its sign, so an underflow cannot turn
-//! `scale·q·(±∞)` into `0·∞ = NaN`; see [`scale_query`]); accumulation is f32; the
+//! `scale·q·(±∞)` into `0·∞ = NaN`; see `scale_query`); accumulation is f32; the
 //! exponential is the softmax module's: its table exp (1.5 ULP) on key blocks whose scores all
 //! lie within 87 of the running max, the full-range 1-ULP exp elsewhere.
 //!
