@@ -223,9 +223,7 @@ fn fuzz_regressions() {
         69, 34, 206, 52, 105, 4, 14, 11, 245, 192, 24, 18, 68, 43, 62, 74, 182, 9, 3, 150, 57, 141,
         135, 40, 45, 71, 18, 167, 166, 56, 10,
     ];
-    AttentionCase::decode(bytes)
-        .check(|q, k, v, s, m, o, l, p| attn_kernels::attention::attention(q, k, v, s, m, o, l, p))
-        .unwrap();
+    AttentionCase::decode(bytes).check(attn_kernels::attention::attention).unwrap();
     let bytes: &[u8] = &[
         76, 160, 36, 112, 229, 25, 142, 208, 79, 135, 149, 30, 40, 54, 20, 92, 64, 57, 20, 23, 18,
         155, 91, 159, 54, 66, 52, 168, 82, 11, 188, 93, 71, 250, 42, 13, 240, 63, 71, 82, 0, 116,
