@@ -25,8 +25,8 @@ use attn_reference::{Mask, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK};
 use super::simd::{
-    decode_pv_block, decode_qk_block, exp_row, exp_scalar, pos_inf_weights, row_max, vectorize,
-    Kernel, Simd, Strided,
+    axpy, decode_pv_block, decode_qk_block, exp_row, exp_scalar, pos_inf_weights, row_max,
+    vectorize, Kernel, Simd, Strided,
 };
 use super::Problem;
 use crate::arch::Isa;
@@ -69,7 +69,7 @@ pub(super) fn run(
     } else {
         par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect())
     };
-    merge(p, &partials, chunks, o, lse);
+    vectorize(isa, Merge { p, partials: &partials, chunks, o, lse });
 }
 
 /// The key split of every `(batch, K/V head)`: `(chunks, keys per chunk)`, a function of `nk`
@@ -82,51 +82,62 @@ fn split(nk: usize) -> (usize, usize) {
     (nk.div_ceil(chunk_len).max(1), chunk_len)
 }
 
-/// Merges the chunks of each head by logsumexp and writes the normalised rows.
-fn merge(
-    p: &Problem<'_>,
-    partials: &[Partial],
+/// Merges the chunks of each head by logsumexp and writes the normalised rows. Runs as a
+/// [`Kernel`]: the weighted sums of the chunks' output rows are vector FMAs (`axpy`), where
+/// `f32::mul_add` outside the ISA's code would be a call to the software `fmaf` per element,
+/// which cost more than the chunking itself (the same bits either way: a fused multiply-add
+/// is rounded once).
+struct Merge<'r, 'a, 'o> {
+    p: &'r Problem<'a>,
+    partials: &'r [Partial],
     chunks: usize,
-    o: TensorMut<'_>,
-    mut lse: Option<&mut [f32]>,
-) {
-    let rows = p.group * p.nq;
-    let mut acc = vec![0.0f32; p.dv];
-    for (bk, parts) in partials.chunks(chunks).enumerate() {
-        let (b, kh) = (bk / p.hkv, bk % p.hkv);
-        for r in 0..rows {
-            let (h, i) = (kh * p.group + r / p.nq, r % p.nq);
-            let mx = parts.iter().map(|c| c.m[r]).fold(f32::MIN, f32::max);
-            let mut total = 0.0f32;
-            acc.fill(0.0);
-            for c in parts {
-                // e^(m_c − M) in f64: two scalars per chunk, no need for the vector exp. Equal
-                // maxima weigh 1, also when both are +∞ (the +∞ keys share the weight).
-                let w = if c.m[r] == mx {
-                    1.0
-                } else {
-                    (f64::from(c.m[r]) - f64::from(mx)).exp() as f32
-                };
-                if w == 0.0 {
-                    continue; // weight 0: contributes nothing, even an ∞ partial (0·∞)
+    o: TensorMut<'o>,
+    lse: Option<&'r mut [f32]>,
+}
+
+impl Kernel for Merge<'_, '_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let Merge { p, partials, chunks, o, mut lse } = self;
+        let rows = p.group * p.nq;
+        let mut acc = vec![0.0f32; p.dv];
+        for (bk, parts) in partials.chunks(chunks).enumerate() {
+            let (b, kh) = (bk / p.hkv, bk % p.hkv);
+            for r in 0..rows {
+                let (h, i) = (kh * p.group + r / p.nq, r % p.nq);
+                let mx = parts.iter().map(|c| c.m[r]).fold(f32::MIN, f32::max);
+                let mut total = 0.0f32;
+                acc.fill(0.0);
+                for c in parts {
+                    // e^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
+                    // Equal maxima weigh 1, also when both are +∞ (the +∞ keys share the
+                    // weight).
+                    let w = if c.m[r] == mx {
+                        1.0
+                    } else {
+                        (f64::from(c.m[r]) - f64::from(mx)).exp() as f32
+                    };
+                    if w == 0.0 {
+                        continue; // weight 0: contributes nothing, even an ∞ partial (0·∞)
+                    }
+                    total = w.mul_add(c.l[r], total);
+                    axpy(s, w, &c.o[r * p.dv..(r + 1) * p.dv], &mut acc);
                 }
-                total = w.mul_add(c.l[r], total);
-                for (a, x) in acc.iter_mut().zip(&c.o[r * p.dv..(r + 1) * p.dv]) {
-                    *a = w.mul_add(*x, *a);
+                // NaN in any chunk must survive the merge (f32::max above skips NaN maxima).
+                if parts.iter().any(|c| c.l[r].is_nan()) {
+                    total = f32::NAN;
                 }
-            }
-            // NaN in any chunk must survive the merge (f32::max above skips NaN maxima).
-            if parts.iter().any(|c| c.l[r].is_nan()) {
-                total = f32::NAN;
-            }
-            let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
-            for (d, a) in acc.iter().enumerate() {
-                let idx = o.layout.index(b, h, i, d);
-                o.data[idx] = a * inv;
-            }
-            if let Some(out) = lse.as_deref_mut() {
-                out[(b * p.hq + h) * p.nq + i] =
-                    if total == 0.0 { f32::NEG_INFINITY } else { mx + total.ln() };
+                let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
+                for (d, a) in acc.iter().enumerate() {
+                    let idx = o.layout.index(b, h, i, d);
+                    o.data[idx] = a * inv;
+                }
+                if let Some(out) = lse.as_deref_mut() {
+                    out[(b * p.hq + h) * p.nq + i] =
+                        if total == 0.0 { f32::NEG_INFINITY } else { mx + total.ln() };
+                }
             }
         }
     }
