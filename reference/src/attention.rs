@@ -5,13 +5,16 @@ pub use attn_core::attention::{check_attention, default_scale};
 use crate::error::Result;
 use crate::mask::Mask;
 use crate::shape::{TensorMut, TensorRef};
-use crate::softmax::softmax_row;
+use crate::softmax::{saturate_logit, softmax_row};
 
 /// `O = softmax(scale·Q·Kᵀ + mask)·V` for every batch and query head.
 ///
 /// Query head `h` reads K/V head `h / (hq / hkv)` (GQA; MQA when `hkv = 1`). Scores and the
 /// weighted sum of values are computed in f64 and rounded once. The mask follows [`Mask`]: a
-/// fully masked row (or `nk = 0`) gives a zero output row and logsumexp −∞. When given, `lse`
+/// fully masked row (or `nk = 0`) gives a zero output row and logsumexp −∞. A logit whose
+/// magnitude overflows f32 is `±∞` ([`saturate_logit`]): `−∞` gets weight 0, and the `+∞`
+/// logits of a row share its weight evenly (the output is the mean of their values, the
+/// logsumexp +∞), as in every kernel path. When given, `lse`
 /// receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` row-major over `[batch, hq, nq]`.
 /// Layouts are free: `[b, s, h, d]` and `[b, h, s, d]` storage are both strided views.
 ///
@@ -44,7 +47,7 @@ pub fn attention(
                         let dot: f64 = (0..dk)
                             .map(|d| f64::from(q.at(b, h, i, d)) * f64::from(k.at(b, kh, j, d)))
                             .sum();
-                        f64::from(scale) * dot + f64::from(t)
+                        saturate_logit(f64::from(scale) * dot + f64::from(t))
                     });
                 }
                 let (p, l) = softmax_row(&logits);

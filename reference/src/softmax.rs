@@ -3,11 +3,27 @@
 //! Conventions: rows are stabilised by subtracting the row maximum; a row whose every logit is
 //! −∞ or masked (a *fully masked row*) gives all zeros and a logsumexp of −∞. A NaN logit makes
 //! the whole row NaN. A +∞ logit (after scale and mask) takes all the weight: the row becomes 1
-//! at the +∞ positions split evenly among them, 0 elsewhere.
+//! at the +∞ positions split evenly among them, 0 elsewhere, and the logsumexp is +∞.
+//!
+//! Overflow: a logit is an f32 quantity. The f64 logit `scale·x + mask` (or `scale·q·k + mask`
+//! in attention) whose magnitude rounds past `f32::MAX` is taken as `±∞` ([`saturate_logit`]),
+//! as the f32 kernels compute it, and then follows the rules above: `+∞` logits share the
+//! weight, `−∞` ones get none. Every kernel path follows the same rule.
 
 use crate::error::{expect_finite, Result};
 use crate::mask::Mask;
 use crate::shape::{MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+
+/// A logit computed in f64, as an f32 logit: `±∞` when its magnitude rounds past `f32::MAX`
+/// in f32 (so a score that overflows f32 takes the `±∞` rules of this module in every path),
+/// the f64 value itself otherwise. NaN stays NaN.
+pub fn saturate_logit(x: f64) -> f64 {
+    if (x as f32).is_infinite() {
+        f64::from(x as f32)
+    } else {
+        x
+    }
+}
 
 /// Softmax of one row of f64 logits, where `None` marks a masked position. Returns the
 /// probabilities (masked → 0) and the logsumexp `ln Σ exp(x_j)` over the visible positions.
@@ -81,7 +97,7 @@ fn row_logits(x: &MatRef<'_>, i: usize) -> Vec<Option<f64>> {
 }
 
 /// Fused `y = softmax(scale·x + mask)` over the last dimension of a `[batch, heads, rows, cols]`
-/// view. The mask addresses `[batch, heads, rows, cols]` (see [`Mask`]); masked positions get
+/// view. Logits beyond the f32 range are `±∞` (see the module docs). The mask addresses `[batch, heads, rows, cols]` (see [`Mask`]); masked positions get
 /// exactly 0 and a fully masked row is all zeros. When `lse` is given it receives the logsumexp
 /// of each row of `scale·x + mask`, row-major over `[batch, heads, rows]` (−∞ for a fully masked
 /// row). `scale` must be finite. `x` and `y` may not be the same slice here (the kernels offer
@@ -114,9 +130,11 @@ pub fn scale_mask_softmax(
             for i in 0..rows {
                 let mut logits = crate::alloc::filled("x", cols, None)?;
                 for (j, l) in logits.iter_mut().enumerate() {
-                    *l = mask
-                        .term(b, h, i, j, rows, cols)
-                        .map(|t| f64::from(scale) * f64::from(x.at(b, h, i, j)) + f64::from(t));
+                    *l = mask.term(b, h, i, j, rows, cols).map(|t| {
+                        saturate_logit(
+                            f64::from(scale) * f64::from(x.at(b, h, i, j)) + f64::from(t),
+                        )
+                    });
                 }
                 let (p, l) = softmax_row(&logits);
                 for (j, v) in p.iter().enumerate() {

@@ -23,6 +23,7 @@
 //! γ·(nk + 8)·u + u·|lse_i|`. Two kernels compared with each other get the sum of their bounds.
 
 use attn_kernels::{Mask, Parallelism, Tensor4Layout};
+use attn_reference::softmax::saturate_logit;
 use attn_reference::{TensorMut, TensorRef};
 
 pub use crate::numerics::{GAMMA, U};
@@ -307,9 +308,10 @@ impl Case {
                             dot += x * y;
                             abs += (x * y).abs();
                         }
-                        logits.push(t.map(|t| scale * dot + f64::from(t)));
+                        let logit = |t: f32| saturate_logit(scale * dot + f64::from(t));
+                        logits.push(t.map(logit));
                         if let Some(t) = t {
-                            let s = scale * dot + f64::from(t);
+                            let s = logit(t);
                             if s.is_finite() {
                                 mag = mag.max(scale * abs + f64::from(t).abs() + s.abs());
                             }

@@ -272,3 +272,249 @@ fn zero_width_keys_with_huge_stride() {
         assert!(lse.iter().all(|&l| (l - 5f32.ln()).abs() < 1e-6), "{path}: {lse:?}");
     }
 }
+
+#[test]
+fn underflowing_scaled_query_meets_an_infinite_key() {
+    // Fuzz finding (issue 25, item 6): q = 1e-45 (the smallest subnormal) times scale 0.125
+    // underflows to 0 in f32, and 0·(−∞) was NaN. The reference computes scale·(q·k) in f64:
+    // key 0 gets −∞ (weight 0), keys 1, 2 get logits ≈ 1.75e-46 and 3.5e-46, i.e. 0 within any
+    // bound, so o = (1 + 3)/2 = 2 and lse = ln 2 exactly as f32.
+    let k = vec![f32::NEG_INFINITY, 1.0, 2.0];
+    let v = vec![10.0, 1.0, 3.0];
+    for (path, nq) in PATHS.into_iter().chain([("decode", 20), ("flash", 1)]) {
+        let (o, lse) = run(&case(nq, 1e-45, k.clone(), v.clone(), 0.125, MaskSpec::None), path);
+        assert!(o.iter().all(|&x| x == 2.0), "{path}: {o:?}");
+        assert!(lse.iter().all(|&l| l == 2f32.ln()), "{path}: {lse:?}");
+    }
+    let c = case(20, 1e-45, k, v, 0.125, MaskSpec::None);
+    c.check(|q, k, v, s, m, o, l, p| {
+        attn_kernels::attention::attention_unfused(selected(), q, k, v, s, m, o, l, p)
+    })
+    .unwrap();
+}
+
+/// The convention for scores beyond the f32 range (issue 25, item 7; README "Conventions"):
+/// such a score is `±∞` in every path and in the reference (`saturate_logit`); `−∞` weighs 0,
+/// the `+∞` keys share the row. Keys of ±1e37 against q = 100 give logits ±1e39: +∞, −∞, +∞,
+/// and a padded key (masked). Exact answers: o = mean(1, 3) = 2, lse = +∞.
+#[test]
+fn overflowing_scores_follow_one_convention_in_every_path() {
+    let k = vec![1e37, -1e37, 2e37, 5.0];
+    let v = vec![1.0, 2.0, 3.0, 4.0];
+    let pad = |nq: usize| {
+        let keep = vec![true, true, true, false];
+        let layout = Tensor4Layout { dims: [1, 1, nq, 4], strides: [0, 0, 0, 1], offset: 0 };
+        MaskSpec::Keep(keep, layout)
+    };
+    let bias = |nq: usize| {
+        let b = vec![f32::INFINITY, 0.0, f32::INFINITY, 1.0];
+        let layout = Tensor4Layout { dims: [1, 1, nq, 4], strides: [0, 0, 0, 1], offset: 0 };
+        MaskSpec::Bias(b, layout)
+    };
+    for (path, nq) in PATHS {
+        // overflow through the scores
+        let (o, lse) = run(&case(nq, 100.0, k.clone(), v.clone(), 1.0, pad(nq)), path);
+        assert!(o.iter().all(|&x| x == 2.0), "{path}: {o:?}");
+        assert!(lse.iter().all(|&l| l == f32::INFINITY), "{path}: {lse:?}");
+        // the same rule for a +∞ bias (formerly a NaN row in attention)
+        let small = vec![1.0, 2.0, 3.0, 4.0];
+        let (o, lse) = run(&case(nq, 0.5, small, v.clone(), 1.0, bias(nq)), path);
+        assert!(o.iter().all(|&x| x == 2.0), "{path}: {o:?}");
+        assert!(lse.iter().all(|&l| l == f32::INFINITY), "{path}: {lse:?}");
+        // every score overflowing downwards: a fully masked row
+        let neg = vec![-1e37, -2e37, -3e37, -4e37];
+        let (o, lse) = run(&case(nq, 100.0, neg, v.clone(), 1.0, MaskSpec::None), path);
+        assert!(o.iter().all(|&x| x == 0.0), "{path}: {o:?}");
+        assert!(lse.iter().all(|&l| l == f32::NEG_INFINITY), "{path}: {lse:?}");
+    }
+    // the unfused path, through the oracle
+    let c = case(20, 100.0, k, v, 1.0, pad(20));
+    c.check(|q, k, v, s, m, o, l, p| {
+        attn_kernels::attention::attention_unfused(selected(), q, k, v, s, m, o, l, p)
+    })
+    .unwrap();
+}
+
+/// `+∞` scores that appear only in later key blocks (flash: block of 144 keys; decode: blocks
+/// of 16 and chunks of 512) after finite ones, and in two different decode chunks: the
+/// earlier keys drop to weight 0 and the two `+∞` keys share the row. o = (700 + 1050)/2.
+#[test]
+fn overflowing_scores_in_later_blocks_and_chunks() {
+    let n = 1100;
+    let mut k: Vec<f32> = (0..n).map(|j| (j % 13) as f32 * 0.1).collect();
+    k[700] = 1e37;
+    k[1050] = 3e37;
+    let v: Vec<f32> = (0..n).map(|j| j as f32).collect();
+    for (path, nq) in PATHS {
+        let (o, lse) = run(&case(nq, 100.0, k.clone(), v.clone(), 1.0, MaskSpec::None), path);
+        assert!(o.iter().all(|&x| x == 875.0), "{path}: {o:?}");
+        assert!(lse.iter().all(|&l| l == f32::INFINITY), "{path}: {lse:?}");
+    }
+}
+
+#[test]
+fn softmax_overflowing_logits_share_the_weight() {
+    // scale·x = 6e38 overflows f32 (and is saturated to +∞ in the reference): 1/2 each.
+    let x = [3e38f32, 1.0, 3e38, -3e38];
+    let l = Tensor4Layout::bhsd(1, 1, 1, 4);
+    let mut y = [0.0f32; 4];
+    let mut lse = [0.0f32];
+    attn_kernels::softmax::scale_mask_softmax(
+        TensorRef::new(&x, l),
+        2.0,
+        &Mask::None,
+        TensorMut::new(&mut y, l),
+        Some(&mut lse),
+        Parallelism::Sequential,
+    )
+    .unwrap();
+    let (mut yr, mut lr) = ([0.0f32; 4], [0.0f32]);
+    attn_reference::softmax::scale_mask_softmax(
+        TensorRef::new(&x, l),
+        2.0,
+        &Mask::None,
+        TensorMut::new(&mut yr, l),
+        Some(&mut lr),
+    )
+    .unwrap();
+    assert_eq!((y, lse), ([0.5, 0.0, 0.5, 0.0], [f32::INFINITY]));
+    assert_eq!((yr, lr), (y, lse));
+}
+
+/// Issue 25, item 8: a zero-size view beside huge dimensions returns at once, as the
+/// reference does (these aborted on a 2⁴⁰-flag allocation, panicked on overflow, or ran for
+/// ever); with logsumexps and `d_k = d_v = 0` the answer is in closed form.
+#[test]
+fn zero_size_views_beside_huge_dimensions_return_at_once() {
+    use attn_kernels::attention::attention_unfused;
+    let isa = selected();
+    let start = std::time::Instant::now();
+    let empty: [f32; 0] = [];
+    let t = |dims: [usize; 4]| Tensor4Layout::bhsd(dims[0], dims[1], dims[2], dims[3]);
+    let bcast = |dims: [usize; 4]| Tensor4Layout { dims, strides: [0, 0, 0, 1], offset: 0 };
+    let q4 = [1.0f32, 2.0, 3.0, 4.0];
+    let kv = vec![0.5f32; 12];
+    let e = 1usize << 40;
+    // (q data, q layout, k/v data, k layout, v layout, o layout)
+    type Call<'a> =
+        (&'a [f32], Tensor4Layout, &'a [f32], Tensor4Layout, Tensor4Layout, Tensor4Layout);
+    let calls: Vec<Call<'_>> = vec![
+        // q, o [1, 1, 2⁴⁰, 0] beside k, v [1, 1, 4, 0]
+        (&empty, t([1, 1, e, 0]), &empty, t([1, 1, 4, 0]), t([1, 1, 4, 0]), t([1, 1, e, 0])),
+        // 2⁴⁰ query heads (broadcast q) on one K/V head, d_v = 0
+        (&q4, bcast([1, e, 1, 4]), &kv, t([1, 1, 3, 4]), t([1, 1, 3, 0]), t([1, e, 1, 0])),
+        // batch = heads = 2³², 32 queries
+        (
+            &empty,
+            t([1 << 32, 1 << 32, 32, 0]),
+            &empty,
+            t([1 << 32, 1 << 32, 4, 0]),
+            t([1 << 32, 1 << 32, 4, 0]),
+            t([1 << 32, 1 << 32, 32, 0]),
+        ),
+        // 2⁵⁰ keys of width 0, 1 and 20 queries
+        (
+            &empty,
+            t([1, 1, 1, 0]),
+            &empty,
+            t([1, 1, 1 << 50, 0]),
+            t([1, 1, 1 << 50, 0]),
+            t([1, 1, 1, 0]),
+        ),
+        (
+            &empty,
+            t([1, 1, 20, 0]),
+            &empty,
+            t([1, 1, 1 << 50, 0]),
+            t([1, 1, 1 << 50, 0]),
+            t([1, 1, 20, 0]),
+        ),
+    ];
+    for (i, &(qd, ql, kd, kl, vl, ol)) in calls.iter().enumerate() {
+        let (q, k, v) = (TensorRef::new(qd, ql), TensorRef::new(kd, kl), TensorRef::new(kd, vl));
+        let mut o: [f32; 0] = [];
+        let r = attn_reference::attention::attention(
+            q,
+            k,
+            v,
+            0.5,
+            &Mask::None,
+            TensorMut::new(&mut o, ol),
+            None,
+        );
+        assert_eq!(r, Ok(()), "reference, call {i}");
+        let seq = Parallelism::Sequential;
+        for (path, par) in [("attention", seq), ("flash", seq), ("decode", Parallelism::threads(2))]
+        {
+            let o = TensorMut::new(&mut o, ol);
+            let r = match path {
+                "flash" => flash(isa, q, k, v, 0.5, &Mask::None, o, None, par),
+                "decode" => decode(isa, q, k, v, 0.5, &Mask::None, o, None, par),
+                _ => attention(q, k, v, 0.5, &Mask::None, o, None, par),
+            };
+            assert_eq!(r, Ok(()), "{path}, call {i}");
+        }
+        let o = TensorMut::new(&mut o, ol);
+        assert_eq!(attention_unfused(isa, q, k, v, 0.5, &Mask::None, o, None, seq), Ok(()));
+    }
+    // With logsumexps: 2⁵⁰ keys of width 0 give ln 2⁵⁰ (no mask) and ln(visible) (causal),
+    // computed without visiting the keys.
+    let nk = 1usize << 50;
+    let (q, k) =
+        (TensorRef::new(&empty, t([1, 1, 20, 0])), TensorRef::new(&empty, t([1, 1, nk, 0])));
+    for (mask, want) in [
+        (Mask::None, [(nk as f64).ln() as f32; 20]),
+        (Mask::CAUSAL, std::array::from_fn(|i| ((nk - 19 + i) as f64).ln() as f32)),
+    ] {
+        for path in ["flash", "decode", "unfused"] {
+            let mut o: [f32; 0] = [];
+            let mut lse = [0.0f32; 20];
+            let o = TensorMut::new(&mut o, t([1, 1, 20, 0]));
+            let l = Some(&mut lse[..]);
+            let seq = Parallelism::Sequential;
+            match path {
+                "flash" => flash(isa, q, k, k, 0.5, &mask, o, l, seq),
+                "decode" => decode(isa, q, k, k, 0.5, &mask, o, l, seq),
+                _ => attention_unfused(isa, q, k, k, 0.5, &mask, o, l, seq),
+            }
+            .unwrap();
+            assert_eq!(lse, want, "{path} {mask:?}");
+        }
+    }
+    // softmax over [1, 1, 2⁴⁰, 0], in place and not, and log-softmax
+    let sl = t([1, 1, e, 0]);
+    let mut y: [f32; 0] = [];
+    let seq = Parallelism::Sequential;
+    let x = TensorRef::new(&empty, sl);
+    let r = attn_kernels::softmax::scale_mask_softmax(
+        x,
+        1.0,
+        &Mask::None,
+        TensorMut::new(&mut y, sl),
+        None,
+        seq,
+    );
+    assert_eq!(r, Ok(()));
+    let r = attn_kernels::softmax::scale_mask_softmax_inplace(
+        TensorMut::new(&mut y, sl),
+        1.0,
+        &Mask::CAUSAL,
+        None,
+        seq,
+    );
+    assert_eq!(r, Ok(()));
+    let ml = attn_reference::MatLayout::row_major(e, 0);
+    let (xm, ym) =
+        (attn_reference::MatRef::new(&empty, ml), attn_reference::MatMut::new(&mut y, ml));
+    assert_eq!(attn_kernels::softmax::log_softmax(xm, ym, seq), Ok(()));
+    // logsumexp of 2⁴⁰ × 0: a 4 TiB result, which the reference fails to allocate too
+    let want = attn_reference::softmax::logsumexp(xm).map(|v| v.len());
+    assert!(want.is_err(), "this machine allocated 4 TiB");
+    assert_eq!(attn_kernels::softmax::logsumexp(xm, seq).map(|v| v.len()), want);
+    // PackedB of a 2⁶² × 16 zero-stride view: too big to pack, an error instead of a panic
+    let b =
+        attn_reference::MatRef::new(&q4, attn_reference::MatLayout::strided(1 << 62, 16, 0, 0, 0));
+    let err = attn_kernels::gemm::PackedB::new(b).map(|_| ()).unwrap_err();
+    assert!(matches!(err, attn_reference::Error::InvalidParameter { arg: "b", .. }), "{err:?}");
+    assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
+}

@@ -611,3 +611,27 @@ fn fused_qkv_timing() {
         );
     }
 }
+
+#[test]
+fn encoder_is_bitwise_identical_across_thread_counts() {
+    // Issue 25: every kernel the layers call (SGEMM, attention) splits its work by the problem,
+    // never by the thread count, so the whole block is bitwise the same at 1, 2, 3 and 8
+    // threads. n = 40 queries take the flash path; a 4-query call takes the decode path.
+    let mut g = Gen::new(25);
+    let cfg = encoder_cfg(64, 16, 4, 128, Activation::GeluTanh);
+    let p = EncoderParams::new(cfg, true, &mut g);
+    for (batch, n, mask) in [(2, 40, Mask::CAUSAL), (3, 4, Mask::None)] {
+        let x = g.vec(batch * n * 64, 1.0);
+        let l = seq(batch, n, 64);
+        let run = |par| {
+            let mut y = vec![f32::NAN; x.len()];
+            let (xr, yr) = (TensorRef::new(&x, l), TensorMut::new(&mut y, l));
+            encoder_block(&cfg, &p.weights(), xr, &mask, yr, par).unwrap();
+            y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        };
+        let one = run(SEQ);
+        for threads in [2, 3, 8] {
+            assert!(run(Parallelism::threads(threads)) == one, "{threads} threads, n {n}");
+        }
+    }
+}

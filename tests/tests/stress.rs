@@ -5,8 +5,9 @@
 //!   kernels' cached rayon pools, give bitwise the results the same calls give one at a time.
 //! - Determinism (the contract tested here): for a fixed input and a fixed `Parallelism`, results
 //!   are bitwise identical run to run, however the pool's threads pick up the work. SGEMM is
-//!   moreover bitwise independent of the thread count (documented in `gemm`); attention's decode
-//!   path splits keys by thread count, so across thread counts it agrees only within the bound.
+//!   moreover bitwise independent of the thread count, and so is every other kernel: softmax,
+//!   flash, decode (whose key chunks follow `nk`, not the thread count), unfused attention
+//!   (tested at 1, 2, 3 and 8 threads; the layers, built on these, in `layers.rs`).
 //!
 //! `ATTN_STRESS_CALLS` sets the number of random calls (default 2000).
 
@@ -226,4 +227,69 @@ fn threaded_results_are_within_the_bound() {
     a.check(attention).unwrap();
     d.par = Parallelism::threads(2);
     d.check(|q, k, v, s, m, o, l, p| decode(selected(), q, k, v, s, m, o, l, p)).unwrap();
+}
+
+#[test]
+fn every_kernel_is_bitwise_identical_across_thread_counts() {
+    use attn_kernels::attention::{attention_unfused, flash};
+    use attn_kernels::softmax::scale_mask_softmax;
+    let (g, a, d) = big_cases();
+    // Decode with a GQA group of 4, a key-padding mask and a length that is no multiple of a
+    // chunk; softmax over rows long enough to be split.
+    let mut dm = d.clone();
+    let nk = dm.k.layout.dims[2] - 300;
+    dm.k.layout = Tensor4Layout::bhsd(1, 2, nk, 64);
+    dm.v.layout = Tensor4Layout::bhsd(1, 2, nk, 64);
+    let keep: Vec<bool> = (0..nk).map(|j| j % 7 != 3).collect();
+    let bcast = Tensor4Layout { dims: [1, 8, 1, nk], strides: [0, 0, 0, 1], offset: 0 };
+    dm.mask = MaskSpec::Keep(keep, bcast);
+    let isa = selected();
+    let attn = |c: &AttentionCase, path: &str, par: Parallelism| -> Vec<u32> {
+        let mut o = c.o.data.clone();
+        let mut lse = vec![0.0; c.lse.unwrap()];
+        let (q, k, v) = (
+            TensorRef::new(&c.q.data, c.q.layout),
+            TensorRef::new(&c.k.data, c.k.layout),
+            TensorRef::new(&c.v.data, c.v.layout),
+        );
+        let (m, out) = (c.mask.mask(), TensorMut::new(&mut o, c.o.layout));
+        let l = Some(&mut lse[..]);
+        match path {
+            "flash" => flash(isa, q, k, v, c.scale, &m, out, l, par),
+            "decode" => decode(isa, q, k, v, c.scale, &m, out, l, par),
+            _ => attention_unfused(isa, q, k, v, c.scale, &m, out, l, par),
+        }
+        .unwrap();
+        o.extend(lse);
+        bits(&o)
+    };
+    let x = &a.k.data;
+    let xl = Tensor4Layout::bhsd(2, 2, 350, 64);
+    let softmax = |par| {
+        let mut y = vec![0.0; xl.len()];
+        let mut lse = vec![0.0; 2 * 2 * 350];
+        let mask = attn_reference::Mask::CAUSAL;
+        let (xr, yr) = (TensorRef::new(&x[..xl.len()], xl), TensorMut::new(&mut y, xl));
+        scale_mask_softmax(xr, 0.3, &mask, yr, Some(&mut lse), par).unwrap();
+        y.extend(lse);
+        bits(&y)
+    };
+    let gemm = Call::Gemm(g);
+    let base = (
+        exec(&gemm, Parallelism::Sequential).unwrap(),
+        softmax(Parallelism::Sequential),
+        attn(&a, "flash", Parallelism::Sequential),
+        attn(&d, "decode", Parallelism::Sequential),
+        attn(&dm, "decode", Parallelism::Sequential),
+        attn(&a, "unfused", Parallelism::Sequential),
+    );
+    for threads in [2, 3, 8] {
+        let par = Parallelism::threads(threads);
+        assert!(exec(&gemm, par).unwrap() == base.0, "sgemm, {threads} threads");
+        assert!(softmax(par) == base.1, "softmax, {threads} threads");
+        assert!(attn(&a, "flash", par) == base.2, "flash, {threads} threads");
+        assert!(attn(&d, "decode", par) == base.3, "decode, {threads} threads");
+        assert!(attn(&dm, "decode", par) == base.4, "masked decode, {threads} threads");
+        assert!(attn(&a, "unfused", par) == base.5, "unfused, {threads} threads");
+    }
 }

@@ -48,12 +48,17 @@ pub(crate) const DECODE_BC: usize = 16;
 /// evicting the current block from L1.
 pub(crate) const DECODE_PREFETCH_KEYS: usize = 32;
 
-/// Smallest key chunk a decode thread gets: below this, the merge and the task overhead cost
-/// more than the parallel read saves.
+/// Smallest key chunk of the decode split: below this, the merge and the task overhead cost
+/// more than the parallel read saves. A multiple of [`DECODE_BC`], so chunks hold whole blocks.
 pub(crate) const DECODE_MIN_CHUNK: usize = 512;
 
-/// Chunks per thread in the decode split, so that uneven chunks (masks) still balance.
-pub(crate) const DECODE_CHUNKS_PER_THREAD: usize = 2;
+/// Most chunks per `(batch, K/V head)` in the decode split: chunks are `DECODE_MIN_CHUNK` keys
+/// until a head has this many, then longer, so the partial states (`rows × d_v` floats per
+/// chunk) stay a small fraction of the K/V bytes (64 chunks of a 4-row, d = 128 head: 128 KiB
+/// against ≥ 32 MiB of K/V at that length). The split depends on the problem only (never on
+/// the thread count), so decode is bitwise identical across thread counts; threads take whole
+/// chunks, and 64 chunks keep up to 64 threads busy on a single head.
+pub(crate) const DECODE_MAX_CHUNKS: usize = 64;
 
 /// Keys per decode score tile for a tile of `R = 1..=4` rows (index `R − 1`): `R × C`
 /// accumulators of 16 vector registers, with the `C` key vectors and a query vector live

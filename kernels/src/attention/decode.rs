@@ -14,15 +14,19 @@
 //! runs tiles of up to 4 rows × 2–8 value vectors, so each K/V vector is loaded once for all
 //! rows. A block is small (16 keys) so its K and V rows are still in L1 when the second pass
 //! reads them.
+//!
+//! The split into chunks depends on `nk` only ([`split`]), and the merge visits the chunks in
+//! order, so the result is bitwise identical whatever the thread count (threads only decide
+//! which chunks run where).
 
 use rayon::prelude::*;
 
 use attn_core::{Mask, TensorMut};
 
-use super::blocking::{DECODE_BC, DECODE_CHUNKS_PER_THREAD, DECODE_MIN_CHUNK};
+use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK};
 use super::simd::{
-    decode_pv_block, decode_qk_block, exp_row, exp_scalar, row_max, vectorize, Kernel, Simd,
-    Strided,
+    axpy, decode_pv_block, decode_qk_block, exp_row, exp_scalar, pos_inf_weights, row_max,
+    vectorize, Kernel, Simd, Strided,
 };
 use super::Problem;
 use crate::arch::Isa;
@@ -45,74 +49,95 @@ pub(super) fn run(
     lse: Option<&mut [f32]>,
     par: Parallelism,
 ) {
-    let heads = p.batch * p.hkv;
+    let heads = p.batch.saturating_mul(p.hkv);
     if heads == 0 || p.nq == 0 {
         return;
     }
-    // Chunks per head: enough tasks to keep every thread busy, none shorter than
-    // DECODE_MIN_CHUNK keys.
-    let threads = par.count();
-    let want = threads * DECODE_CHUNKS_PER_THREAD;
-    let chunks = if threads == 1 || heads >= want {
-        1
-    } else {
-        want.div_ceil(heads).min((p.nk / DECODE_MIN_CHUNK).max(1))
-    };
-    let chunk_len = p.nk.div_ceil(chunks).max(1);
+    let (chunks, chunk_len) = split(p.nk);
     let task = |t: usize| {
         let (bk, c) = (t / chunks, t % chunks);
-        let (c0, c1) = ((c * chunk_len).min(p.nk), ((c + 1) * chunk_len).min(p.nk));
+        let c0 = (c * chunk_len).min(p.nk);
+        let c1 = c0.saturating_add(chunk_len).min(p.nk);
         vectorize(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
     };
-    let tasks = heads * chunks;
-    let partials: Vec<Partial> = if threads == 1 || tasks == 1 {
+    // Rows (batch·hq·nq) are bounded by the output or lse slice (the caller returned early
+    // when neither has an element), so this product is too; saturating all the same.
+    let tasks = heads.saturating_mul(chunks);
+    // The thread count only picks who runs the chunks, never how the keys are split.
+    let partials: Vec<Partial> = if par.count() == 1 || tasks == 1 {
         (0..tasks).map(task).collect()
     } else {
         par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect())
     };
-    merge(p, &partials, chunks, o, lse);
+    vectorize(isa, Merge { p, partials: &partials, chunks, o, lse });
 }
 
-/// Merges the chunks of each head by logsumexp and writes the normalised rows.
-fn merge(
-    p: &Problem<'_>,
-    partials: &[Partial],
+/// The key split of every `(batch, K/V head)`: `(chunks, keys per chunk)`, a function of `nk`
+/// only. Chunks are [`DECODE_MIN_CHUNK`] keys (a multiple of the block, so chunk boundaries
+/// fall on block boundaries), longer once a head would have more than [`DECODE_MAX_CHUNKS`];
+/// every chunk but the last is full.
+fn split(nk: usize) -> (usize, usize) {
+    let chunk_len =
+        nk.div_ceil(DECODE_MAX_CHUNKS).next_multiple_of(DECODE_BC).max(DECODE_MIN_CHUNK);
+    (nk.div_ceil(chunk_len).max(1), chunk_len)
+}
+
+/// Merges the chunks of each head by logsumexp and writes the normalised rows. Runs as a
+/// [`Kernel`]: the weighted sums of the chunks' output rows are vector FMAs (`axpy`), where
+/// `f32::mul_add` outside the ISA's code would be a call to the software `fmaf` per element,
+/// which cost more than the chunking itself (the same bits either way: a fused multiply-add
+/// is rounded once).
+struct Merge<'r, 'a, 'o> {
+    p: &'r Problem<'a>,
+    partials: &'r [Partial],
     chunks: usize,
-    o: TensorMut<'_>,
-    mut lse: Option<&mut [f32]>,
-) {
-    let rows = p.group * p.nq;
-    let mut acc = vec![0.0f32; p.dv];
-    for (bk, parts) in partials.chunks(chunks).enumerate() {
-        let (b, kh) = (bk / p.hkv, bk % p.hkv);
-        for r in 0..rows {
-            let (h, i) = (kh * p.group + r / p.nq, r % p.nq);
-            let mx = parts.iter().map(|c| c.m[r]).fold(f32::MIN, f32::max);
-            let mut total = 0.0f32;
-            acc.fill(0.0);
-            for c in parts {
-                // e^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
-                let w = (f64::from(c.m[r]) - f64::from(mx)).exp() as f32;
-                if w == 0.0 {
-                    continue; // weight 0: contributes nothing, even an ∞ partial (0·∞)
+    o: TensorMut<'o>,
+    lse: Option<&'r mut [f32]>,
+}
+
+impl Kernel for Merge<'_, '_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let Merge { p, partials, chunks, o, mut lse } = self;
+        let rows = p.group * p.nq;
+        let mut acc = vec![0.0f32; p.dv];
+        for (bk, parts) in partials.chunks(chunks).enumerate() {
+            let (b, kh) = (bk / p.hkv, bk % p.hkv);
+            for r in 0..rows {
+                let (h, i) = (kh * p.group + r / p.nq, r % p.nq);
+                let mx = parts.iter().map(|c| c.m[r]).fold(f32::MIN, f32::max);
+                let mut total = 0.0f32;
+                acc.fill(0.0);
+                for c in parts {
+                    // e^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
+                    // Equal maxima weigh 1, also when both are +∞ (the +∞ keys share the
+                    // weight).
+                    let w = if c.m[r] == mx {
+                        1.0
+                    } else {
+                        (f64::from(c.m[r]) - f64::from(mx)).exp() as f32
+                    };
+                    if w == 0.0 {
+                        continue; // weight 0: contributes nothing, even an ∞ partial (0·∞)
+                    }
+                    total = w.mul_add(c.l[r], total);
+                    axpy(s, w, &c.o[r * p.dv..(r + 1) * p.dv], &mut acc);
                 }
-                total = w.mul_add(c.l[r], total);
-                for (a, x) in acc.iter_mut().zip(&c.o[r * p.dv..(r + 1) * p.dv]) {
-                    *a = w.mul_add(*x, *a);
+                // NaN in any chunk must survive the merge (f32::max above skips NaN maxima).
+                if parts.iter().any(|c| c.l[r].is_nan()) {
+                    total = f32::NAN;
                 }
-            }
-            // NaN in any chunk must survive the merge (f32::max above skips NaN maxima).
-            if parts.iter().any(|c| c.l[r].is_nan()) {
-                total = f32::NAN;
-            }
-            let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
-            for (d, a) in acc.iter().enumerate() {
-                let idx = o.layout.index(b, h, i, d);
-                o.data[idx] = a * inv;
-            }
-            if let Some(out) = lse.as_deref_mut() {
-                out[(b * p.hq + h) * p.nq + i] =
-                    if total == 0.0 { f32::NEG_INFINITY } else { mx + total.ln() };
+                let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
+                for (d, a) in acc.iter().enumerate() {
+                    let idx = o.layout.index(b, h, i, d);
+                    o.data[idx] = a * inv;
+                }
+                if let Some(out) = lse.as_deref_mut() {
+                    out[(b * p.hq + h) * p.nq + i] =
+                        if total == 0.0 { f32::NEG_INFINITY } else { mx + total.ln() };
+                }
             }
         }
     }
@@ -171,7 +196,12 @@ impl Kernel for Chunk<'_, '_> {
                 let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
                 let m_old = part.m[r];
                 let m_new = row_max(s, srow, m_old);
-                let sum = exp_row(s, srow, m_new);
+                // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
+                let sum = if m_new == f32::INFINITY {
+                    pos_inf_weights(srow, nb, 1, 0)
+                } else {
+                    exp_row(s, srow, m_new)
+                };
                 // A zero weight (masked or underflowed) needs the guarded P·V tile.
                 guard |= srow.contains(&0.0);
                 // An unchanged maximum (the common case once it settles) needs no rescale.

@@ -21,9 +21,12 @@
 use rayon::prelude::*;
 
 use super::blocking::{BC, QT, QV};
-use super::simd::{load, pv_block, qk_block, store, tile_rows, vectorize, Kernel, Simd, EXP4_MIN};
+use super::simd::{
+    exp_scalar, load, pos_inf_weights, pv_block, qk_block, store, tile_rows, vectorize, Kernel,
+    Simd, EXP4_MIN,
+};
 use super::sink::Sink;
-use super::{matrix, Problem};
+use super::{matrix, scale_query, Problem};
 use crate::arch::Isa;
 use crate::gemm::pack::AlignedBuf;
 use crate::par::Parallelism;
@@ -74,7 +77,8 @@ pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) 
         return;
     }
     let groups = p.nq.div_ceil(QT * tile_rows(isa));
-    let tasks = p.batch * p.hq * groups;
+    // Bounded by the rows of the output or lse slice (see `Problem::trivial`).
+    let tasks = p.batch.saturating_mul(p.hq).saturating_mul(groups);
     let task = |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups });
     if par.count() == 1 || tasks == 1 {
         let mut scr = Scratch::new(p.dk, p.dv);
@@ -123,8 +127,11 @@ impl Kernel for Task<'_, '_, '_> {
             let ((i0, rows), qp) = (tile(u), &mut qps[u * dk * qr..(u + 1) * dk * qr]);
             for d in 0..dk {
                 for r in 0..qr {
-                    qp[d * qr + r] =
-                        if r < rows { p.q.data[qm.index(i0 + r, d)] * p.scale2 } else { 0.0 };
+                    qp[d * qr + r] = if r < rows {
+                        scale_query(p.q.data[qm.index(i0 + r, d)], p.scale2)
+                    } else {
+                        0.0
+                    };
                 }
             }
         }
@@ -201,6 +208,17 @@ fn softmax_step<S: Simd>(
             m_new = s.max(m_new, v);
             lo = s.min(lo, v);
         }
+        // A lane whose maximum reaches +∞ (an overflowed score or a +∞ bias) gives its weight
+        // to its +∞ keys: those lanes take the scalar step below (rows off the supported range;
+        // one store and a few compares per vector on the hot path).
+        let mut mx = [0.0f32; MAX_QR];
+        store(s, &mut mx, m_new);
+        if mx[..l].contains(&f32::INFINITY) {
+            if pos_inf_lanes(s, sb, nb, qr, at, m, lsum, alpha) {
+                *pm = s.splat(0.0);
+            }
+            continue;
+        }
         // The table exp (8 FMA-pipe operations per vector, against 13) when every `S_j − m'`
         // of these lanes is within its range: no masked key (blocks off the causal diagonal)
         // and no score 87 below the max. A NaN score may drop out of `lo` (`min` keeps either
@@ -257,4 +275,45 @@ fn softmax_step<S: Simd>(
         store(s, &mut lanes[v * l..], *pm);
     }
     lanes[..qr].contains(&0.0)
+}
+
+/// [`softmax_step`] for the lanes `at..at + LANES` of which at least one reaches a `+∞`
+/// maximum, one lane at a time: such a lane gives its `+∞` keys weight 1 each and everything
+/// else 0 ([`pos_inf_weights`]), its earlier keys weight `α = 0` (or `α = 1` when its maximum
+/// was already `+∞`); the other lanes take the ordinary step with the scalar exp. Returns
+/// whether some probability is 0.
+#[cold]
+#[allow(clippy::too_many_arguments)]
+fn pos_inf_lanes<S: Simd>(
+    s: S,
+    sb: &mut [f32],
+    nb: usize,
+    qr: usize,
+    at: usize,
+    m: &mut [f32],
+    lsum: &mut [f32],
+    alpha: &mut [f32],
+) -> bool {
+    let mut zero = false;
+    for r in at..at + S::LANES {
+        let m_old = m[r];
+        let m_new = (0..nb).map(|j| sb[j * qr + r]).fold(m_old, |a, x| if x > a { x } else { a });
+        let (a, sum) = if m_new == f32::INFINITY {
+            let sum = pos_inf_weights(sb, nb, qr, r);
+            (if m_old == f32::INFINITY { 1.0 } else { 0.0 }, sum)
+        } else {
+            let mut sum = 0.0f32;
+            for j in 0..nb {
+                let e = exp_scalar(s, sb[j * qr + r] - m_new);
+                sb[j * qr + r] = e;
+                sum += e;
+            }
+            (exp_scalar(s, m_old - m_new), sum)
+        };
+        zero |= (0..nb).any(|j| sb[j * qr + r] == 0.0);
+        alpha[r] = a;
+        m[r] = m_new;
+        lsum[r] = a.mul_add(lsum[r], sum);
+    }
+    zero
 }

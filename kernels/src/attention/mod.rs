@@ -9,7 +9,8 @@
 //!   the diagonal are never visited. Tasks are `(batch, head, query tile)`, spread over rayon.
 //! - [`decode`]: for a handful of queries over many keys (`Nq ≤ 16`, generation with a KV
 //!   cache). All query heads of a GQA group and all queries form the rows, the keys of each
-//!   `(batch, K/V head)` are split into chunks across threads, and the chunks' partial results
+//!   `(batch, K/V head)` are split into chunks fixed by `Nk` (threads take whole chunks, so the
+//!   result does not depend on the thread count), and the chunks' partial results
 //!   are merged by their logsumexp (flash-decoding). Each key/value row is read once.
 //! - [`attention_unfused`]: scores materialised per head, then softmax, then `P·V`; kept as a
 //!   second implementation for equivalence tests and benchmarks.
@@ -19,13 +20,28 @@
 //! `attn_reference::attention::attention` (they share [`check_attention`]): any strides (so
 //! `[b, s, h, d]` and `[b, h, s, d]` storage both work without copies), `Nq ≠ Nk`, `d_k ≠ d_v`,
 //! GQA/MQA (query head `h` reads K/V head `h / (H_q / H_kv)`, no copies), every [`Mask`]; a
-//! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine.
+//! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine. A call with
+//! nothing to write (an empty output view and no logsumexp entry) returns at once whatever its
+//! other dimensions (`2⁴⁰` rows of width 0, `2⁵⁰` keys of width 0), as the reference does; with
+//! `d_k = d_v = 0` the logsumexps are computed without visiting the keys. No allocation or loop
+//! is sized by a dimension whose product with a zero dimension is empty.
 //!
-//! Numerics: the query tile is packed pre-multiplied by `scale`; accumulation is f32; the
+//! Numerics: the query tile is packed pre-multiplied by `scale` (a nonzero product that would
+//! underflow to zero is kept as the smallest subnormal of its sign, so an underflow cannot turn
+//! `scale·q·(±∞)` into `0·∞ = NaN`; see `scale_query`); accumulation is f32; the
 //! exponential is the softmax module's: its table exp (1.5 ULP) on key blocks whose scores all
-//! lie within 87 of the running max, the full-range 1-ULP exp elsewhere. A `+∞` bias entry
-//! is outside the supported range (the reference gives such a row all the weight at the `+∞`
-//! positions; here the row becomes NaN). A key of zero weight (masked, or whose weight
+//! lie within 87 of the running max, the full-range 1-ULP exp elsewhere.
+//!
+//! Overflow (one convention for every path and the reference, see
+//! [`attn_reference::softmax::saturate_logit`]): a score `scale·q·k + mask` is an f32 value; one
+//! that overflows f32 is `±∞`, like a `±∞` bias. `−∞` scores get weight 0 (a row of only `−∞`
+//! is fully masked: zeros, logsumexp −∞); the `+∞` scores of a row share its weight evenly (the
+//! output row is the mean of their values, the logsumexp `+∞`); a NaN score gives a NaN row.
+//! The reference rounds its f64 scores to `±∞` where f32 would overflow. Where an
+//! intermediate of the f32 dot product overflows although the score itself would not
+//! (`|scale|·Σ_d |q_d·k_d|` or `|scale·q_d|` near `f32::MAX`), the score can come out `±∞` or
+//! NaN depending on the summation order: that is outside the supported range. A key of zero
+//! weight (masked, or whose weight
 //! underflows) contributes exactly 0 even when its value is `±∞`/NaN (an unwritten KV-cache
 //! slot), as in the reference; empty head dimensions (`d_k = 0`, `d_v = 0`) accept any strides.
 //!
@@ -105,11 +121,14 @@ pub fn flash(
     scale: f32,
     mask: &Mask<'_>,
     o: TensorMut<'_>,
-    lse: Option<&mut [f32]>,
+    mut lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
     let isa = isa.require()?;
     let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
+    if p.trivial(&o, lse.as_deref_mut()) {
+        return Ok(());
+    }
     let sink = sink::Sink::new(o.data, o.layout, lse);
     flash::run(isa, &p, &sink, par);
     Ok(())
@@ -126,11 +145,14 @@ pub fn decode(
     scale: f32,
     mask: &Mask<'_>,
     o: TensorMut<'_>,
-    lse: Option<&mut [f32]>,
+    mut lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
     let isa = isa.require()?;
     let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
+    if p.trivial(&o, lse.as_deref_mut()) {
+        return Ok(());
+    }
     decode::run(isa, &p, o, lse, par);
     Ok(())
 }
@@ -146,11 +168,14 @@ pub fn attention_unfused(
     scale: f32,
     mask: &Mask<'_>,
     o: TensorMut<'_>,
-    lse: Option<&mut [f32]>,
+    mut lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
     let isa = isa.require()?;
     let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
+    if p.trivial(&o, lse.as_deref_mut()) {
+        return Ok(());
+    }
     let sink = sink::Sink::new(o.data, o.layout, lse);
     unfused::run(isa, &p, &sink, par)
 }
@@ -201,6 +226,52 @@ impl<'a> Problem<'a> {
             dk,
             dv,
         })
+    }
+
+    /// Handles the calls whose answer needs no key or value element, and says whether it did:
+    /// nothing to write (the output view is empty and there is no logsumexp entry), or
+    /// `d_k = d_v = 0` with logsumexp entries (every score is `scale·0 = 0` plus the mask, so
+    /// `lse = ln Σ_j e^(mask_ij)`, in closed form for no mask and a causal one). Such a call
+    /// may carry dimensions no slice bounds (`2⁴⁰` rows of width 0, `2⁵⁰` keys of width 0), so
+    /// nothing here allocates or loops in proportion to a dimension whose product with a zero
+    /// one is empty: the loop below runs over the `lse` slice, and over the keys only to read
+    /// a keep-mask or bias, which has that many (broadcast) elements.
+    fn trivial(&self, o: &TensorMut<'_>, lse: Option<&mut [f32]>) -> bool {
+        let lse = lse.filter(|l| !l.is_empty());
+        if o.layout.is_empty() && lse.is_none() {
+            return true;
+        }
+        let Some(out) = lse else { return false };
+        if self.dk != 0 || self.dv != 0 {
+            return false;
+        }
+        // `out.len() = batch·hq·nq` was checked, so row indices decompose without overflow.
+        let nk = self.nk;
+        for (row, l) in out.iter_mut().enumerate() {
+            let (bh, i) = (row / self.nq, row % self.nq);
+            let (b, h) = (bh / self.hq, bh % self.hq);
+            let count = |n: usize| if n == 0 { f32::NEG_INFINITY } else { (n as f64).ln() as f32 };
+            *l = match self.mask {
+                Mask::None => count(nk),
+                Mask::Causal { .. } => count(self.key_end(i)),
+                Mask::Keep { keep, layout } => {
+                    count((0..nk).filter(|&j| keep[layout.index(b, h, i, j)]).count())
+                }
+                Mask::Bias { bias, layout } => {
+                    let t = |j: usize| f64::from(bias[layout.index(b, h, i, j)]);
+                    // The reference's softmax row over the logits t_j, streamed in f64.
+                    let m = (0..nk).map(t).fold(f64::NEG_INFINITY, f64::max);
+                    if (0..nk).any(|j| t(j).is_nan()) {
+                        f32::NAN
+                    } else if m.is_infinite() {
+                        m as f32
+                    } else {
+                        (m + (0..nk).map(|j| (t(j) - m).exp()).sum::<f64>().ln()) as f32
+                    }
+                }
+            };
+        }
+        true
     }
 
     /// Keys of K/V head `kh` of batch `b` as a `[nk, dk]` strided matrix.
@@ -276,11 +347,26 @@ impl<'a> Problem<'a> {
         }
     }
 
-    /// Query row `(b, h, i)` times `scale`, into `out[..dk]`.
+    /// Query row `(b, h, i)` times `scale`, into `out[..dk]` (see [`scale_query`]).
     fn scaled_query(&self, b: usize, h: usize, i: usize, out: &mut [f32]) {
         for (d, x) in out[..self.dk].iter_mut().enumerate() {
-            *x = self.q.at(b, h, i, d) * self.scale2;
+            *x = scale_query(self.q.at(b, h, i, d), self.scale2);
         }
+    }
+}
+
+/// One query element pre-multiplied by the score scale, `x·scale` rounded to f32, except that a
+/// product of two nonzero factors that underflows to zero becomes the smallest subnormal of its
+/// sign (2⁻¹⁴⁹, off by at most that much). So a scaled query element is zero only when the
+/// element or the scale is, and an infinite key element meets it as in the reference's
+/// `scale·(q·k)` (`±∞`, never the `0·∞ = NaN` of an underflowed factor).
+#[inline(always)]
+pub(crate) fn scale_query(x: f32, scale: f32) -> f32 {
+    let y = x * scale;
+    if y == 0.0 && x != 0.0 && scale != 0.0 {
+        f32::from_bits(1).copysign(y)
+    } else {
+        y
     }
 }
 

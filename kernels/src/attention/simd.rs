@@ -343,6 +343,28 @@ pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
     total
 }
 
+/// The weights `e^(x_j − m)` of `n` scores `x[lane + j·stride]` whose maximum `m` is `+∞` (a
+/// score that overflowed f32, or a `+∞` bias), in place: the `+∞` scores share the weight, so
+/// each gets 1 (not `e^(∞ − ∞) = NaN`), every finite or `−∞` score 0, and a NaN stays NaN.
+/// Returns their sum, the number of `+∞` scores (NaN if a score is NaN). Off the hot path: only
+/// rows that reach `+∞` come here.
+#[cold]
+pub(crate) fn pos_inf_weights(x: &mut [f32], n: usize, stride: usize, lane: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for j in 0..n {
+        let e = &mut x[lane + j * stride];
+        *e = if *e == f32::INFINITY {
+            1.0
+        } else if e.is_nan() {
+            f32::NAN
+        } else {
+            0.0
+        };
+        sum += *e;
+    }
+    sum
+}
+
 /// The lowest argument [`Simd::exp_neg4`] takes (the softmax's table exp range: every result
 /// normal).
 pub(crate) const EXP4_MIN: f32 = crate::softmax::LUT_MIN;

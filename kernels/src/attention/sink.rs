@@ -49,7 +49,12 @@ impl<'a> Sink<'a> {
             lse,
             lse_len,
             rows: [layout.dims[1], layout.dims[2]],
-            written: (0..layout.dims[0] * layout.dims[1] * layout.dims[2])
+            // One flag per row. The callers return early when there is nothing to write, so
+            // the rows are bounded by the output view (injective, with elements) or by the
+            // logsumexp slice; saturating, so a product past usize::MAX cannot wrap.
+            written: (0..layout.dims[0]
+                .saturating_mul(layout.dims[1])
+                .saturating_mul(layout.dims[2]))
                 .map(|_| AtomicBool::new(false))
                 .collect(),
             _borrow: PhantomData,

@@ -1,14 +1,14 @@
-//! The unfused path: per `(batch, query head)`, materialise the scores `S = scale·Q·Kᵀ`
-//! (`Nq × Nk`, one SGEMM), apply the mask and a row softmax in place, then `O = P·V` (a second
-//! SGEMM) and divide each row by its sum. It needs `Nq·(Nk + dv)` floats per task, which is the
+//! The unfused path: per `(batch, query head)`, materialise the scores `S = scale·(Q·Kᵀ)`
+//! (`Nq × Nk`, one SGEMM, then the scale), apply the mask and a row softmax in place, then
+//! `O = P·V` (a second SGEMM) and divide each row by its sum. It needs `Nq·(Nk + dv)` floats per task, which is the
 //! point of comparison with the flash path; it is kept for equivalence tests and benchmarks,
 //! not for production use.
 
 use rayon::prelude::*;
 
-use attn_core::{MatLayout, MatMut, MatRef, Result};
+use attn_core::{Error, MatLayout, MatMut, MatRef, Result};
 
-use super::simd::{axpy, exp_row, vectorize, Kernel, Simd};
+use super::simd::{axpy, exp_row, pos_inf_weights, vectorize, Kernel, Simd};
 use super::sink::Sink;
 use super::{matrix, row_of, Problem};
 use crate::arch::Isa;
@@ -18,7 +18,7 @@ use crate::par::Parallelism;
 /// Runs the unfused path over all heads, writing through `sink`. With fewer heads than
 /// threads the SGEMMs get the threads instead.
 pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) -> Result<()> {
-    let tasks = p.batch * p.hq;
+    let tasks = p.batch.saturating_mul(p.hq);
     if p.nq == 0 || tasks == 0 {
         return Ok(());
     }
@@ -39,18 +39,20 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     let (b, h) = (t / p.hq, t % p.hq);
     let kh = h / p.group;
     let (nq, nk, dv) = (p.nq, p.nk, p.dv);
-    // 1. S = scale·Q·Kᵀ (Kᵀ is K's view transposed: no copy).
-    let mut sc = vec![0.0f32; nq * nk];
+    // 1. S = Q·Kᵀ (Kᵀ is K's view transposed: no copy), scaled with the mask below. Not as
+    //    the SGEMM's α: α = 0 skips the product (BLAS), where the reference's scale·(q·k) is
+    //    NaN for an infinite q·k.
+    let mut sc = zeros("k", nq.checked_mul(nk))?;
     let q = MatRef::new(p.q.data, matrix(&p.q.layout, b, h));
     let kt = MatRef::new(p.k.data, matrix(&p.k.layout, b, kh).transposed());
-    sgemm_with_isa(isa, p.scale2, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
+    sgemm_with_isa(isa, 1.0, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
     // 2. Mask and softmax rows (unnormalised; each row keeps its max and sum).
     let (maxes, sums) = vectorize(isa, SoftmaxRows { p, b, h, sc: &mut sc });
     // 3. O = P·V, normalised once per row. A zero weight must contribute exactly 0 (the
     //    reference skips it), but the SGEMM would form 0·∞ = NaN at a ±∞/NaN value (e.g. an
     //    unwritten KV-cache slot under the mask): when the head has both, P·V skips the zero
     //    weights row by row instead (vectorised along dv; this path is for tests and benches).
-    let mut o = vec![0.0f32; nq * dv];
+    let mut o = zeros("v", nq.checked_mul(dv))?;
     if nk > 0 && dv > 0 {
         let vs = p.values(b, kh);
         let mut tmp = vec![0.0f32; dv];
@@ -74,6 +76,21 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     Ok(())
 }
 
+/// A zeroed scratch buffer of `n` floats, or the reference's error for a scratch buffer that
+/// cannot be allocated (`n` overflowed, or the allocation failed): this path materialises
+/// `Nq × Nk` scores, and a view with broadcast (zero-stride) operands can ask for any size.
+fn zeros(arg: &'static str, n: Option<usize>) -> Result<Vec<f32>> {
+    let err = Error::InvalidParameter {
+        arg,
+        requirement: "the sizes imply a scratch buffer that cannot be allocated",
+    };
+    let n = n.ok_or(err.clone())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| err)?;
+    v.resize(n, 0.0);
+    Ok(v)
+}
+
 /// Masks each score row of one head and replaces it by `e^(s − max)`; returns the maxima and
 /// the sums.
 struct SoftmaxRows<'r, 'a> {
@@ -95,9 +112,17 @@ impl Kernel for SoftmaxRows<'_, '_> {
             return (maxes, sums);
         }
         for (i, row) in sc.chunks_exact_mut(nk).enumerate() {
+            if p.scale2 != 1.0 {
+                row.iter_mut().for_each(|x| *x *= p.scale2);
+            }
             p.apply_mask(b, h, i, 1, 0, nk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
-            sums[i] = exp_row(s, row, m);
+            // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
+            sums[i] = if m == f32::INFINITY {
+                pos_inf_weights(row, nk, 1, 0)
+            } else {
+                exp_row(s, row, m)
+            };
             maxes[i] = m;
         }
         (maxes, sums)

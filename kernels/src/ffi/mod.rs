@@ -66,9 +66,8 @@ use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 /// most `min(n, available cores)` threads. Any value is safe (`SIZE_MAX` included): the count is
 /// clamped, the worker pools are bounded (one of all the cores for the whole process, and a
 /// few smaller ones, the least recently used released), and small problems stay on the
-/// calling thread. SGEMM, softmax and the flash attention path give bitwise identical results
-/// for every thread count; the decode path splits keys by thread count, so its results may
-/// differ between counts by rounding.
+/// calling thread. Every function gives bitwise identical results for every thread count
+/// (the decode path splits keys into chunks fixed by the problem, not by the threads).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnStatus {
@@ -912,10 +911,11 @@ pub unsafe extern "C" fn attn_softmax(
 ///   of head `h` of batch `b` (row-major over `[b, hq, nq]`).
 /// - A fully masked row (every key masked, or nk = 0) gives an all-zero output row and
 ///   logsumexp −∞. A key of zero weight contributes exactly 0 even if its value is ±∞ or NaN.
-///   A `−∞` bias masks its position; a `+∞` bias entry is outside the supported range.
+///   A `−∞` bias masks its position. A score (`scale·q·k + mask`) beyond the f32 range is
+///   `±∞`, as a `±∞` bias is: the `+∞` scores of a row share its weight evenly (the output
+///   row is the mean of their values, logsumexp `+∞`); a NaN score gives a NaN row.
 /// - nq = 0 or an empty head dimension is fine (nothing, or zeros, to write).
-/// - `threads`: see [`AttnStatus`]; the flash path (nq > 16) is bitwise the same for every
-///   thread count.
+/// - `threads`: see [`AttnStatus`]; the result is bitwise the same for every thread count.
 ///
 /// # Safety
 ///
@@ -940,8 +940,8 @@ pub unsafe extern "C" fn attn_attention(
 
 /// Decode-step attention: [`attn_attention`] forced onto the decode path (few queries over
 /// many keys: keys split across threads, partial results merged by logsumexp), for any nq.
-/// Same arguments, conventions and statuses as [`attn_attention`]; its results may differ
-/// between thread counts by rounding (see [`AttnStatus`]).
+/// Same arguments, conventions and statuses as [`attn_attention`], bitwise the same for every
+/// thread count.
 ///
 /// # Safety
 ///

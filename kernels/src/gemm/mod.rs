@@ -209,8 +209,7 @@ macro_rules! packed_operand_methods {
         $(#[$pack_doc])*
         pub fn pack(&mut self, $x: MatRef<'_>) -> Result<()> {
             $x.check(stringify!($x))?;
-            self.p.pack($x);
-            Ok(())
+            self.p.pack($x, stringify!($x))
         }
 
         $(#[$rows_doc])*
@@ -387,21 +386,35 @@ impl PackedPanels {
         }
     }
 
+    /// `dim` rounded up to whole panels (fits: `pack` checked `padded · k` for the stored
+    /// shape, and an empty shape has `padded · k = 0` with both factors from a `usize`).
     fn padded(&self) -> usize {
         self.dim.div_ceil(self.width()) * self.width()
     }
 
-    /// Packs a checked view (`m × k` for A, `k × n` for B).
-    fn pack(&mut self, x: MatRef<'_>) {
+    /// Packs a checked view (`m × k` for A, `k × n` for B). A view may have any dimensions
+    /// (zero strides repeat elements), so the packed size is computed with checked arithmetic
+    /// and allocated fallibly: a size that overflows or cannot be allocated is
+    /// `InvalidParameter` naming `arg`, and leaves the operand as it was.
+    fn pack(&mut self, x: MatRef<'_>, arg: &'static str) -> Result<()> {
         let (k, dim) = match self.side {
             Side::A => (x.layout.cols, x.layout.rows),
             Side::B => (x.layout.rows, x.layout.cols),
         };
+        let (w, kc_max) = (self.width(), self.kern.blocking.kc);
+        let too_big = Error::InvalidParameter {
+            arg,
+            requirement: "the sizes imply a scratch buffer that cannot be allocated",
+        };
+        let padded = dim.div_ceil(w).checked_mul(w).ok_or(too_big.clone())?;
+        let len = padded.checked_mul(k).ok_or(too_big.clone())?;
+        if !self.buf.try_grow(len) {
+            return Err(too_big);
+        }
         self.k = k;
         self.dim = dim;
-        let (w, padded, kc_max) = (self.width(), self.padded(), self.kern.blocking.kc);
         let side = self.side;
-        let dst = self.buf.get(padded * k);
+        let dst = self.buf.get(len);
         for p0 in (0..k).step_by(kc_max) {
             let kc = kc_max.min(k - p0);
             let block = &mut dst[p0 * padded..(p0 + kc) * padded];
@@ -414,6 +427,7 @@ impl PackedPanels {
                 }
             }
         }
+        Ok(())
     }
 
     /// The packed panels of k-block `(p0, kc)` from row / column `d0` (a multiple of the panel

@@ -20,11 +20,29 @@ pub(crate) struct AlignedBuf {
     v: Vec<f32>,
 }
 
+/// Alignment of [`AlignedBuf`] slices in f32 elements (64 bytes).
+const ALIGN_F32: usize = 16;
+
 impl AlignedBuf {
+    /// Grows the buffer, fallibly, so that [`get`](Self::get) with `len` will not allocate:
+    /// false (and the buffer unchanged) when the size overflows or cannot be allocated.
+    pub(crate) fn try_grow(&mut self, len: usize) -> bool {
+        let Some(need) = len.checked_add(ALIGN_F32) else { return false };
+        if self.v.len() >= need {
+            return true;
+        }
+        let mut v = Vec::new();
+        if v.try_reserve_exact(need).is_err() {
+            return false;
+        }
+        v.resize(need, 0.0);
+        self.v = v;
+        true
+    }
+
     /// The first `len` elements of the aligned region, growing the buffer if needed. Contents
     /// are unspecified (whatever the last user left).
     pub(crate) fn get(&mut self, len: usize) -> &mut [f32] {
-        const ALIGN_F32: usize = 16;
         if self.v.len() < len + ALIGN_F32 {
             self.v = vec![0.0; len + ALIGN_F32];
         }

@@ -12,8 +12,11 @@
 //! - a NaN visible logit makes the whole row NaN (masked positions included) and its lse NaN;
 //! - `+∞` logits share the weight evenly (`1/count` each, 0 elsewhere), lse `+∞`;
 //! - `|z| ≤ 1e30` is ordinary input: `z − m` never overflows to NaN; a logit whose f32 product
-//!   `scale·x` overflows becomes `±∞` and follows the rule above (the f64 reference may keep
-//!   it finite — the one place the two can differ beyond rounding).
+//!   `scale·x` (or `scale·x + bias`) overflows becomes `±∞` and follows the rule above; the
+//!   f64 reference takes its logits beyond the f32 range as `±∞` too
+//!   ([`attn_reference::softmax::saturate_logit`]), so the two agree; only a logit whose
+//!   product overflows while the sum with the bias would not (`|scale·x|`, `|bias|` near
+//!   `f32::MAX` with opposite signs) can differ beyond rounding.
 //!
 //! Accuracy, with `u = 2⁻²⁴`, `E` = [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP: the softmax passes use
 //! their own exp for arguments `z − m ≤ 0`, see [`exp`]), `n` visible positions:
@@ -62,7 +65,7 @@ pub(crate) use exp::{exp_f32x8, exp_neg_lut4_f32x8, LUT_MIN};
 pub(crate) use exp::{exp_neg_lut4_avx2, exp_neg_lut4_avx512, exp_ps_avx2, exp_ps_avx512};
 
 use attn_core::error::{expect_dim, expect_finite};
-use attn_core::{MatMut, MatRef, TensorMut, TensorRef};
+use attn_core::{Error, MatMut, MatRef, TensorMut, TensorRef};
 use rayon::prelude::*;
 
 use crate::arch::{self, Isa};
@@ -156,7 +159,7 @@ pub fn scale_mask_softmax_with_isa(
     y.check("y")?;
     let [batch, heads, rows, cols] = x.layout.dims;
     mask.check(batch, heads, rows, cols)?;
-    check_lse(lse.as_deref(), batch * heads * rows)?;
+    check_lse(lse.as_deref(), batch.saturating_mul(heads).saturating_mul(rows))?;
     let ctx = Ctx { isa, x: Some(x), scale, mask, dims: x.layout.dims };
     ctx.run(y, lse, par);
     Ok(())
@@ -189,7 +192,7 @@ pub fn scale_mask_softmax_inplace_with_isa(
     x.check("x")?;
     let [batch, heads, rows, cols] = x.layout.dims;
     mask.check(batch, heads, rows, cols)?;
-    check_lse(lse.as_deref(), batch * heads * rows)?;
+    check_lse(lse.as_deref(), batch.saturating_mul(heads).saturating_mul(rows))?;
     let ctx = Ctx { isa, x: None, scale, mask, dims: x.layout.dims };
     ctx.run(x, lse, par);
     Ok(())
@@ -249,19 +252,31 @@ pub fn logsumexp_with_isa(isa: Isa, x: MatRef<'_>, par: Parallelism) -> Result<V
     x.check("x")?;
     let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
     let rows = x.layout.rows;
-    let f = |scratch: &mut Scratch, r: usize| {
+    // An `r × 0` view (or one with a zero row stride) may have any `r`, so the result is
+    // allocated fallibly, with the reference's error when it cannot be.
+    let mut out = Vec::new();
+    out.try_reserve_exact(rows).map_err(|_| Error::InvalidParameter {
+        arg: "x",
+        requirement: "the sizes imply a scratch buffer that cannot be allocated",
+    })?;
+    out.resize(rows, f32::NEG_INFINITY);
+    if x.layout.cols == 0 {
+        return Ok(out); // empty rows: −∞ each, nothing to read
+    }
+    let f = |scratch: &mut Scratch, (r, l): (usize, &mut f32)| {
         let pos = RowPos { r, b: 0, h: 0, i: r };
-        row::lse_row(isa, gather(&xt, pos, &mut scratch.x), None)
+        *l = row::lse_row(isa, gather(&xt, pos, &mut scratch.x), None);
     };
     if use_threads(par, x.layout.len()) {
         let min = min_rows_per_task(x.layout.cols);
-        Ok(par.install(|| {
-            (0..rows).into_par_iter().with_min_len(min).map_init(Scratch::default, f).collect()
-        }))
+        par.install(|| {
+            out.par_iter_mut().enumerate().with_min_len(min).for_each_init(Scratch::default, f)
+        });
     } else {
         let mut scratch = Scratch::default();
-        Ok((0..rows).map(|r| f(&mut scratch, r)).collect())
+        out.iter_mut().enumerate().for_each(|rl| f(&mut scratch, rl));
     }
+    Ok(out)
 }
 
 fn check_lse(lse: Option<&[f32]>, rows: usize) -> Result<()> {
@@ -362,10 +377,11 @@ impl RowPos {
 
 /// Row `pos` of `t`: the slice itself when its columns are contiguous, else a copy in `buf`.
 fn gather<'a>(t: &TensorRef<'a>, pos: RowPos, buf: &'a mut Vec<f32>) -> &'a [f32] {
-    let (start, cols, stride) = row_span(&t.layout, pos);
-    if cols == 0 {
+    // An empty row first: an empty view's offset and strides need not index anything.
+    if t.layout.dims[3] == 0 {
         return &[];
     }
+    let (start, cols, stride) = row_span(&t.layout, pos);
     if stride == 1 || cols <= 1 {
         &t.data[start..start + cols]
     } else {
@@ -382,10 +398,10 @@ fn gather_mask<'a, T: Copy>(
     pos: RowPos,
     buf: &'a mut Vec<T>,
 ) -> &'a [T] {
-    let (start, cols, stride) = row_span(layout, pos);
-    if cols == 0 {
-        return &[];
+    if layout.dims[3] == 0 {
+        return &[]; // as in `gather`
     }
+    let (start, cols, stride) = row_span(layout, pos);
     if stride == 1 || cols <= 1 {
         &data[start..start + cols]
     } else {
@@ -409,13 +425,20 @@ where
 {
     let dims = y.layout.dims;
     let [batch, heads, rows, cols] = dims;
-    let nrows = batch * heads * rows;
+    // Bounded by the slices once past the early return below: `y` has `nrows·cols` distinct
+    // elements (checked injective) or `lse` has `nrows` entries.
+    let nrows = batch.saturating_mul(heads).saturating_mul(rows);
     let mut slots: Vec<Option<&mut f32>> = match lse {
         Some(l) => l.iter_mut().map(Some).collect(),
         None => Vec::new(),
     };
     if cols == 0 {
         // Nothing to index: an empty view's offset and strides need not lie inside its slice.
+        // Without logsumexps there is nothing to write, whatever `batch·heads·rows` says (a
+        // `[1, 1, 2⁴⁰, 0]` view is legal): return at once, as the reference does.
+        if slots.is_empty() {
+            return;
+        }
         let mut scratch = Scratch::default();
         let mut pos = RowPos::FIRST;
         for r in 0..nrows {
@@ -506,7 +529,7 @@ struct Ctx<'a, 'm> {
 impl Ctx<'_, '_> {
     /// Rows over all batches and heads.
     fn rows(&self) -> usize {
-        self.dims[0] * self.dims[1] * self.dims[2]
+        self.dims[0].saturating_mul(self.dims[1]).saturating_mul(self.dims[2])
     }
 
     fn run(&self, y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism) {
@@ -635,7 +658,8 @@ impl Ctx<'_, '_> {
         // is prefetched meanwhile (see row::PREFETCH_ROWS); in cache, the next row, so that
         // its pass A reads L1 (64×1024 from L2: 2.77 → 2.83 G elem/s, best of 2000 calls).
         let next = match &self.x {
-            Some(x) if x.layout.strides[3] == 1 && pos.r + 1 < self.rows() => {
+            // Not for empty rows: an empty view's strides need not index anything.
+            Some(x) if x.layout.strides[3] == 1 && cols > 0 && pos.r + 1 < self.rows() => {
                 let mut ahead = pos.next(self.dims);
                 for _ in 1..(if stream { row::PREFETCH_ROWS } else { 1 }) {
                     if ahead.r + 1 < self.rows() {
