@@ -188,6 +188,18 @@ pub fn pin_threads(threads: &[usize]) -> bool {
 mod tests {
     use super::*;
 
+    /// The report pins its main thread before any kernel runs; the kernels' thread limit must
+    /// still be every core (it once read the pinned thread's affinity and became 1).
+    #[test]
+    fn pinning_the_caller_keeps_every_core_available() {
+        let cores = core_count();
+        if let Some(id) = core_affinity::get_core_ids().and_then(|ids| ids.first().copied()) {
+            core_affinity::set_for_current(id);
+        }
+        assert_eq!(Parallelism::threads(cores).count(), cores);
+        assert!(attn_kernels::par::max_threads() >= cores);
+    }
+
     #[test]
     fn quantiles_of_known_samples() {
         let s = Stats::from_samples(vec![5.0, 1.0, 3.0, 2.0, 4.0]).unwrap();

@@ -2,7 +2,7 @@
 //!
 //! One policy for the Rust API and the C ABI ([`Parallelism::threads`], [`Parallelism::count`]):
 //! a requested count of 0 means every available core, any other count is clamped to
-//! [`max_threads`] (the machine's available parallelism), so no call ever creates more workers
+//! [`max_threads`] (the CPUs the machine has online), so no call ever creates more workers
 //! than the machine has cores, whatever it asks for (`usize::MAX` included), and no arithmetic
 //! on a count can overflow.
 //!
@@ -29,11 +29,37 @@ pub enum Parallelism {
 /// Smaller pools (fewer workers than [`max_threads`]) kept alive besides the full-size one.
 pub const SMALL_POOLS: usize = 2;
 
-/// The most threads any call uses: the machine's available parallelism
-/// ([`std::thread::available_parallelism`], read once), or 1 when the OS does not say.
+/// The most threads any call uses, read once: the CPUs the OS has online (Linux:
+/// `/sys/devices/system/cpu/online`), or [`std::thread::available_parallelism`] where that is
+/// more or the file is absent; 1 when neither says.
+///
+/// Not the calling thread's affinity alone: `available_parallelism` counts the CPUs the
+/// *calling thread* may run on, so an engine that pins its main thread to one core before its
+/// first call would otherwise clamp every later request to one thread.
 pub fn max_threads() -> usize {
     static MAX: OnceLock<usize> = OnceLock::new();
-    *MAX.get_or_init(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
+    *MAX.get_or_init(|| {
+        let allowed = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+        let online = std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|s| count_cpu_list(&s))
+            .unwrap_or(0);
+        allowed.max(online).max(1)
+    })
+}
+
+/// The number of CPUs in a Linux CPU list such as `0-3,8,10-11` (`None` if malformed).
+fn count_cpu_list(list: &str) -> Option<usize> {
+    list.trim().split(',').try_fold(0usize, |n, part| {
+        let (lo, hi) = match part.split_once('-') {
+            Some((lo, hi)) => (lo.parse::<usize>().ok()?, hi.parse::<usize>().ok()?),
+            None => {
+                let c = part.parse::<usize>().ok()?;
+                (c, c)
+            }
+        };
+        n.checked_add(hi.checked_sub(lo)?.checked_add(1)?)
+    })
 }
 
 impl Parallelism {
@@ -120,6 +146,16 @@ fn build(n: usize) -> Option<Arc<rayon::ThreadPool>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_are_counted() {
+        assert_eq!(count_cpu_list("0-1\n"), Some(2));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list("3-1"), None);
+        assert_eq!(count_cpu_list("x"), None);
+        assert_eq!(count_cpu_list(""), None);
+    }
 
     #[test]
     fn counts_are_clamped_to_the_cores() {
