@@ -15,17 +15,7 @@
 
 #include "attn_kernels.h"
 
-static int failures = 0;
-
-#define CHECK(cond, ...)                                                                      \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                              \
-            fprintf(stderr, __VA_ARGS__);                                                     \
-            fprintf(stderr, "\n");                                                            \
-            failures++;                                                                       \
-        }                                                                                     \
-    } while (0)
+#include "check.h"
 
 /* The status of `call` is `want` and, when `needle` is not NULL, the last error message
  * contains it. */
