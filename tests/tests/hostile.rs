@@ -518,3 +518,40 @@ fn zero_size_views_beside_huge_dimensions_return_at_once() {
     assert!(matches!(err, attn_reference::Error::InvalidParameter { arg: "b", .. }), "{err:?}");
     assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
 }
+
+/// Issue 25: a broadcast (zero-stride) operand can declare a head dimension far larger than its
+/// buffer, and the flash and decode paths size their per-thread scratch by `d_k` and `d_v`.
+/// With `d_k = 2⁴⁰` that scratch cannot exist: every path returns `InvalidParameter` at once,
+/// on one thread and on two (where the error comes out of a parallel task), where it aborted
+/// the process ("memory allocation of … bytes failed"). The reference would run `2⁴⁰`
+/// multiply-adds per score instead; the kernels' documented answer is the error.
+#[test]
+fn huge_broadcast_head_dimension_is_an_error_not_an_abort() {
+    let isa = selected();
+    let start = std::time::Instant::now();
+    let dk = 1usize << 40;
+    let one = [0.5f32];
+    let v = vec![1.0f32; 64 * 2];
+    let mut o = vec![0.0f32; 40 * 2];
+    let bcast = |nq: usize| Tensor4Layout { dims: [1, 1, nq, dk], strides: [0; 4], offset: 0 };
+    for nq in [1, 40] {
+        let (q, k) = (TensorRef::new(&one, bcast(nq)), TensorRef::new(&one, bcast(64)));
+        let v = TensorRef::new(&v, Tensor4Layout::bhsd(1, 1, 64, 2));
+        for par in [Parallelism::Sequential, Parallelism::threads(2)] {
+            for path in ["attention", "flash", "decode"] {
+                let o = TensorMut::new(&mut o[..nq * 2], Tensor4Layout::bhsd(1, 1, nq, 2));
+                let r = match path {
+                    "flash" => flash(isa, q, k, v, 0.5, &Mask::CAUSAL, o, None, par),
+                    "decode" => decode(isa, q, k, v, 0.5, &Mask::CAUSAL, o, None, par),
+                    _ => attention(q, k, v, 0.5, &Mask::CAUSAL, o, None, par),
+                };
+                let err = r.unwrap_err();
+                assert!(
+                    matches!(err, attn_reference::Error::InvalidParameter { .. }),
+                    "{path} nq={nq} {par:?}: {err:?}"
+                );
+            }
+        }
+    }
+    assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
+}

@@ -21,14 +21,14 @@
 
 use rayon::prelude::*;
 
-use attn_core::{Mask, TensorMut};
+use attn_core::{Mask, Result, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK};
 use super::simd::{
     axpy, decode_pv_block, decode_qk_block, exp_row, exp_scalar, pos_inf_weights, row_max,
     vectorize, Kernel, Simd, Strided,
 };
-use super::Problem;
+use super::{zeros, Problem};
 use crate::arch::Isa;
 use crate::par::Parallelism;
 
@@ -41,17 +41,18 @@ struct Partial {
     o: Vec<f32>,
 }
 
-/// Runs the decode path and writes `o` and `lse`.
+/// Runs the decode path and writes `o` and `lse`. Fails only when a task's scratch cannot be
+/// allocated (see [`Chunk`]); `o` and `lse` are then left untouched.
 pub(super) fn run(
     isa: Isa,
     p: &Problem<'_>,
     o: TensorMut<'_>,
     lse: Option<&mut [f32]>,
     par: Parallelism,
-) {
+) -> Result<()> {
     let heads = p.batch.saturating_mul(p.hkv);
     if heads == 0 || p.nq == 0 {
-        return;
+        return Ok(());
     }
     let (chunks, chunk_len) = split(p.nk);
     let task = |t: usize| {
@@ -65,11 +66,13 @@ pub(super) fn run(
     let tasks = heads.saturating_mul(chunks);
     // The thread count only picks who runs the chunks, never how the keys are split.
     let partials: Vec<Partial> = if par.count() == 1 || tasks == 1 {
-        (0..tasks).map(task).collect()
+        (0..tasks).map(task).collect::<Result<_>>()?
     } else {
-        par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect())
+        par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect::<Result<_>>())?
     };
-    vectorize(isa, Merge { p, partials: &partials, chunks, o, lse });
+    let acc = zeros("v", Some(p.dv))?;
+    vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc });
+    Ok(())
 }
 
 /// The key split of every `(batch, K/V head)`: `(chunks, keys per chunk)`, a function of `nk`
@@ -93,6 +96,8 @@ struct Merge<'r, 'a, 'o> {
     chunks: usize,
     o: TensorMut<'o>,
     lse: Option<&'r mut [f32]>,
+    /// One output row's weighted sum, `dv` floats.
+    acc: Vec<f32>,
 }
 
 impl Kernel for Merge<'_, '_, '_> {
@@ -100,9 +105,8 @@ impl Kernel for Merge<'_, '_, '_> {
 
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        let Merge { p, partials, chunks, o, mut lse } = self;
+        let Merge { p, partials, chunks, o, mut lse, mut acc } = self;
         let rows = p.group * p.nq;
-        let mut acc = vec![0.0f32; p.dv];
         for (bk, parts) in partials.chunks(chunks).enumerate() {
             let (b, kh) = (bk / p.hkv, bk % p.hkv);
             for r in 0..rows {
@@ -143,7 +147,9 @@ impl Kernel for Merge<'_, '_, '_> {
     }
 }
 
-/// One task: keys `c0..c1` of K/V head `kh` of batch `b`, for all rows of the group.
+/// One task: keys `c0..c1` of K/V head `kh` of batch `b`, for all rows of the group. Its
+/// scratch grows with `dk` and `dv`, which a zero-stride operand can make huge: allocated
+/// fallibly, so such a call fails with `InvalidParameter` rather than aborting.
 struct Chunk<'r, 'a> {
     p: &'r Problem<'a>,
     b: usize,
@@ -153,17 +159,20 @@ struct Chunk<'r, 'a> {
 }
 
 impl Kernel for Chunk<'_, '_> {
-    type Output = Partial;
+    type Output = Result<Partial>;
 
     #[inline(always)]
-    fn run<S: Simd>(self, s: S) -> Partial {
+    fn run<S: Simd>(self, s: S) -> Result<Partial> {
         let Chunk { p, b, kh, c0, c1 } = self;
         let (dk, dv, nq) = (p.dk, p.dv, p.nq);
         let rows = p.group * nq;
-        let mut part =
-            Partial { m: vec![f32::MIN; rows], l: vec![0.0; rows], o: vec![0.0; rows * dv] };
+        let mut part = Partial {
+            m: vec![f32::MIN; rows],
+            l: vec![0.0; rows],
+            o: zeros("v", rows.checked_mul(dv))?,
+        };
         // Rows are (head in group, query); every row is pre-scaled by scale.
-        let mut qs = vec![0.0f32; rows * dk];
+        let mut qs = zeros("q", rows.checked_mul(dk))?;
         for r in 0..rows {
             let h = kh * p.group + r / nq;
             p.scaled_query(b, h, r % nq, &mut qs[r * dk..(r + 1) * dk]);
@@ -171,10 +180,11 @@ impl Kernel for Chunk<'_, '_> {
         let (keys, values) = (p.keys(b, kh), p.values(b, kh));
         // Strided columns: each block is gathered into a contiguous copy first, so the tiles
         // always read contiguous vectors.
-        let mut kbuf = if keys.cs == 1 { Vec::new() } else { vec![0.0f32; DECODE_BC * dk] };
-        let mut vbuf = if values.cs == 1 { Vec::new() } else { vec![0.0f32; DECODE_BC * dv] };
+        let gather = |n: usize, arg| zeros(arg, DECODE_BC.checked_mul(n));
+        let mut kbuf = if keys.cs == 1 { Vec::new() } else { gather(dk, "k")? };
+        let mut vbuf = if values.cs == 1 { Vec::new() } else { gather(dv, "v")? };
         let c1 = c1.min(p.key_end(nq - 1));
-        let mut sb = vec![0.0f32; rows * DECODE_BC];
+        let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let mut j0 = c0;
         while j0 < c1 {
             let nb = (c1 - j0).min(DECODE_BC);
@@ -221,7 +231,7 @@ impl Kernel for Chunk<'_, '_> {
             decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, vv, vj, dv, &mut part.o);
             j0 += nb;
         }
-        part
+        Ok(part)
     }
 }
 

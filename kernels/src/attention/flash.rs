@@ -20,13 +20,15 @@
 
 use rayon::prelude::*;
 
+use attn_core::{Error, Result};
+
 use super::blocking::{BC, QT, QV};
 use super::simd::{
     exp_scalar, load, pos_inf_weights, pv_block, qk_block, store, tile_rows, vectorize, Kernel,
     Simd, EXP4_MIN,
 };
 use super::sink::Sink;
-use super::{matrix, scale_query, Problem};
+use super::{matrix, scale_query, zeros, Problem};
 use crate::arch::Isa;
 use crate::gemm::pack::AlignedBuf;
 use crate::par::Parallelism;
@@ -54,42 +56,54 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
-    fn new(dk: usize, dv: usize) -> Self {
+    /// The scratch of one thread, or an error when `dk` or `dv` (which a zero-stride operand
+    /// can make huge) asks for more than can be allocated.
+    fn new(dk: usize, dv: usize) -> Result<Self> {
+        let tiles = |d: usize, n: usize| d.checked_mul(n).and_then(|x| x.checked_mul(MAX_QR));
         let (mut qp, mut s) = (AlignedBuf::default(), AlignedBuf::default());
-        qp.get(QT * dk * MAX_QR);
-        s.get(BC * MAX_QR);
-        Scratch {
+        if !tiles(dk, QT).is_some_and(|n| qp.try_grow(n)) || !s.try_grow(BC * MAX_QR) {
+            return Err(Error::InvalidParameter {
+                arg: "q",
+                requirement: "the sizes imply a scratch buffer that cannot be allocated",
+            });
+        }
+        Ok(Scratch {
             qp,
             s,
-            o: vec![0.0; QT * dv * MAX_QR],
-            save: vec![0.0; dv * MAX_QR],
+            o: zeros("v", tiles(dv, QT))?,
+            save: zeros("v", tiles(dv, 1))?,
             m: vec![0.0; QT * MAX_QR],
             l: vec![0.0; QT * MAX_QR],
             alpha: vec![0.0; MAX_QR],
-        }
+        })
     }
 }
 
-/// Runs the flash loop over all tasks, writing through `sink`.
-pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) {
+/// Runs the flash loop over all tasks, writing through `sink`. Fails only when a thread's
+/// scratch cannot be allocated ([`Scratch::new`]); rows written before that are unspecified.
+pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) -> Result<()> {
     // dk = 0 or dv = 0 still has logsumexps (and dk = 0 still has outputs) to write.
     if p.nq == 0 {
-        return;
+        return Ok(());
     }
     let groups = p.nq.div_ceil(QT * tile_rows(isa));
     // Bounded by the rows of the output or lse slice (see `Problem::trivial`).
     let tasks = p.batch.saturating_mul(p.hq).saturating_mul(groups);
     let task = |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups });
     if par.count() == 1 || tasks == 1 {
-        let mut scr = Scratch::new(p.dk, p.dv);
+        let mut scr = Scratch::new(p.dk, p.dv)?;
         (0..tasks).for_each(|t| task(&mut scr, t));
+        Ok(())
     } else {
         par.install(|| {
-            (0..tasks)
-                .into_par_iter()
-                .with_min_len(1)
-                .for_each_init(|| Scratch::new(p.dk, p.dv), task)
-        });
+            (0..tasks).into_par_iter().with_min_len(1).try_for_each_init(
+                || Scratch::new(p.dk, p.dv),
+                |scr, t| {
+                    task(scr.as_mut().map_err(|e| e.clone())?, t);
+                    Ok(())
+                },
+            )
+        })
     }
 }
 

@@ -59,7 +59,7 @@ mod sink;
 mod unfused;
 
 use attn_core::attention::check_attention;
-use attn_core::{Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef};
+use attn_core::{Error, Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef};
 
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
@@ -75,7 +75,10 @@ use simd::Strided;
 /// [`default_scale`](attn_core::default_scale)).
 ///
 /// Errors: those of [`check_attention`] (shapes, bounds, aliasing output, zero heads, K/V heads
-/// not dividing query heads, non-finite scale, `lse` length).
+/// not dividing query heads, non-finite scale, `lse` length), and `InvalidParameter` when the
+/// per-thread scratch (a few query tiles of `d_k` and `d_v` floats) cannot be allocated, which
+/// only a broadcast operand declaring an absurd head dimension can cause; the output is then
+/// unspecified.
 #[allow(clippy::too_many_arguments)]
 pub fn attention(
     q: TensorRef<'_>,
@@ -130,8 +133,7 @@ pub fn flash(
         return Ok(());
     }
     let sink = sink::Sink::new(o.data, o.layout, lse);
-    flash::run(isa, &p, &sink, par);
-    Ok(())
+    flash::run(isa, &p, &sink, par)
 }
 
 /// The decode (split-keys, logsumexp-merge) path for any `Nq`, meant for `Nq ≤ 16`; same
@@ -153,8 +155,7 @@ pub fn decode(
     if p.trivial(&o, lse.as_deref_mut()) {
         return Ok(());
     }
-    decode::run(isa, &p, o, lse, par);
-    Ok(())
+    decode::run(isa, &p, o, lse, par)
 }
 
 /// The unfused path: per head, the `Nq × Nk` score matrix is materialised, softmaxed and
@@ -368,6 +369,22 @@ pub(crate) fn scale_query(x: f32, scale: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// A zeroed scratch buffer of `n` floats, or `InvalidParameter { arg, .. }` when it cannot be
+/// allocated (`n` overflowed, or the allocation failed). Every path sizes some scratch by a
+/// dimension (`dk`, `dv`, or `Nq × Nk` for the unfused one), and a broadcast (zero-stride)
+/// operand lets a small buffer declare any such dimension: that is an error, not an abort.
+pub(super) fn zeros(arg: &'static str, n: Option<usize>) -> Result<Vec<f32>> {
+    let err = Error::InvalidParameter {
+        arg,
+        requirement: "the sizes imply a scratch buffer that cannot be allocated",
+    };
+    let n = n.ok_or(err.clone())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| err)?;
+    v.resize(n, 0.0);
+    Ok(v)
 }
 
 /// `l.matrix(b, h)` with the offset in wrapping arithmetic. A checked view with an element

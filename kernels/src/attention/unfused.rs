@@ -6,11 +6,11 @@
 
 use rayon::prelude::*;
 
-use attn_core::{Error, MatLayout, MatMut, MatRef, Result};
+use attn_core::{MatLayout, MatMut, MatRef, Result};
 
 use super::simd::{axpy, exp_row, pos_inf_weights, vectorize, Kernel, Simd};
 use super::sink::Sink;
-use super::{matrix, row_of, Problem};
+use super::{matrix, row_of, zeros, Problem};
 use crate::arch::Isa;
 use crate::gemm::sgemm_with_isa;
 use crate::par::Parallelism;
@@ -74,21 +74,6 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
         sink.write_row(b, h, i, lse, |d| row[d] * inv);
     }
     Ok(())
-}
-
-/// A zeroed scratch buffer of `n` floats, or the reference's error for a scratch buffer that
-/// cannot be allocated (`n` overflowed, or the allocation failed): this path materialises
-/// `Nq × Nk` scores, and a view with broadcast (zero-stride) operands can ask for any size.
-fn zeros(arg: &'static str, n: Option<usize>) -> Result<Vec<f32>> {
-    let err = Error::InvalidParameter {
-        arg,
-        requirement: "the sizes imply a scratch buffer that cannot be allocated",
-    };
-    let n = n.ok_or(err.clone())?;
-    let mut v = Vec::new();
-    v.try_reserve_exact(n).map_err(|_| err)?;
-    v.resize(n, 0.0);
-    Ok(v)
 }
 
 /// Masks each score row of one head and replaces it by `e^(s − max)`; returns the maxima and
