@@ -4,33 +4,19 @@
 //! checks every implementation against `attn-reference` on a small case, then times each kernel
 //! family beside its peers (`gemm`, `matrixmultiply`, the unfused path, the reference) in the
 //! same run, and prints one table per family. Progress goes to stderr. A failed correctness
-//! check makes the process exit with status 1 after the report is printed.
-//!
-//! Modules: [`cli`] options, [`harness`] timing and pinning, [`machine`] peaks, [`check`] error
-//! bounds, [`peers`] safe wrappers of the peer libraries, [`sections`] one module per kernel
-//! family, [`record`] and [`report`] output, [`plot`] SVG plots.
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(missing_docs)]
-
-mod check;
-mod cli;
-mod harness;
-mod machine;
-mod peers;
-mod plot;
-mod record;
-mod report;
-mod sections;
+//! check makes the process exit with status 1 after the report is printed. The sections live
+//! in the `attn_bench` library, which the criterion benches run too.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-use cli::{Format, Options};
-use harness::Budget;
-use machine::Machine;
-use report::Run;
-use sections::{Ctx, Progress};
+use attn_bench::cli::{Format, Options};
+use attn_bench::harness::{self, Budget};
+use attn_bench::machine::Machine;
+use attn_bench::plot;
+use attn_bench::report::{self, Run};
+use attn_bench::sections::{self, Ctx, Progress};
 
 fn main() -> ExitCode {
     let opts = Options::parse();
@@ -57,6 +43,7 @@ fn main() -> ExitCode {
         measurements: Vec::new(),
         checks: Vec::new(),
         progress,
+        criterion: None,
     };
     let mut skipped = Vec::new();
     for (i, id) in opts.sections().into_iter().enumerate() {

@@ -69,6 +69,9 @@ pub struct Ctx {
     pub checks: Vec<Check>,
     /// Progress on stderr.
     pub progress: Progress,
+    /// Set by the criterion benches ([`crate::criterion_main`]): timed calls go to criterion,
+    /// one benchmark per case and implementation, and nothing is recorded in `measurements`.
+    pub criterion: Option<criterion::Criterion>,
 }
 
 impl Ctx {
@@ -147,6 +150,9 @@ impl Ctx {
         plot: Option<(String, f64)>,
         imps: &mut [(&'static str, Call<'_>)],
     ) {
+        if self.criterion.is_some() {
+            return self.bench_criterion(op, shape, threads, work, imps);
+        }
         let mut live = Vec::new();
         let mut calls: Vec<Call<'_>> = Vec::new();
         for (imp, f) in imps.iter_mut() {
@@ -200,6 +206,43 @@ impl Ctx {
                 peak_ref,
                 plot: plot.clone(),
             });
+        }
+    }
+}
+
+impl Ctx {
+    /// [`bench_alternating`](Self::bench_alternating) under criterion: each implementation is
+    /// one benchmark of the group `{op}/{shape}/{threads}t`, with the case's work as its
+    /// throughput (FLOPs and elements as criterion's elements, bytes as bytes). A call that
+    /// fails is a failed check, as in the report.
+    fn bench_criterion(
+        &mut self,
+        op: &'static str,
+        shape: Shape,
+        threads: usize,
+        work: Work,
+        imps: &mut [(&'static str, Call<'_>)],
+    ) {
+        let throughput = match work {
+            Work::Flops(f) => criterion::Throughput::Elements(f as u64),
+            Work::Elems { elems, .. } => criterion::Throughput::Elements(elems as u64),
+            Work::Bytes(b) => criterion::Throughput::Bytes(b as u64),
+        };
+        let mut failed = Vec::new();
+        if let Some(c) = self.criterion.as_mut() {
+            let mut g = c.benchmark_group(format!("{op}/{}/{threads}t", shape.label()));
+            g.throughput(throughput);
+            for (imp, f) in imps.iter_mut() {
+                if let Err(e) = f() {
+                    failed.push((*imp, e));
+                    continue;
+                }
+                g.bench_function(*imp, |b| b.iter(|| std::hint::black_box(f().is_ok())));
+            }
+            g.finish();
+        }
+        for (imp, e) in failed {
+            self.check(op, imp, shape.clone(), threads, Err(e));
         }
     }
 }
