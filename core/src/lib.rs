@@ -10,6 +10,7 @@
 //! | [`mask`] | the attention mask ([`Mask`]): none, causal with offset, keep-mask, additive bias |
 //! | [`error`] | the typed [`Error`], and the small checks every entry point runs |
 //! | [`attention`](mod@attention) | the argument check of every attention call, the default scale |
+//! | [`variants`] | attention variants on top of a mask: sliding window, softcap, sinks, ALiBi |
 //! | [`layers`] | layer configs and caller-owned weights: MHA, feed-forward, layer norm, encoder, positional encodings |
 //!
 //! Every view is of `f32` today; half-precision element types and quantised K/V layouts belong
@@ -22,6 +23,7 @@ pub mod error;
 pub mod layers;
 pub mod mask;
 pub mod shape;
+pub mod variants;
 
 pub use attention::{check_attention, default_scale};
 pub use error::{checked_product, expect_dim, expect_finite, Error, Result};
@@ -31,3 +33,4 @@ pub use layers::{
 };
 pub use mask::Mask;
 pub use shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+pub use variants::{alibi_slopes, Variants, Window};

@@ -16,7 +16,7 @@
 //! | [`linear`](mod@linear) | `y = xW + b` |
 //! | [`scores`] | dot product, scaled dot product, additive (Bahdanau) scores |
 //! | [`softmax`](mod@softmax) | softmax, log-softmax, logsumexp, fused scale-mask-softmax |
-//! | [`attention`](mod@attention) | `softmax(scale·QKᵀ + mask)·V` per batch and head, GQA/MQA |
+//! | [`attention`](mod@attention) | `softmax(scale·QKᵀ + mask)·V` per batch and head, GQA/MQA, and the variants (window, softcap, sinks, ALiBi) |
 //! | [`mha`] | the seed's `MultiHeadAttention` and `CrossAttention` |
 //! | [`posenc`] | sinusoidal and learned positional encodings |
 //! | [`norm`] | layer norm |
@@ -45,7 +45,7 @@ pub mod posenc;
 pub mod scores;
 pub mod softmax;
 
-pub use attn_core::{error, mask, shape};
+pub use attn_core::{error, mask, shape, variants};
 
 pub use error::{Error, Result};
 pub use mask::Mask;
