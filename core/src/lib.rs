@@ -10,6 +10,7 @@
 //! | [`mask`] | the attention mask ([`Mask`]): none, causal with offset, keep-mask, additive bias |
 //! | [`error`] | the typed [`Error`], and the small checks every entry point runs |
 //! | [`attention`](mod@attention) | the argument check of every attention call, the default scale |
+//! | [`batch`] | packed variable-length batches (`cu_seqlens`) and the paged K/V cache |
 //! | [`variants`] | attention variants on top of a mask: sliding window, softcap, sinks, ALiBi |
 //! | [`layers`] | layer configs and caller-owned weights: MHA, feed-forward, layer norm, encoder, positional encodings |
 //!
@@ -19,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod batch;
 pub mod error;
 pub mod layers;
 pub mod mask;
@@ -26,6 +28,7 @@ pub mod shape;
 pub mod variants;
 
 pub use attention::{check_attention, default_scale};
+pub use batch::{packed_seq, PagedKv, SeqOffsets};
 pub use error::{checked_product, expect_dim, expect_finite, Error, Result};
 pub use layers::{
     check_eps, Activation, EncoderConfig, EncoderWeights, FeedForwardWeights, LayerNormWeights,

@@ -17,6 +17,7 @@
 //! | [`scores`] | dot product, scaled dot product, additive (Bahdanau) scores |
 //! | [`softmax`](mod@softmax) | softmax, log-softmax, logsumexp, fused scale-mask-softmax |
 //! | [`attention`](mod@attention) | `softmax(scale·QKᵀ + mask)·V` per batch and head, GQA/MQA, and the variants (window, softcap, sinks, ALiBi) |
+//! | [`batch`] | packed variable-length batches (`cu_seqlens`) and the paged K/V cache, per sequence |
 //! | [`mha`] | the seed's `MultiHeadAttention` and `CrossAttention` |
 //! | [`posenc`] | sinusoidal and learned positional encodings |
 //! | [`norm`] | layer norm |
@@ -36,6 +37,7 @@
 
 mod alloc;
 pub mod attention;
+pub mod batch;
 pub mod encoder;
 pub mod linear;
 pub mod matmul;
