@@ -12,7 +12,7 @@
 
 use std::hint::black_box;
 
-use attn_kernels::attention::{attention, attention_unfused, decode};
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::{arch, Mask, Parallelism, Tensor4Layout};
 use attn_reference::{TensorMut, TensorRef};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -74,7 +74,8 @@ fn bench_attention(c: &mut Criterion) {
                     g.bench_with_input(BenchmarkId::new("flash", n), &n, |b, _| {
                         b.iter(|| {
                             let (q, k, v, o) = views(&q, &k, &v, &mut o, l);
-                            attention(q, k, v, scale, &mask, o, None, par).unwrap();
+                            let a = Attention::new(q, k, v).scale(scale).mask(mask);
+                            a.parallelism(par).run(o).unwrap();
                             black_box(());
                         })
                     });
@@ -82,7 +83,13 @@ fn bench_attention(c: &mut Criterion) {
                         g.bench_with_input(BenchmarkId::new("unfused", n), &n, |b, _| {
                             b.iter(|| {
                                 let (q, k, v, o) = views(&q, &k, &v, &mut o, l);
-                                attention_unfused(isa, q, k, v, scale, &mask, o, None, par)
+                                Attention::new(q, k, v)
+                                    .scale(scale)
+                                    .mask(mask)
+                                    .parallelism(par)
+                                    .isa(isa)
+                                    .path(Path::Unfused)
+                                    .run(o)
                                     .unwrap();
                             })
                         });
@@ -123,34 +130,32 @@ fn bench_decode(c: &mut Criterion) {
             g.throughput(Throughput::Bytes((2 * kl.len() * 4) as u64));
             g.bench_function("decode", |b| {
                 b.iter(|| {
-                    decode(
-                        isa,
+                    Attention::new(
                         TensorRef::new(&q, ql),
                         TensorRef::new(&k, kl),
                         TensorRef::new(&v, kl),
-                        scale,
-                        &Mask::None,
-                        TensorMut::new(&mut o, ql),
-                        None,
-                        par,
                     )
+                    .scale(scale)
+                    .parallelism(par)
+                    .isa(isa)
+                    .path(Path::Decode)
+                    .run(TensorMut::new(&mut o, ql))
                     .unwrap()
                 })
             });
             if threads == 1 {
                 g.bench_function("unfused", |b| {
                     b.iter(|| {
-                        attention_unfused(
-                            isa,
+                        Attention::new(
                             TensorRef::new(&q, ql),
                             TensorRef::new(&k, kl),
                             TensorRef::new(&v, kl),
-                            scale,
-                            &Mask::None,
-                            TensorMut::new(&mut o, ql),
-                            None,
-                            par,
                         )
+                        .scale(scale)
+                        .parallelism(par)
+                        .isa(isa)
+                        .path(Path::Unfused)
+                        .run(TensorMut::new(&mut o, ql))
                         .unwrap()
                     })
                 });

@@ -252,16 +252,14 @@ fn parts_table() {
             let split =
                 |off: usize| Tensor4Layout::strided([1, h, n, dk], [n * 3 * d, dk, 3 * d, 1], off);
             let attn = median(5, || {
-                attn_kernels::attention::attention(
+                attn_kernels::attention::Attention::new(
                     TensorRef::new(&qkv, split(0)),
                     TensorRef::new(&qkv, split(d)),
                     TensorRef::new(&qkv, split(2 * d)),
-                    1.0 / (dk as f32).sqrt(),
-                    &Mask::None,
-                    TensorMut::new(&mut heads, Tensor4Layout::bshd(1, n, h, dk)),
-                    None,
-                    par,
                 )
+                .scale(1.0 / (dk as f32).sqrt())
+                .parallelism(par)
+                .run(TensorMut::new(&mut heads, Tensor4Layout::bshd(1, n, h, dk)))
                 .unwrap()
             });
             let out_proj = median(5, || {

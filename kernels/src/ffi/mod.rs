@@ -23,6 +23,7 @@ use attn_core::{
     MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Tensor4Layout, TensorMut, TensorRef,
 };
 
+use crate::attention::Attention;
 use crate::par::Parallelism;
 use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 
@@ -994,13 +995,16 @@ unsafe fn attention_call(
         unsafe { (q.view("q")?, k.view("k")?, v.view("v")?, mask_view(mask)?, o.view("o")?) };
     // SAFETY: as above.
     let lse = unsafe { opt_mut("lse", lse, lse_len)? };
-    let par = self::threads(threads);
-    Ok(match path {
-        Path::Auto => crate::attention::attention(q, k, v, scale, &mask, o, lse, par),
-        Path::Decode => {
-            crate::attention::decode(crate::arch::selected(), q, k, v, scale, &mask, o, lse, par)
-        }
-    }?)
+    let path = match path {
+        Path::Auto => crate::attention::Path::Auto,
+        Path::Decode => crate::attention::Path::Decode,
+    };
+    let a = Attention::new(q, k, v).scale(scale).mask(mask).parallelism(self::threads(threads));
+    let a = match lse {
+        Some(lse) => a.lse(lse),
+        None => a,
+    };
+    Ok(a.path(path).run(o)?)
 }
 
 /// Layer norm of each row of `x: [n, d]` into `y: [n, d]` with `gamma`, `beta` of `d` floats:
