@@ -6,10 +6,8 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let case = attn_tests::fuzz_decode::AttentionCase::decode_single_query(data);
-    let isa = attn_kernels::arch::selected();
-    if let Err(e) = case.check(|q, k, v, s, m, o, l, p| {
-        attn_kernels::attention::decode(isa, q, k, v, s, m, o, l, p)
-    }) {
+    let path = attn_kernels::attention::Path::Decode;
+    if let Err(e) = case.check(|a, o| a.path(path).run(o)) {
         panic!("{e}");
     }
 });

@@ -45,8 +45,13 @@
 // `attn_softmax` with `y` exactly `x` (same data, dims, strides and offset).
 //
 // **Enum and bool fields** (`AttnMask.kind`, `AttnMask.causal_default_offset`, keep-mask
-// bytes, `AttnEncoderConfig.activation`) are fixed-width integers, validated before use: any
-// value that is not listed is `ATTN_STATUS_INVALID_PARAMETER` naming the field.
+// bytes, `AttnEncoderConfig.activation`, `AttnAttentionArgs.path` and `.has_scale`) are
+// fixed-width integers, validated before use: any value that is not listed is
+// `ATTN_STATUS_INVALID_PARAMETER` naming the field.
+//
+// **Growing.** `attn_attention_run` takes its operands and settings in one struct,
+// `AttnAttentionArgs`, that starts with its own `struct_size` and grows only at its end; new
+// attention settings are added there, never as new positional functions (see the struct).
 //
 // **Threads.** `threads` is a request, the same policy as the Rust API's
 // `Parallelism::threads`: 0 = every available core, 1 = the calling thread only, n ≥ 2 = at
@@ -108,6 +113,23 @@ typedef enum AttnActivation {
   // GELU, tanh approximation.
   ATTN_ACTIVATION_GELU_TANH = 1,
 } AttnActivation;
+
+// The values of [`AttnAttentionArgs::path`]: which algorithm runs the call. The field itself is
+// an `int32_t`: any other value is refused with `ATTN_STATUS_INVALID_PARAMETER` naming
+// `args.path`. Every path has the same contract, checks and statuses.
+typedef enum AttnPath {
+  // The decode path for nq ≤ 16, the flash path otherwise (what [`attn_attention`] runs).
+  ATTN_PATH_AUTO = 0,
+  // The flash (streaming, online-softmax) path, for any nq.
+  ATTN_PATH_FLASH = 1,
+  // The decode path (keys split into chunks fixed by nk, partial results merged by
+  // logsumexp), for any nq; meant for a few queries over many keys (what [`attn_decode`]
+  // runs).
+  ATTN_PATH_DECODE = 2,
+  // The unfused path: per head, the `nq × nk` scores are materialised, softmaxed and
+  // multiplied by V (memory `O(nq·nk)` per thread); for tests and comparisons.
+  ATTN_PATH_UNFUSED = 3,
+} AttnPath;
 
 // A read-only matrix view: element `(i, j)` at `data[offset + i·row_stride + j·col_stride]`.
 typedef struct AttnMat {
@@ -196,6 +218,60 @@ typedef struct AttnTensorMut {
   // Index of element `(0, 0, 0, 0)`.
   size_t offset;
 } AttnTensorMut;
+
+// The operands and settings of one [`attn_attention_run`] call,
+// `O = softmax(scale·Q·Kᵀ + mask)·V`.
+//
+// **Versioning.** The struct starts with `struct_size` and only ever grows at its end: a
+// setting added later (attention variants, other element types, varlen offsets, page tables)
+// is a field appended in a later version of this header, whose zero value means "as before".
+// So zero-initialise the whole struct (`AttnAttentionArgs args = {0};`, or designated
+// initialisers), set `struct_size = sizeof(AttnAttentionArgs)`, then the fields you need, by
+// name. The library reads the fields it knows that `struct_size` covers (one that it does
+// not cover keeps its zero value), so a program built against an older header runs
+// unchanged on a newer library. Refused with `ATTN_STATUS_INVALID_PARAMETER` naming
+// `args.struct_size`: a size below the first version's (`struct_size` through `threads`,
+// 376 bytes on 64-bit targets) or above 4096, and a larger struct (from a newer header)
+// with a nonzero byte past the fields this library knows, since that would be a setting it
+// would ignore.
+//
+// Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
+// `ATTN_PATH_AUTO`.
+typedef struct AttnAttentionArgs {
+  // `sizeof(AttnAttentionArgs)` in the caller's header (see the versioning rule above).
+  size_t struct_size;
+  // Queries `[batch, hq, nq, dk]`.
+  struct AttnTensor q;
+  // Keys `[batch, hkv, nk, dk]` (hkv divides hq; query head `h` reads K/V head
+  // `h / (hq / hkv)`).
+  struct AttnTensor k;
+  // Values `[batch, hkv, nk, dv]`.
+  struct AttnTensor v;
+  // The output `[batch, hq, nq, dv]`, written (only) within its view.
+  struct AttnTensorMut o;
+  // The mask over `[batch, hq, nq, nk]`, or NULL for none (see [`AttnMask`]).
+  const struct AttnMask *mask;
+  // The score scale when `has_scale` is 1 (then it must be finite, else
+  // `ATTN_STATUS_NON_FINITE`); ignored when `has_scale` is 0.
+  float scale;
+  // 0 = the default scale `1/√dk` (1 for dk = 0), `scale` ignored; 1 = use `scale`. A byte
+  // (C `bool` values): any other value is `ATTN_STATUS_INVALID_PARAMETER` naming
+  // `args.has_scale`.
+  uint8_t has_scale;
+  // The algorithm: one of the [`AttnPath`] values (`ATTN_PATH_*`, 0 = auto), read as an
+  // `int32_t`; any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `args.path`.
+  int32_t path;
+  // NULL for no logsumexp (then `lse_len` is ignored); otherwise `lse_len` must equal
+  // `batch·hq·nq` (`ATTN_STATUS_SHAPE_MISMATCH`) and `lse[(b·hq + h)·nq + i]` receives
+  // `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i` of head `h` of batch `b` (row-major
+  // over `[batch, hq, nq]`; −∞ for a fully masked row).
+  float *lse;
+  // The number of floats at `lse`.
+  size_t lse_len;
+  // Threads: 0 = every available core, 1 = the calling thread, n = at most n (see
+  // [`AttnStatus`]); the result is bitwise the same for every count.
+  size_t threads;
+} AttnAttentionArgs;
 
 // The shape of a multi-head attention layer (see the Rust `MhaConfig`).
 typedef struct AttnMhaConfig {
@@ -353,22 +429,44 @@ enum AttnStatus attn_softmax(struct AttnTensor x,
                              size_t lse_len,
                              size_t threads);
 
-// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]` (`q: [b, hq, nq, dk]`,
-// `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`; GQA/MQA when hkv < hq:
-// hkv must divide hq, query head `h` reads K/V head `h / (hq / hkv)`). Picks the decode path
-// for nq ≤ 16, the flash path otherwise.
+// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`, every operand and setting in one
+// [`AttnAttentionArgs`] (the call shape new settings go into; see the struct's versioning
+// rule). For `args = {struct_size, q, k, v, o}` and every other field zero: no mask, scale
+// `1/√dk`, no logsumexp, every available core, the decode path for nq ≤ 16 and the flash
+// path otherwise.
 //
-// - `scale` must be finite (1/√dk is the usual choice).
-// - `mask` may be NULL (none); otherwise over `[b, hq, nq, nk]` (see [`AttnMask`]).
-// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal `b·hq·nq`
-//   and `lse[(b·hq + h)·nq + i]` receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i`
-//   of head `h` of batch `b` (row-major over `[b, hq, nq]`).
+// - `q: [b, hq, nq, dk]`, `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`;
+//   GQA/MQA when hkv < hq: hkv must divide hq, query head `h` reads K/V head `h / (hq / hkv)`.
 // - A fully masked row (every key masked, or nk = 0) gives an all-zero output row and
 //   logsumexp −∞. A key of zero weight contributes exactly 0 even if its value is ±∞ or NaN.
 //   A `−∞` bias masks its position. A score (`scale·q·k + mask`) beyond the f32 range is
 //   `±∞`, as a `±∞` bias is: the `+∞` scores of a row share its weight evenly (the output
 //   row is the mean of their values, logsumexp `+∞`); a NaN score gives a NaN row.
 // - nq = 0 or an empty head dimension is fine (nothing, or zeros, to write).
+// - Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
+//   `ATTN_STATUS_INVALID_PARAMETER` naming `args` for a pointer not aligned for the struct,
+//   naming `args.struct_size`, `args.path` or `args.has_scale` for a value those fields may
+//   not take; then those of [`attn_attention`], in the same order.
+//
+// # Safety
+//
+// `args` is null or addresses `args->struct_size` readable, initialised bytes (a whole
+// `AttnAttentionArgs` of the caller's header); each view's `data` addresses the elements the
+// view reaches, `lse` addresses `lse_len` floats, `mask` is null or valid; outputs overlap
+// nothing else (checked).
+enum AttnStatus attn_attention_run(const struct AttnAttentionArgs *args);
+
+// `O = softmax(scale·Q·Kᵀ + mask)·V` with positional arguments: [`attn_attention_run`] with
+// `has_scale = 1` and `path = ATTN_PATH_AUTO` (the decode path for nq ≤ 16, the flash path
+// otherwise), the same checks, statuses and results. Kept for existing callers; settings
+// added later (variants, element types, varlen and paged operands) go only into
+// [`AttnAttentionArgs`].
+//
+// - `scale` must be finite (1/√dk is the usual choice).
+// - `mask` may be NULL (none); otherwise over `[b, hq, nq, nk]` (see [`AttnMask`]).
+// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal `b·hq·nq`
+//   and `lse[(b·hq + h)·nq + i]` receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i`
+//   of head `h` of batch `b` (row-major over `[b, hq, nq]`).
 // - `threads`: see [`AttnStatus`]; the result is bitwise the same for every thread count.
 //
 // # Safety
@@ -386,9 +484,10 @@ enum AttnStatus attn_attention(struct AttnTensor q,
                                size_t threads);
 
 // Decode-step attention: [`attn_attention`] forced onto the decode path (few queries over
-// many keys: keys split across threads, partial results merged by logsumexp), for any nq.
-// Same arguments, conventions and statuses as [`attn_attention`], bitwise the same for every
-// thread count.
+// many keys: keys split across threads, partial results merged by logsumexp), for any nq;
+// [`attn_attention_run`] with `has_scale = 1` and `path = ATTN_PATH_DECODE`. Same arguments,
+// conventions and statuses as [`attn_attention`], bitwise the same for every thread count.
+// Kept for existing callers (new settings go only into [`AttnAttentionArgs`]).
 //
 // # Safety
 //

@@ -3,8 +3,8 @@
  * tests/tests/c_abi.rs. Usage: abi_test DATA_DIR
  *
  * DATA_DIR holds cases written by the Rust test: inputs, the reference's result and the
- * per-element error bound derived for it. This program calls the ABI (sgemm, attention,
- * decode, layer norm, multi-head attention with and without a caller workspace), checks each
+ * per-element error bound derived for it. This program calls the ABI (sgemm, attention and
+ * decode, positional and through AttnAttentionArgs, layer norm, multi-head attention with and without a caller workspace), checks each
  * result against the reference within its bound, then checks that bad arguments return the
  * right status codes. Exit status: the number of failed checks.
  */
@@ -158,7 +158,8 @@ static void test_sgemm(const char *dir) {
 }
 
 /* attention.bin / decode.bin: dims (batch, hq, hkv, nq, nk, dk, dv), q, k, v (bshd),
- * expected o (bshd), bound. Causal mask (default bottom-right offset). */
+ * expected o (bshd), bound. Causal mask (default bottom-right offset). The positional entry
+ * point against the reference, then attn_attention_run against it bit for bit. */
 static void test_attention(const char *dir, const char *file, int decode) {
     Reader r = open_case(dir, file);
     uint64_t nd, nq_, nk_, nv_, no_, nt;
@@ -181,6 +182,62 @@ static void test_attention(const char *dir, const char *file, int decode) {
                           : attn_attention(tq, tk, tv, scale, &causal, to, lse, b * hq * nq, 2);
     CHECK(s == ATTN_STATUS_OK, "%s: %s", file, attn_status_name(s));
     check_close(file, o, want, tol, no_);
+
+    /* The same call through the struct entry point: the same bits. Zero-initialised, then the
+     * fields by name; the default scale 1/sqrt(dk) is the one computed in double here. */
+    float *o2 = calloc(no_, sizeof *o2), *lse2 = calloc(b * hq * nq, sizeof *lse2);
+    float *od = calloc(no_, sizeof *od), *lsed = calloc(b * hq * nq, sizeof *lsed);
+    AttnAttentionArgs args = {
+        .struct_size = sizeof(AttnAttentionArgs),
+        .q = tq,
+        .k = tk,
+        .v = tv,
+        .o = bshd_mut(o2, b, nq, hq, dv),
+        .mask = &causal,
+        .scale = scale,
+        .has_scale = 1,
+        .path = decode ? ATTN_PATH_DECODE : ATTN_PATH_AUTO,
+        .lse = lse2,
+        .lse_len = b * hq * nq,
+        .threads = 2,
+    };
+    EXPECT_STATUS(attn_attention_run(&args), ATTN_STATUS_OK);
+    CHECK(memcmp(o, o2, no_ * sizeof *o) == 0, "%s: attn_attention_run output differs", file);
+    CHECK(memcmp(lse, lse2, b * hq * nq * sizeof *lse) == 0, "%s: attn_attention_run lse differs",
+          file);
+    float def = (float)(1.0 / sqrt((double)dk));
+    s = decode ? attn_decode(tq, tk, tv, def, &causal, bshd_mut(od, b, nq, hq, dv), lsed,
+                             b * hq * nq, 1)
+               : attn_attention(tq, tk, tv, def, &causal, bshd_mut(od, b, nq, hq, dv), lsed,
+                                b * hq * nq, 1);
+    CHECK(s == ATTN_STATUS_OK, "%s: %s", file, attn_status_name(s));
+    args.has_scale = 0;
+    args.scale = NAN; /* ignored without has_scale */
+    args.threads = 0;
+    EXPECT_STATUS(attn_attention_run(&args), ATTN_STATUS_OK);
+    CHECK(memcmp(od, o2, no_ * sizeof *o) == 0, "%s: default scale output differs", file);
+    CHECK(memcmp(lsed, lse2, b * hq * nq * sizeof *lse) == 0, "%s: default scale lse differs",
+          file);
+    /* The struct's own checks. */
+    AttnAttentionArgs bad = args;
+    bad.struct_size = sizeof(AttnAttentionArgs) - 1;
+    EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_INVALID_PARAMETER);
+    char msg[256];
+    attn_last_error_message(msg, sizeof msg);
+    CHECK(strstr(msg, "args.struct_size") != NULL, "last error names struct_size: '%s'", msg);
+    bad = args;
+    bad.path = 4;
+    EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_INVALID_PARAMETER);
+    attn_last_error_message(msg, sizeof msg);
+    CHECK(strstr(msg, "args.path") != NULL, "last error names path: '%s'", msg);
+    bad = args;
+    bad.has_scale = 1;
+    EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_NON_FINITE);
+    bad.lse_len += 1;
+    bad.has_scale = 0;
+    EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_SHAPE_MISMATCH);
+    EXPECT_STATUS(attn_attention_run(NULL), ATTN_STATUS_NULL_POINTER);
+    free(o2), free(lse2), free(od), free(lsed);
 
     EXPECT_STATUS(attn_attention(tq, tk, tv, INFINITY, NULL, to, NULL, 0, 1),
                   ATTN_STATUS_NON_FINITE);

@@ -85,7 +85,8 @@ static void test_status_names(void) {
     }
 }
 
-/* Mask kinds 4, 7, 9 (and others) through softmax, attention and decode; a causal flag of 2;
+/* Mask kinds 4, 7, 9 (and others) through softmax, attention, decode and attn_attention_run;
+ * the same values as AttnAttentionArgs.path, has_scale values 2 to 6; a causal flag of 2;
  * keep-mask bytes other than 0/1. */
 static void test_mask_fields(void) {
     float *x = vals(2 * 3, 1), *y = vals(2 * 3, 2);
@@ -104,6 +105,19 @@ static void test_mask_fields(void) {
                ATTN_STATUS_INVALID_PARAMETER, "mask.kind");
         EXPECT(attn_decode(tq, tk, tv, 0.5f, &m, to, NULL, 0, 1), ATTN_STATUS_INVALID_PARAMETER,
                "mask.kind");
+        AttnAttentionArgs args = {
+            .struct_size = sizeof args, .q = tq, .k = tk, .v = tv, .o = to, .mask = &m};
+        EXPECT(attn_attention_run(&args), ATTN_STATUS_INVALID_PARAMETER, "mask.kind");
+        /* The struct's own enum and bool fields. */
+        args.mask = NULL;
+        args.path = kinds[i];
+        EXPECT(attn_attention_run(&args), ATTN_STATUS_INVALID_PARAMETER, "args.path");
+        args.path = ATTN_PATH_DECODE;
+        args.has_scale = (uint8_t)(2 + i);
+        EXPECT(attn_attention_run(&args), ATTN_STATUS_INVALID_PARAMETER, "args.has_scale");
+        args.has_scale = 1;
+        args.scale = 0.5f;
+        EXPECT(attn_attention_run(&args), ATTN_STATUS_OK, NULL);
     }
     AttnMask causal;
     memset(&causal, 0, sizeof causal);
@@ -245,6 +259,13 @@ static void test_thread_counts(void) {
                              0.125f, NULL, tensor_mut(o, 1, 4, n, d), NULL, 0, t));
         TIMED(attn_decode(tensor(q, 1, 4, 1, d), tensor(k, 1, 4, nk, d), tensor(v, 1, 4, nk, d),
                           0.125f, NULL, tensor_mut(o, 1, 4, 1, d), NULL, 0, t));
+        AttnAttentionArgs args = {.struct_size = sizeof args,
+                                  .q = tensor(q, 1, 4, n, d),
+                                  .k = tensor(k, 1, 4, n, d),
+                                  .v = tensor(v, 1, 4, n, d),
+                                  .o = tensor_mut(o, 1, 4, n, d),
+                                  .threads = t};
+        TIMED(attn_attention_run(&args));
         TIMED(attn_mha_forward(&cfg, &w, tensor(xs, 1, 1, n, d), NULL,
                                tensor_mut(ys, 1, 1, n, d), NULL, 0, t));
         TIMED(attn_cross_attention_forward(&cfg, &w, tensor(xs, 1, 1, n, d),

@@ -22,6 +22,7 @@
 //! the subnormal range), with `γ = 2`. For the logsumexp, `|l̂se_i − lse_i| ≤ δ_i +
 //! γ·(nk + 8)·u + u·|lse_i|`. Two kernels compared with each other get the sum of their bounds.
 
+use attn_kernels::attention::Attention;
 use attn_kernels::{Mask, Parallelism, Tensor4Layout};
 use attn_reference::softmax::saturate_logit;
 use attn_reference::{TensorMut, TensorRef};
@@ -279,6 +280,19 @@ impl Case {
         (o, lse)
     }
 
+    /// Runs the kernels' [`Attention`] problem of this case (its operands, scale and mask, a
+    /// logsumexp output, `par`) through `f`, which may set more (path, ISA) and runs it on the
+    /// output; returns the output buffer and lse.
+    pub fn run_kernel<F>(&self, par: Parallelism, f: F) -> (Vec<f32>, Vec<f32>)
+    where
+        F: FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
+    {
+        self.run(|q, k, v, s, m, o, l| {
+            let a = Attention::new(q, k, v).scale(s).mask(*m).parallelism(par);
+            f(with_lse(a, l), o)
+        })
+    }
+
     /// The reference result.
     pub fn reference(&self) -> (Vec<f32>, Vec<f32>) {
         self.run(attn_reference::attention::attention)
@@ -411,4 +425,13 @@ pub fn describe(c: &Case) -> String {
 /// The thread settings the tests run with.
 pub fn par(threads: usize) -> Parallelism {
     Parallelism::threads(threads)
+}
+
+/// `a` with the logsumexp output `lse` when there is one (the harnesses carry it as an
+/// option, the reference's argument).
+pub fn with_lse<'a>(a: Attention<'a>, lse: Option<&'a mut [f32]>) -> Attention<'a> {
+    match lse {
+        Some(l) => a.lse(l),
+        None => a,
+    }
 }

@@ -26,7 +26,10 @@
 //! Input padding (slice elements outside an input view) is filled with NaN, so a kernel that
 //! reads outside its views turns the result into NaN and fails the bound.
 
+use attn_kernels::attention::Attention;
 use attn_kernels::Parallelism;
+
+use crate::attention_support::with_lse;
 use attn_reference::softmax::{saturate_logit, softmax_row};
 use attn_reference::{Mask, MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
 
@@ -1097,7 +1100,9 @@ impl AttentionCase {
         AttentionCase { q, k, v, scale, mask, o, lse, par }
     }
 
-    /// Runs the reference and `kernel` and compares them. Per row the logits are
+    /// Runs the reference and `kernel` (given the kernels' [`Attention`] problem of the case,
+    /// with its scale, mask, logsumexp output and threads, to run on the output, after setting
+    /// any path or ISA) and compares them. Per row the logits are
     /// `t_j = scale·q·k_j + bias_j` with ingredient magnitude `(dk + 2)·|scale|·Σ|q||k_j| + |bias_j|`
     /// (the dot product's rounding, [`softmax_row_bound`]); per output element, with
     /// `W = Σ_j p_j·|v_jd|`: `|ô − o| ≤ γ·(Σ_j p_j·|v_jd|·(rel_j + (nk + 1)·(u + ε_exp)) + rel_S·W)
@@ -1108,16 +1113,7 @@ impl AttentionCase {
     /// streaming kernel, whose weights are ≤ 1) stay below `f32::MAX / 2`.
     pub fn check(
         &self,
-        kernel: impl FnOnce(
-            TensorRef<'_>,
-            TensorRef<'_>,
-            TensorRef<'_>,
-            f32,
-            &Mask<'_>,
-            TensorMut<'_>,
-            Option<&mut [f32]>,
-            Parallelism,
-        ) -> attn_reference::Result<()>,
+        kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
     ) -> Result<(), String> {
         let mask = self.mask.mask();
         let q = TensorRef::new(&self.q.data, self.q.layout);
@@ -1128,7 +1124,10 @@ impl AttentionCase {
             &self.o,
             self.lse,
             |o, l| attn_reference::attention::attention(q, k, v, self.scale, &mask, o, l),
-            |o, l| kernel(q, k, v, self.scale, &mask, o, l, self.par),
+            |o, l| {
+                let a = Attention::new(q, k, v).scale(self.scale).mask(mask).parallelism(self.par);
+                kernel(with_lse(a, l), o)
+            },
         )?;
         let Some(Runs { out_ref: or, lse_ref: lr, out: ok, lse: lk }) = runs else {
             return Ok(());

@@ -4,7 +4,7 @@
 //! `attn_tests::attention_support` (see its docs for the error analysis). Exact checks where the
 //! arithmetic is exact, error tables, and an ignored memory test (see `memory_n131072`).
 
-use attn_kernels::attention::{attention, attention_unfused, attention_with_isa, decode, flash};
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::{Isa, Mask, Parallelism, Tensor4Layout};
 use attn_reference::{Error, TensorMut, TensorRef};
 use attn_tests::attention_support::{compare, describe, par, Case, MaskKind, Rng};
@@ -105,9 +105,9 @@ proptest! {
         let want = case.reference();
         let bounds = case.bounds();
         let p = par(threads);
-        let got = case.run(|q, k, v, s, m, o, l| flash(isa, q, k, v, s, m, o, l, p));
+        let got = case.run_kernel(p, |a, o| a.path(Path::Flash).isa(isa).run(o));
         compare(&case, "flash", &got, &want, &bounds, 1.0).map_err(TestCaseError::fail)?;
-        let unf = case.run(|q, k, v, s, m, o, l| attention_unfused(isa, q, k, v, s, m, o, l, p));
+        let unf = case.run_kernel(p, |a, o| a.path(Path::Unfused).isa(isa).run(o));
         compare(&case, "unfused", &unf, &want, &bounds, 1.0).map_err(TestCaseError::fail)?;
         compare(&case, "flash vs unfused", &got, &unf, &bounds, 2.0)
             .map_err(TestCaseError::fail)?;
@@ -126,9 +126,9 @@ proptest! {
         let want = case.reference();
         let bounds = case.bounds();
         let p = par(threads);
-        let got = case.run(|q, k, v, s, m, o, l| decode(isa, q, k, v, s, m, o, l, p));
+        let got = case.run_kernel(p, |a, o| a.path(Path::Decode).isa(isa).run(o));
         compare(&case, "decode", &got, &want, &bounds, 1.0).map_err(TestCaseError::fail)?;
-        let fl = case.run(|q, k, v, s, m, o, l| flash(isa, q, k, v, s, m, o, l, p));
+        let fl = case.run_kernel(p, |a, o| a.path(Path::Flash).isa(isa).run(o));
         compare(&case, "decode vs flash", &got, &fl, &bounds, 2.0)
             .map_err(TestCaseError::fail)?;
     }
@@ -148,7 +148,7 @@ fn flash_blocks_on_both_sides_of_the_table_exp_range() {
             let (want, bounds) = (case.reference(), case.bounds());
             for isa in Isa::supported() {
                 let p = Parallelism::Sequential;
-                let got = case.run(|q, k, v, s, m, o, l| flash(isa, q, k, v, s, m, o, l, p));
+                let got = case.run_kernel(p, |a, o| a.path(Path::Flash).isa(isa).run(o));
                 if let Err(e) = compare(&case, "flash", &got, &want, &bounds, 1.0) {
                     panic!("amp {amp}, {mask:?}, {isa}: {e}");
                 }
@@ -157,20 +157,20 @@ fn flash_blocks_on_both_sides_of_the_table_exp_range() {
     }
 }
 
-/// `attention` takes the decode path up to 16 queries and the flash path above: its results are
-/// bit-identical to the explicit entry point of that path.
+/// `Path::Auto` (the default) takes the decode path up to 16 queries and the flash path above:
+/// its results are bit-identical to the explicit path's, with the default ISA or an explicit one.
 #[test]
 fn dispatch_by_query_count() {
     for (nq, via_decode) in [(1, true), (16, true), (17, false), (40, false)] {
         let case = Case::new(7, 1, 2, 2, nq, 300, 64, 64, true, 0, MaskKind::None, 1.0);
         let p = Parallelism::Sequential;
         let isa = attn_kernels::arch::selected();
-        let auto = case.run(|q, k, v, s, m, o, l| attention(q, k, v, s, m, o, l, p));
-        let with = case.run(|q, k, v, s, m, o, l| attention_with_isa(isa, q, k, v, s, m, o, l, p));
+        let auto = case.run_kernel(p, |a, o| a.run(o));
+        let with = case.run_kernel(p, |a, o| a.path(Path::Auto).isa(isa).run(o));
         let explicit = if via_decode {
-            case.run(|q, k, v, s, m, o, l| decode(isa, q, k, v, s, m, o, l, p))
+            case.run_kernel(p, |a, o| a.path(Path::Decode).isa(isa).run(o))
         } else {
-            case.run(|q, k, v, s, m, o, l| flash(isa, q, k, v, s, m, o, l, p))
+            case.run_kernel(p, |a, o| a.path(Path::Flash).isa(isa).run(o))
         };
         assert!(bits(&auto.0) == bits(&explicit.0) && bits(&auto.1) == bits(&explicit.1));
         assert!(bits(&with.0) == bits(&explicit.0), "nq {nq}");
@@ -181,28 +181,16 @@ fn bits(x: &[f32]) -> Vec<u32> {
     x.iter().map(|v| v.to_bits()).collect()
 }
 
-type Entry = fn(
-    Isa,
-    TensorRef<'_>,
-    TensorRef<'_>,
-    TensorRef<'_>,
-    f32,
-    &Mask<'_>,
-    TensorMut<'_>,
-    Option<&mut [f32]>,
-    Parallelism,
-) -> attn_reference::Result<()>;
-
-const PATHS: [(&str, Entry); 3] =
-    [("flash", flash), ("decode", decode), ("unfused", attention_unfused)];
+const PATHS: [(&str, Path); 3] =
+    [("flash", Path::Flash), ("decode", Path::Decode), ("unfused", Path::Unfused)];
 
 /// Every path, ISA and thread count on one case, checked with `check(path, output, lse)`.
 fn all_paths(case: &Case, check: impl Fn(&str, &[f32], &[f32])) {
-    for (name, f) in PATHS {
+    for (name, path) in PATHS {
         for isa in Isa::supported() {
             for threads in [1, 2] {
                 let p = par(threads);
-                let (o, l) = case.run(|q, k, v, s, m, o, l| f(isa, q, k, v, s, m, o, l, p));
+                let (o, l) = case.run_kernel(p, |a, o| a.path(path).isa(isa).run(o));
                 check(&format!("{name}/{isa}/{threads}t"), &o, &l);
             }
         }
@@ -217,20 +205,18 @@ fn golden_example() {
     let (want1, want3) = (golden::OUTPUT_SCALE_1, golden::OUTPUT_SCALE_RSQRT3);
     let l = Tensor4Layout::bhsd(1, 1, 3, 3);
     for (scale, want) in [(1.0f32, want1), (attn_reference::attention::default_scale(3), want3)] {
-        for (name, f) in PATHS {
+        for (name, path) in PATHS {
             for isa in Isa::supported() {
                 let mut o = [0.0f32; 9];
-                f(
-                    isa,
+                Attention::new(
                     TensorRef::new(&queries, l),
                     TensorRef::new(&keys, l),
                     TensorRef::new(&values, l),
-                    scale,
-                    &Mask::None,
-                    TensorMut::new(&mut o, l),
-                    None,
-                    Parallelism::Sequential,
                 )
+                .scale(scale)
+                .path(path)
+                .isa(isa)
+                .run(TensorMut::new(&mut o, l))
                 .unwrap();
                 for (x, y) in o.iter().zip(want) {
                     // Scores up to 16 and values up to 8: a few ulp of 8 (2⁻²⁰ each).
@@ -392,10 +378,10 @@ fn bad_inputs_give_the_reference_errors() {
             attn_reference::attention::attention(q, k, v, scale, &Mask::None, o, Some(lse))
         })
         .expect_err(what);
-        for (name, f) in PATHS {
+        for (name, path) in PATHS {
             for isa in Isa::supported() {
                 let got = run(&|o, lse| {
-                    f(isa, q, k, v, scale, &Mask::None, o, Some(lse), Parallelism::Sequential)
+                    Attention::new(q, k, v).scale(scale).lse(lse).path(path).isa(isa).run(o)
                 });
                 // Debug text, since a NaN scale inside the error is not == itself.
                 assert_eq!(
@@ -405,9 +391,7 @@ fn bad_inputs_give_the_reference_errors() {
                 );
             }
         }
-        let got = run(&|o, lse| {
-            attention(q, k, v, scale, &Mask::None, o, Some(lse), Parallelism::Sequential)
-        });
+        let got = run(&|o, lse| Attention::new(q, k, v).scale(scale).lse(lse).run(o));
         assert_eq!(format!("{got:?}"), format!("{:?}", Err::<(), _>(&want)), "{what}: attention");
     }
     // A mask of the wrong shape.
@@ -429,18 +413,13 @@ fn bad_inputs_give_the_reference_errors() {
         None,
     );
     assert!(want.is_err());
-    for (name, f) in PATHS {
-        let got = f(
-            Isa::Portable,
-            q,
-            k,
-            v,
-            1.0,
-            &mask,
-            TensorMut::new(&mut o, l(1, 4, 5, 8)),
-            None,
-            Parallelism::Sequential,
-        );
+    for (name, path) in PATHS {
+        let got = Attention::new(q, k, v)
+            .scale(1.0)
+            .mask(mask)
+            .path(path)
+            .isa(Isa::Portable)
+            .run(TensorMut::new(&mut o, l(1, 4, 5, 8)));
         assert_eq!(got, want.clone(), "mask: {name}");
     }
 }
@@ -459,17 +438,10 @@ fn memory_n131072() {
     let mut fill = || (0..N * D).map(|_| rng.uniform(-1.0, 1.0)).collect::<Vec<f32>>();
     let (q, k, v) = (fill(), fill(), fill());
     let mut o = vec![0.0f32; N * D];
-    attention(
-        TensorRef::new(&q, l),
-        TensorRef::new(&k, l),
-        TensorRef::new(&v, l),
-        attn_reference::attention::default_scale(D),
-        &Mask::None,
-        TensorMut::new(&mut o, l),
-        None,
-        Parallelism::threads(2),
-    )
-    .unwrap();
+    Attention::new(TensorRef::new(&q, l), TensorRef::new(&k, l), TensorRef::new(&v, l))
+        .parallelism(Parallelism::threads(2))
+        .run(TensorMut::new(&mut o, l))
+        .unwrap();
     let status = std::fs::read_to_string("/proc/self/status").expect("Linux /proc");
     let hwm_kib: usize = status
         .lines()
@@ -543,21 +515,21 @@ fn masked_nonfinite_values_do_not_leak() {
             )
             .unwrap();
             assert!(want.iter().all(|x| x.is_finite()), "reference {want:?}");
-            for (name, f) in PATHS {
+            for (name, path) in PATHS {
                 for isa in Isa::supported() {
                     for threads in [1, 2] {
                         let mut o = vec![f32::NAN; hq * nq * dv];
-                        f(
-                            isa,
+                        Attention::new(
                             TensorRef::new(&q, lq),
                             TensorRef::new(&k, lk),
                             TensorRef::new(v, lv),
-                            1.0,
-                            mask,
-                            TensorMut::new(&mut o, lo),
-                            None,
-                            par(threads),
                         )
+                        .scale(1.0)
+                        .mask(*mask)
+                        .path(path)
+                        .isa(isa)
+                        .parallelism(par(threads))
+                        .run(TensorMut::new(&mut o, lo))
                         .unwrap();
                         for (x, y) in o.iter().zip(&want) {
                             // |values| ≤ 8, ≤ 45 keys: far inside 64 ulp of 8.

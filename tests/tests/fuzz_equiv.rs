@@ -9,6 +9,7 @@
 //! The oracle itself is tested too: a kernel that is off by a few ULP too many, writes outside its
 //! view, or accepts a call the reference rejects must be caught.
 
+use attn_kernels::attention::Path;
 use attn_kernels::gemm::sgemm;
 use attn_reference::{Mask, MatMut, TensorMut, TensorRef};
 use attn_tests::fuzz_decode::{AttentionCase, GemmCase, SoftmaxCase};
@@ -170,33 +171,28 @@ fn selected_isa() -> attn_kernels::Isa {
 
 #[test]
 fn fuzz_attention() {
-    run(512, |b| AttentionCase::decode(b).check(attn_kernels::attention::attention));
+    run(512, |b| AttentionCase::decode(b).check(|a, o| a.run(o)));
 }
 
 #[test]
 fn fuzz_attention_flash() {
     run(512, |b| {
-        AttentionCase::decode(b).check(|q, k, v, s, m, o, l, p| {
-            attn_kernels::attention::flash(selected_isa(), q, k, v, s, m, o, l, p)
-        })
+        AttentionCase::decode(b).check(|a, o| a.isa(selected_isa()).path(Path::Flash).run(o))
     });
 }
 
 #[test]
 fn fuzz_attention_unfused() {
     run(512, |b| {
-        AttentionCase::decode(b).check(|q, k, v, s, m, o, l, p| {
-            attn_kernels::attention::attention_unfused(selected_isa(), q, k, v, s, m, o, l, p)
-        })
+        AttentionCase::decode(b).check(|a, o| a.isa(selected_isa()).path(Path::Unfused).run(o))
     });
 }
 
 #[test]
 fn fuzz_attention_decode() {
     run(512, |b| {
-        AttentionCase::decode_single_query(b).check(|q, k, v, s, m, o, l, p| {
-            attn_kernels::attention::decode(selected_isa(), q, k, v, s, m, o, l, p)
-        })
+        AttentionCase::decode_single_query(b)
+            .check(|a, o| a.isa(selected_isa()).path(Path::Decode).run(o))
     });
 }
 
@@ -223,7 +219,7 @@ fn fuzz_regressions() {
         69, 34, 206, 52, 105, 4, 14, 11, 245, 192, 24, 18, 68, 43, 62, 74, 182, 9, 3, 150, 57, 141,
         135, 40, 45, 71, 18, 167, 166, 56, 10,
     ];
-    AttentionCase::decode(bytes).check(attn_kernels::attention::attention).unwrap();
+    AttentionCase::decode(bytes).check(|a, o| a.run(o)).unwrap();
     let bytes: &[u8] = &[
         76, 160, 36, 112, 229, 25, 142, 208, 79, 135, 149, 30, 40, 54, 20, 92, 64, 57, 20, 23, 18,
         155, 91, 159, 54, 66, 52, 168, 82, 11, 188, 93, 71, 250, 42, 13, 240, 63, 71, 82, 0, 116,
@@ -232,9 +228,7 @@ fn fuzz_regressions() {
         12, 56, 109, 71, 74, 19, 179,
     ];
     AttentionCase::decode_single_query(bytes)
-        .check(|q, k, v, s, m, o, l, p| {
-            attn_kernels::attention::decode(isa, q, k, v, s, m, o, l, p)
-        })
+        .check(|a, o| a.isa(isa).path(Path::Decode).run(o))
         .unwrap();
     let bytes: &[u8] = &[
         49, 17, 90, 9, 82, 119, 128, 180, 153, 168, 31, 83, 100, 70, 129, 33, 13, 84, 215, 101, 48,
@@ -242,7 +236,5 @@ fn fuzz_regressions() {
         175, 200, 3, 178, 54, 214, 222, 184, 71, 188, 194, 72, 232, 199, 56, 80, 119, 165, 87, 236,
         31, 147, 99, 84,
     ];
-    AttentionCase::decode(bytes)
-        .check(|q, k, v, s, m, o, l, p| attn_kernels::attention::flash(isa, q, k, v, s, m, o, l, p))
-        .unwrap();
+    AttentionCase::decode(bytes).check(|a, o| a.isa(isa).path(Path::Flash).run(o)).unwrap();
 }

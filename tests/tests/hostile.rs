@@ -12,7 +12,7 @@
 //! Regression reproducers of faults the fuzzers found are at the end.
 
 use attn_kernels::arch::selected;
-use attn_kernels::attention::{attention, decode, flash};
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::Parallelism;
 use attn_reference::{Mask, Tensor4Layout, TensorMut, TensorRef};
 use attn_tests::fuzz_decode::{AttentionCase, MaskSpec, TensorOperand};
@@ -38,24 +38,34 @@ fn case(nq: usize, q: f32, k: Vec<f32>, v: Vec<f32>, scale: f32, mask: MaskSpec)
     }
 }
 
-/// Runs the kernel on the case (oracle-checked) and returns its output and logsumexp, as that
-/// checked call left them.
-fn run(c: &AttentionCase, path: &str) -> (Vec<f32>, Vec<f32>) {
-    let isa = selected();
-    let mut out = (Vec::new(), Vec::new());
-    let checked = c.check(|q, k, v, s, m, mut o, mut l, p| {
-        let r = match path {
-            "flash" => flash(isa, q, k, v, s, m, o.rb(), l.as_deref_mut(), p),
-            "decode" => decode(isa, q, k, v, s, m, o.rb(), l.as_deref_mut(), p),
-            _ => attention(q, k, v, s, m, o.rb(), l.as_deref_mut(), p),
-        };
-        out = (o.data.to_vec(), l.map_or(Vec::new(), |l| l.to_vec()));
-        r
-    });
-    if let Err(e) = checked {
-        panic!("{path}: {e}");
+/// The path a test names (`"attention"`: the default, [`Path::Auto`]).
+fn path_named(name: &str) -> Path {
+    match name {
+        "flash" => Path::Flash,
+        "decode" => Path::Decode,
+        "unfused" => Path::Unfused,
+        _ => Path::Auto,
     }
-    out
+}
+
+/// Runs the kernel on the case (oracle-checked), then once more on fresh buffers, and returns
+/// that output and logsumexp (every path is deterministic: the checked call left the same).
+fn run(c: &AttentionCase, name: &str) -> (Vec<f32>, Vec<f32>) {
+    let (isa, path) = (selected(), path_named(name));
+    if let Err(e) = c.check(|a, o| a.isa(isa).path(path).run(o)) {
+        panic!("{name}: {e}");
+    }
+    let mut o = c.o.data.clone();
+    let mut lse = vec![0.0; c.lse.unwrap_or(0)];
+    let a = Attention::new(
+        TensorRef::new(&c.q.data, c.q.layout),
+        TensorRef::new(&c.k.data, c.k.layout),
+        TensorRef::new(&c.v.data, c.v.layout),
+    );
+    let a = a.scale(c.scale).mask(c.mask.mask()).parallelism(c.par).isa(isa).path(path);
+    let a = if c.lse.is_some() { a.lse(&mut lse) } else { a };
+    a.run(TensorMut::new(&mut o, c.o.layout)).expect("the checked call succeeded");
+    (o, lse)
 }
 
 const PATHS: [(&str, usize); 3] = [("decode", 1), ("flash", 20), ("attention", 3)];
@@ -287,10 +297,7 @@ fn underflowing_scaled_query_meets_an_infinite_key() {
         assert!(lse.iter().all(|&l| l == 2f32.ln()), "{path}: {lse:?}");
     }
     let c = case(20, 1e-45, k, v, 0.125, MaskSpec::None);
-    c.check(|q, k, v, s, m, o, l, p| {
-        attn_kernels::attention::attention_unfused(selected(), q, k, v, s, m, o, l, p)
-    })
-    .unwrap();
+    c.check(|a, o| a.path(Path::Unfused).run(o)).unwrap();
 }
 
 /// The convention for scores beyond the f32 range (issue 25, item 7; README "Conventions"):
@@ -329,10 +336,7 @@ fn overflowing_scores_follow_one_convention_in_every_path() {
     }
     // the unfused path, through the oracle
     let c = case(20, 100.0, k, v, 1.0, pad(20));
-    c.check(|q, k, v, s, m, o, l, p| {
-        attn_kernels::attention::attention_unfused(selected(), q, k, v, s, m, o, l, p)
-    })
-    .unwrap();
+    c.check(|a, o| a.path(Path::Unfused).run(o)).unwrap();
 }
 
 /// `+∞` scores that appear only in later key blocks (flash: block of 144 keys; decode: blocks
@@ -386,7 +390,6 @@ fn softmax_overflowing_logits_share_the_weight() {
 /// ever); with logsumexps and `d_k = d_v = 0` the answer is in closed form.
 #[test]
 fn zero_size_views_beside_huge_dimensions_return_at_once() {
-    use attn_kernels::attention::attention_unfused;
     let isa = selected();
     let start = std::time::Instant::now();
     let empty: [f32; 0] = [];
@@ -447,15 +450,13 @@ fn zero_size_views_beside_huge_dimensions_return_at_once() {
         for (path, par) in [("attention", seq), ("flash", seq), ("decode", Parallelism::threads(2))]
         {
             let o = TensorMut::new(&mut o, ol);
-            let r = match path {
-                "flash" => flash(isa, q, k, v, 0.5, &Mask::None, o, None, par),
-                "decode" => decode(isa, q, k, v, 0.5, &Mask::None, o, None, par),
-                _ => attention(q, k, v, 0.5, &Mask::None, o, None, par),
-            };
-            assert_eq!(r, Ok(()), "{path}, call {i}");
+            let r = Attention::new(q, k, v).scale(0.5).parallelism(par);
+            let r = if path == "attention" { r } else { r.isa(isa).path(path_named(path)) };
+            assert_eq!(r.run(o), Ok(()), "{path}, call {i}");
         }
         let o = TensorMut::new(&mut o, ol);
-        assert_eq!(attention_unfused(isa, q, k, v, 0.5, &Mask::None, o, None, seq), Ok(()));
+        let unfused = Attention::new(q, k, v).scale(0.5).isa(isa).path(Path::Unfused);
+        assert_eq!(unfused.run(o), Ok(()));
     }
     // With logsumexps: 2⁵⁰ keys of width 0 give ln 2⁵⁰ (no mask) and ln(visible) (causal),
     // computed without visiting the keys.
@@ -470,14 +471,14 @@ fn zero_size_views_beside_huge_dimensions_return_at_once() {
             let mut o: [f32; 0] = [];
             let mut lse = [0.0f32; 20];
             let o = TensorMut::new(&mut o, t([1, 1, 20, 0]));
-            let l = Some(&mut lse[..]);
-            let seq = Parallelism::Sequential;
-            match path {
-                "flash" => flash(isa, q, k, k, 0.5, &mask, o, l, seq),
-                "decode" => decode(isa, q, k, k, 0.5, &mask, o, l, seq),
-                _ => attention_unfused(isa, q, k, k, 0.5, &mask, o, l, seq),
-            }
-            .unwrap();
+            Attention::new(q, k, k)
+                .scale(0.5)
+                .mask(mask)
+                .lse(&mut lse)
+                .isa(isa)
+                .path(path_named(path))
+                .run(o)
+                .unwrap();
             assert_eq!(lse, want, "{path} {mask:?}");
         }
     }
@@ -540,12 +541,8 @@ fn huge_broadcast_head_dimension_is_an_error_not_an_abort() {
         for par in [Parallelism::Sequential, Parallelism::threads(2)] {
             for path in ["attention", "flash", "decode"] {
                 let o = TensorMut::new(&mut o[..nq * 2], Tensor4Layout::bhsd(1, 1, nq, 2));
-                let r = match path {
-                    "flash" => flash(isa, q, k, v, 0.5, &Mask::CAUSAL, o, None, par),
-                    "decode" => decode(isa, q, k, v, 0.5, &Mask::CAUSAL, o, None, par),
-                    _ => attention(q, k, v, 0.5, &Mask::CAUSAL, o, None, par),
-                };
-                let err = r.unwrap_err();
+                let a = Attention::new(q, k, v).scale(0.5).mask(Mask::CAUSAL).parallelism(par);
+                let err = a.isa(isa).path(path_named(path)).run(o).unwrap_err();
                 assert!(
                     matches!(err, attn_reference::Error::InvalidParameter { .. }),
                     "{path} nq={nq} {par:?}: {err:?}"

@@ -12,10 +12,11 @@
 //! `ATTN_STRESS_CALLS` sets the number of random calls (default 2000).
 
 use attn_kernels::arch::selected;
-use attn_kernels::attention::{attention, decode};
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::gemm::sgemm;
 use attn_kernels::Parallelism;
 use attn_reference::{MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+use attn_tests::attention_support::with_lse;
 use attn_tests::fuzz_decode::{AttentionCase, GemmCase, MaskSpec, TensorOperand};
 
 enum Call {
@@ -41,12 +42,9 @@ fn exec_attention(c: &AttentionCase, par: Parallelism, decode_path: bool) -> Out
     );
     let out = TensorMut::new(&mut o, c.o.layout);
     let mask = c.mask.mask();
-    let r = if decode_path {
-        decode(selected(), q, k, v, c.scale, &mask, out, lse.as_deref_mut(), par)
-    } else {
-        attention(q, k, v, c.scale, &mask, out, lse.as_deref_mut(), par)
-    };
-    r.map_err(|e| e.to_string())?;
+    let path = if decode_path { Path::Decode } else { Path::Auto };
+    let a = Attention::new(q, k, v).scale(c.scale).mask(mask).parallelism(par).path(path);
+    with_lse(a, lse.as_deref_mut()).run(out).map_err(|e| e.to_string())?;
     o.extend(lse.unwrap_or_default());
     Ok(bits(&o))
 }
@@ -224,14 +222,13 @@ fn threaded_results_are_within_the_bound() {
     g2.par = Parallelism::threads(2);
     g2.check(sgemm).unwrap();
     a.par = Parallelism::threads(2);
-    a.check(attention).unwrap();
+    a.check(|a, o| a.run(o)).unwrap();
     d.par = Parallelism::threads(2);
-    d.check(|q, k, v, s, m, o, l, p| decode(selected(), q, k, v, s, m, o, l, p)).unwrap();
+    d.check(|a, o| a.path(Path::Decode).run(o)).unwrap();
 }
 
 #[test]
 fn every_kernel_is_bitwise_identical_across_thread_counts() {
-    use attn_kernels::attention::{attention_unfused, flash};
     use attn_kernels::softmax::scale_mask_softmax;
     let (g, a, d) = big_cases();
     // Decode with a GQA group of 4, a key-padding mask and a length that is no multiple of a
@@ -252,14 +249,20 @@ fn every_kernel_is_bitwise_identical_across_thread_counts() {
             TensorRef::new(&c.k.data, c.k.layout),
             TensorRef::new(&c.v.data, c.v.layout),
         );
-        let (m, out) = (c.mask.mask(), TensorMut::new(&mut o, c.o.layout));
-        let l = Some(&mut lse[..]);
-        match path {
-            "flash" => flash(isa, q, k, v, c.scale, &m, out, l, par),
-            "decode" => decode(isa, q, k, v, c.scale, &m, out, l, par),
-            _ => attention_unfused(isa, q, k, v, c.scale, &m, out, l, par),
-        }
-        .unwrap();
+        let path = match path {
+            "flash" => Path::Flash,
+            "decode" => Path::Decode,
+            _ => Path::Unfused,
+        };
+        Attention::new(q, k, v)
+            .scale(c.scale)
+            .mask(c.mask.mask())
+            .lse(&mut lse)
+            .parallelism(par)
+            .isa(isa)
+            .path(path)
+            .run(TensorMut::new(&mut o, c.o.layout))
+            .unwrap();
         o.extend(lse);
         bits(&o)
     };

@@ -9,7 +9,7 @@ use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
 use attn_kernels::arch::selected;
-use attn_kernels::attention::{attention, attention_unfused, decode, flash};
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::gemm::{sgemm, sgemm_packed_b, PackedB};
 use attn_kernels::layers::{
     cross_attention, encoder_block, feed_forward, linear, multi_head_attention, Activation,
@@ -137,17 +137,24 @@ fn attention_entry_points() {
     let (qt, kt, vt) = (TensorRef::new(&q, ql), TensorRef::new(&k, kl), TensorRef::new(&v, kl));
     let isa = selected();
     let mut all = Vec::new();
-    for (name, path) in [("attention", 0), ("flash", 1), ("decode", 2), ("unfused", 3)] {
+    let paths = [
+        ("attention", Path::Auto),
+        ("flash", Path::Flash),
+        ("decode", Path::Decode),
+        ("unfused", Path::Unfused),
+    ];
+    for (name, path) in paths {
         let runs = timed(name, |par| {
             let (mut o, mut lse) = (vec![0.0; h * n * d], vec![0.0; h * n]);
-            let (ot, m, l) = (TensorMut::new(&mut o, ol), &Mask::CAUSAL, Some(&mut lse[..]));
-            match path {
-                0 => attention(qt, kt, vt, 0.125, m, ot, l, par),
-                1 => flash(isa, qt, kt, vt, 0.125, m, ot, l, par),
-                2 => decode(isa, qt, kt, vt, 0.125, m, ot, l, par),
-                _ => attention_unfused(isa, qt, kt, vt, 0.125, m, ot, l, par),
-            }
-            .unwrap();
+            Attention::new(qt, kt, vt)
+                .scale(0.125)
+                .mask(Mask::CAUSAL)
+                .lse(&mut lse)
+                .parallelism(par)
+                .isa(isa)
+                .path(path)
+                .run(TensorMut::new(&mut o, ol))
+                .unwrap();
             o.extend(lse);
             o
         });

@@ -4,6 +4,7 @@
 //! the smallest size. FLOPs count 2·(d_k + d_v) per visible (query, key) pair, so a causal
 //! figure is in useful FLOP/s. Also home of the attention check shared with `decode`.
 
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::Parallelism;
 use attn_reference::attention::default_scale;
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
@@ -39,32 +40,22 @@ pub type Call = fn(
     usize,
 ) -> Result<()>;
 
-/// Ours (the dispatching entry point: decode path for few queries, flash otherwise), the
-/// unfused path, the reference.
+/// Ours (the default path: decode for few queries, flash otherwise), the unfused path, the
+/// reference.
 pub const IMPLS: &[Impl] = &[
     Impl {
         name: "attn-kernels",
         threaded: true,
         call: |q, k, v, s, m, o, t| {
-            attn_kernels::attention::attention(q, k, v, s, m, o, None, Parallelism::threads(t))
+            Attention::new(q, k, v).scale(s).mask(*m).parallelism(Parallelism::threads(t)).run(o)
         },
     },
     Impl {
         name: "unfused",
         threaded: true,
         call: |q, k, v, s, m, o, t| {
-            let isa = attn_kernels::arch::selected();
-            attn_kernels::attention::attention_unfused(
-                isa,
-                q,
-                k,
-                v,
-                s,
-                m,
-                o,
-                None,
-                Parallelism::threads(t),
-            )
+            let a = Attention::new(q, k, v).scale(s).mask(*m).path(Path::Unfused);
+            a.parallelism(Parallelism::threads(t)).run(o)
         },
     },
     Impl {

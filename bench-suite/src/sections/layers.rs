@@ -6,8 +6,8 @@
 //! Implementations: ours (`attn_kernels::layers`, the Q/K/V weights stored as one `[d, 3d]`
 //! buffer as engines store them, so the three projections run as one GEMM, and the heads on
 //! the flash kernel); the unfused composition of our public kernels (three `linear` GEMMs,
-//! `attention_unfused`, the output `linear`; the encoder adds the same residuals, `layer_norm`
-//! and `feed_forward_in`), so the ratio shows what the fused projection and the flash kernel
+//! the unfused attention path, the output `linear`; the encoder adds the same residuals,
+//! `layer_norm` and `feed_forward_in`), so the ratio shows what the fused projection and the flash kernel
 //! buy inside a layer; the reference at the smallest N.
 //!
 //! FLOPs: a projection with bias, `[n, k]·[k, m] + b`, is exactly k multiplies and k adds per
@@ -22,7 +22,7 @@
 //! a mask). Residual adds, layer norms, the ReLU, the scale and the softmax's exp are not
 //! counted: O(rows·d) and O(n²·heads) against the O(rows·d²) and O(n²·d) counted.
 
-use attn_kernels::attention::attention_unfused;
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::layers::{self, EncoderConfig, MhaConfig};
 use attn_kernels::Parallelism;
 use attn_reference::{
@@ -207,8 +207,8 @@ impl Problem {
         layers::layer_norm(mat(a, rows, d, false), &w.norm2, EPS, mat_mut(y, rows, d))
     }
 
-    /// Three projections into separate buffers, `attention_unfused` over their heads, the
-    /// output projection.
+    /// Three projections into separate buffers, the unfused attention path over their heads,
+    /// the output projection.
     fn unfused_mha(
         &self,
         [q, k, v, o]: &mut [Vec<f32>; 4],
@@ -224,17 +224,16 @@ impl Problem {
             layers::linear(x, wm, bias, mat_mut(buf, rows, wm.layout.cols), par)?;
         }
         let split = |h, dim| Tensor4Layout::bshd(b, n, h, dim);
-        attention_unfused(
-            attn_kernels::arch::selected(),
+        Attention::new(
             TensorRef::new(q, split(c.num_heads, c.k_dim)),
             TensorRef::new(k, split(c.kv_heads, c.k_dim)),
             TensorRef::new(v, split(c.kv_heads, c.v_dim)),
-            c.scale(),
-            &self.mask,
-            TensorMut::new(o, split(c.num_heads, c.v_dim)),
-            None,
-            par,
-        )?;
+        )
+        .scale(c.scale())
+        .mask(self.mask)
+        .parallelism(par)
+        .path(Path::Unfused)
+        .run(TensorMut::new(o, split(c.num_heads, c.v_dim)))?;
         let out = mat_mut(y, rows, c.in_dim);
         layers::linear(mat(o, rows, c.o_width(), false), w.wo, w.bo, out, par)
     }

@@ -1,22 +1,25 @@
-//! Scaled dot-product attention `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`,
-//! three ways:
+//! Scaled dot-product attention `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`.
 //!
-//! - [`flash`]: the streaming kernel. Each task takes one tile of queries of one head and
+//! The entry point is the problem value [`Attention`]: built from the Q, K, V views, with the
+//! scale, mask, logsumexp output, threads, ISA and [`Path`] set by name, then
+//! [`run`](Attention::run) on the output view. Three algorithms run it:
+//!
+//! - [`Path::Flash`]: the streaming kernel. Each task takes one tile of queries of one head and
 //!   streams the keys in blocks, keeping a running row maximum `m` and sum `l` (online
 //!   softmax): when a block raises the maximum, the partial output is rescaled by
 //!   `e^(m_old − m_new)`; the division by `l` happens once at the end. Memory beyond the
 //!   operands is per-thread scratch (a few tiles), never `Nq × Nk`. Causal blocks entirely above
 //!   the diagonal are never visited. Tasks are `(batch, head, query tile)`, spread over rayon.
-//! - [`decode`]: for a handful of queries over many keys (`Nq ≤ 16`, generation with a KV
+//! - [`Path::Decode`]: for a handful of queries over many keys (`Nq ≤ 16`, generation with a KV
 //!   cache). All query heads of a GQA group and all queries form the rows, the keys of each
 //!   `(batch, K/V head)` are split into chunks fixed by `Nk` (threads take whole chunks, so the
 //!   result does not depend on the thread count), and the chunks' partial results
 //!   are merged by their logsumexp (flash-decoding). Each key/value row is read once.
-//! - [`attention_unfused`]: scores materialised per head, then softmax, then `P·V`; kept as a
+//! - [`Path::Unfused`]: scores materialised per head, then softmax, then `P·V`; kept as a
 //!   second implementation for equivalence tests and benchmarks.
 //!
-//! [`attention`] / [`attention_with_isa`] pick the decode path for `Nq ≤ 16` and the flash path
-//! otherwise. Every entry point has the semantics, checks and errors of
+//! [`Path::Auto`] (the default) picks the decode path for `Nq ≤ 16` and the flash path
+//! otherwise. Every path has the semantics, checks and errors of
 //! `attn_reference::attention::attention` (they share [`check_attention`]): any strides (so
 //! `[b, s, h, d]` and `[b, h, s, d]` storage both work without copies), `Nq ≠ Nk`, `d_k ≠ d_v`,
 //! GQA/MQA (query head `h` reads K/V head `h / (H_q / H_kv)`, no copies), every [`Mask`]; a
@@ -59,126 +62,189 @@ mod sink;
 mod unfused;
 
 use attn_core::attention::check_attention;
-use attn_core::{Error, Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef};
+use attn_core::{
+    default_scale, Error, Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef,
+};
 
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 use simd::Strided;
 
-/// Attention with the default ISA ([`arch::selected`]): the decode path for `Nq ≤ 16`, the
-/// flash path otherwise.
+/// Which algorithm runs an [`Attention`] problem. Every path has the same contract, checks and
+/// errors; they differ in speed and memory, and in rounding within the stated bounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Path {
+    /// The decode path for `Nq ≤ 16` queries, the flash path otherwise.
+    #[default]
+    Auto,
+    /// The flash (streaming, online-softmax) path, for any `Nq`.
+    Flash,
+    /// The decode (split-keys, logsumexp-merge) path, for any `Nq`; meant for `Nq ≤ 16`.
+    Decode,
+    /// The unfused path: per head, the `Nq × Nk` score matrix is materialised, softmaxed and
+    /// multiplied by V; memory `O(Nq·Nk)` per thread. Kept for equivalence tests and benchmarks.
+    Unfused,
+}
+
+impl Path {
+    /// The path that runs a problem of `nq` queries: [`Path::Auto`] resolved, any other as is.
+    fn resolve(self, nq: usize) -> Path {
+        match self {
+            Path::Auto if nq <= blocking::DECODE_MAX_Q => Path::Decode,
+            Path::Auto => Path::Flash,
+            p => p,
+        }
+    }
+}
+
+/// One attention call `O = softmax(scale·Q·Kᵀ + mask)·V`: the operands, with every other
+/// setting named and defaulted, run by [`run`](Self::run).
 ///
-/// `q: [batch, hq, nq, dk]`, `k: [batch, hkv, nk, dk]`, `v: [batch, hkv, nk, dv]`,
-/// `o: [batch, hq, nq, dv]` as strided views; `mask` over `[batch, hq, nq, nk]`; when given,
-/// `lse` (`batch·hq·nq` floats, row-major over `[batch, hq, nq]`) receives
-/// `ln Σ_j exp(scale·q_i·k_j + mask_ij)`. `scale` must be finite (see
-/// [`default_scale`](attn_core::default_scale)).
+/// `q: [batch, hq, nq, dk]`, `k: [batch, hkv, nk, dk]`, `v: [batch, hkv, nk, dv]` and the
+/// output `o: [batch, hq, nq, dv]` are strided views; GQA/MQA when `hkv < hq` (`hkv` divides
+/// `hq`). The settings and their defaults:
 ///
-/// Errors: those of [`check_attention`] (shapes, bounds, aliasing output, zero heads, K/V heads
-/// not dividing query heads, non-finite scale, `lse` length), and `InvalidParameter` when the
-/// per-thread scratch (a few query tiles of `d_k` and `d_v` floats) cannot be allocated, which
-/// only a broadcast operand declaring an absurd head dimension can cause; the output is then
-/// unspecified.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    q: TensorRef<'_>,
-    k: TensorRef<'_>,
-    v: TensorRef<'_>,
-    scale: f32,
-    mask: &Mask<'_>,
-    o: TensorMut<'_>,
-    lse: Option<&mut [f32]>,
+/// | method | default |
+/// | --- | --- |
+/// | [`scale`](Self::scale) | [`default_scale`](attn_core::default_scale)`(dk)` = `1/√dk` |
+/// | [`mask`](Self::mask) | [`Mask::None`] |
+/// | [`lse`](Self::lse) | no logsumexp output |
+/// | [`parallelism`](Self::parallelism) | [`Parallelism::Sequential`] (the calling thread) |
+/// | [`isa`](Self::isa) | [`arch::selected`] at [`run`](Self::run) |
+/// | [`path`](Self::path) | [`Path::Auto`] |
+///
+/// ```
+/// use attn_kernels::attention::Attention;
+/// use attn_kernels::{Mask, Parallelism, Tensor4Layout, TensorMut, TensorRef};
+///
+/// // One batch, one head, 2 queries, 3 keys, d = 4, stored [b, h, s, d].
+/// let (q, k, v) = (vec![0.5f32; 8], vec![0.25f32; 12], vec![1.0f32; 12]);
+/// let (mut o, mut lse) = (vec![0.0f32; 8], vec![0.0f32; 2]);
+/// Attention::new(
+///     TensorRef::new(&q, Tensor4Layout::bhsd(1, 1, 2, 4)),
+///     TensorRef::new(&k, Tensor4Layout::bhsd(1, 1, 3, 4)),
+///     TensorRef::new(&v, Tensor4Layout::bhsd(1, 1, 3, 4)),
+/// )
+/// .mask(Mask::CAUSAL)
+/// .lse(&mut lse)
+/// .parallelism(Parallelism::threads(2))
+/// .run(TensorMut::new(&mut o, Tensor4Layout::bhsd(1, 1, 2, 4)))?;
+/// // Every value row is ones, so is every output row; query 0 sees 2 keys of equal score.
+/// assert!(o.iter().all(|x| (x - 1.0).abs() < 1e-6));
+/// assert!((lse[0] - (0.25f32 + 2f32.ln())).abs() < 1e-6);
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+///
+/// **Growing.** New settings are new methods with a default that leaves every existing call as
+/// it is, never a new function per combination: the variants (sliding window, softcap,
+/// attention sinks, ALiBi slopes) as methods beside [`mask`](Self::mask) (`window(left,
+/// right)`, `softcap(c)`, `sinks(&[f32])`, `alibi(&[f32])`); varlen batches as a method taking
+/// `cu_seqlens_q`/`cu_seqlens_k`; a paged KV cache as a method taking the block table, with
+/// `k`/`v` viewing the page pool; other element types as views of those types passed to
+/// [`new`](Self::new). The fields are private, so adding one breaks no caller. The C ABI
+/// mirrors this with `AttnAttentionArgs` (`attn_attention_run`), a struct that grows at its end.
+#[derive(Debug)]
+#[must_use = "an attention problem computes nothing until `run`"]
+pub struct Attention<'a> {
+    q: TensorRef<'a>,
+    k: TensorRef<'a>,
+    v: TensorRef<'a>,
+    /// `None`: `default_scale(dk)`.
+    scale: Option<f32>,
+    mask: Mask<'a>,
+    lse: Option<&'a mut [f32]>,
     par: Parallelism,
-) -> Result<()> {
-    attention_with_isa(arch::selected(), q, k, v, scale, mask, o, lse, par)
+    /// `None`: `arch::selected()` when the problem runs.
+    isa: Option<Isa>,
+    path: Path,
 }
 
-/// [`attention`] with an explicit ISA (an unsupported one is
-/// `Error::InvalidParameter { arg: "isa", .. }`).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_with_isa(
-    isa: Isa,
-    q: TensorRef<'_>,
-    k: TensorRef<'_>,
-    v: TensorRef<'_>,
-    scale: f32,
-    mask: &Mask<'_>,
-    o: TensorMut<'_>,
-    lse: Option<&mut [f32]>,
-    par: Parallelism,
-) -> Result<()> {
-    if q.layout.seq() <= blocking::DECODE_MAX_Q {
-        decode(isa, q, k, v, scale, mask, o, lse, par)
-    } else {
-        flash(isa, q, k, v, scale, mask, o, lse, par)
+impl<'a> Attention<'a> {
+    /// The problem over these operands, every setting at its default (see [`Attention`]).
+    /// Nothing is checked until [`run`](Self::run).
+    pub fn new(q: TensorRef<'a>, k: TensorRef<'a>, v: TensorRef<'a>) -> Self {
+        Attention {
+            q,
+            k,
+            v,
+            scale: None,
+            mask: Mask::None,
+            lse: None,
+            par: Parallelism::Sequential,
+            isa: None,
+            path: Path::Auto,
+        }
     }
-}
 
-/// The flash (streaming, online-softmax) path for any `Nq`; same contract as [`attention`].
-#[allow(clippy::too_many_arguments)]
-pub fn flash(
-    isa: Isa,
-    q: TensorRef<'_>,
-    k: TensorRef<'_>,
-    v: TensorRef<'_>,
-    scale: f32,
-    mask: &Mask<'_>,
-    o: TensorMut<'_>,
-    mut lse: Option<&mut [f32]>,
-    par: Parallelism,
-) -> Result<()> {
-    let isa = isa.require()?;
-    let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
-    if p.trivial(&o, lse.as_deref_mut()) {
-        return Ok(());
+    /// The score scale (default `1/√dk`, see [`default_scale`](attn_core::default_scale)); any
+    /// finite value, else [`run`](Self::run) fails with `Error::NonFinite { arg: "scale" }`.
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
     }
-    let sink = sink::Sink::new(o.data, o.layout, lse);
-    flash::run(isa, &p, &sink, par)
-}
 
-/// The decode (split-keys, logsumexp-merge) path for any `Nq`, meant for `Nq ≤ 16`; same
-/// contract as [`attention`].
-#[allow(clippy::too_many_arguments)]
-pub fn decode(
-    isa: Isa,
-    q: TensorRef<'_>,
-    k: TensorRef<'_>,
-    v: TensorRef<'_>,
-    scale: f32,
-    mask: &Mask<'_>,
-    o: TensorMut<'_>,
-    mut lse: Option<&mut [f32]>,
-    par: Parallelism,
-) -> Result<()> {
-    let isa = isa.require()?;
-    let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
-    if p.trivial(&o, lse.as_deref_mut()) {
-        return Ok(());
+    /// The mask over `[batch, hq, nq, nk]` (default [`Mask::None`]).
+    pub fn mask(mut self, mask: Mask<'a>) -> Self {
+        self.mask = mask;
+        self
     }
-    decode::run(isa, &p, o, lse, par)
-}
 
-/// The unfused path: per head, the `Nq × Nk` score matrix is materialised, softmaxed and
-/// multiplied by V. Same contract as [`attention`]; memory `O(Nq·Nk)` per thread.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_unfused(
-    isa: Isa,
-    q: TensorRef<'_>,
-    k: TensorRef<'_>,
-    v: TensorRef<'_>,
-    scale: f32,
-    mask: &Mask<'_>,
-    o: TensorMut<'_>,
-    mut lse: Option<&mut [f32]>,
-    par: Parallelism,
-) -> Result<()> {
-    let isa = isa.require()?;
-    let p = Problem::new(q, k, v, scale, mask, &o, lse.as_deref())?;
-    if p.trivial(&o, lse.as_deref_mut()) {
-        return Ok(());
+    /// Where to write the logsumexp of every query row: `batch·hq·nq` floats, row-major over
+    /// `[batch, hq, nq]`, receiving `ln Σ_j exp(scale·q_i·k_j + mask_ij)` (−∞ for a fully masked
+    /// row). Another length is `Error::ShapeMismatch { arg: "lse", .. }` at [`run`](Self::run).
+    pub fn lse(mut self, lse: &'a mut [f32]) -> Self {
+        self.lse = Some(lse);
+        self
     }
-    let sink = sink::Sink::new(o.data, o.layout, lse);
-    unfused::run(isa, &p, &sink, par)
+
+    /// How many threads the call may use (default [`Parallelism::Sequential`]). The result is
+    /// bitwise the same for every thread count.
+    pub fn parallelism(mut self, par: Parallelism) -> Self {
+        self.par = par;
+        self
+    }
+
+    /// The ISA to run on (default [`arch::selected`], read when the problem runs); one this CPU
+    /// does not support is `Error::InvalidParameter { arg: "isa", .. }` at [`run`](Self::run).
+    pub fn isa(mut self, isa: Isa) -> Self {
+        self.isa = Some(isa);
+        self
+    }
+
+    /// The algorithm (default [`Path::Auto`]).
+    pub fn path(mut self, path: Path) -> Self {
+        self.path = path;
+        self
+    }
+
+    /// Checks the problem against the output `o: [batch, hq, nq, dv]` and computes it into `o`
+    /// (and the logsumexps, if asked). Nothing is written when a check fails.
+    ///
+    /// Errors: an unsupported [`isa`](Self::isa) first, then those of [`check_attention`]
+    /// (shapes, bounds, aliasing output, zero heads, K/V heads not dividing query heads,
+    /// non-finite scale, `lse` length), the same errors as the reference's for the same
+    /// operands; and `InvalidParameter` when the per-thread scratch (a few query tiles of
+    /// `d_k` and `d_v` floats) cannot be allocated, which only a broadcast operand declaring an
+    /// absurd head dimension can cause (the output is then unspecified).
+    pub fn run(mut self, o: TensorMut<'_>) -> Result<()> {
+        let isa = self.isa.unwrap_or_else(arch::selected).require()?;
+        let path = self.path.resolve(self.q.layout.seq());
+        let par = self.par;
+        let mut lse = self.lse.take();
+        let p = Problem::new(&self, &o, lse.as_deref())?;
+        if p.trivial(&o, lse.as_deref_mut()) {
+            return Ok(());
+        }
+        match path {
+            Path::Decode => decode::run(isa, &p, o, lse, par),
+            Path::Unfused => unfused::run(isa, &p, &sink::Sink::new(o.data, o.layout, lse), par),
+            // `Auto` is resolved above.
+            Path::Flash | Path::Auto => {
+                flash::run(isa, &p, &sink::Sink::new(o.data, o.layout, lse), par)
+            }
+        }
+    }
 }
 
 /// A checked attention problem: operands, sizes and mask.
@@ -201,22 +267,17 @@ pub(crate) struct Problem<'a> {
 }
 
 impl<'a> Problem<'a> {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        q: TensorRef<'a>,
-        k: TensorRef<'a>,
-        v: TensorRef<'a>,
-        scale: f32,
-        mask: &'a Mask<'a>,
-        o: &TensorMut<'_>,
-        lse: Option<&[f32]>,
-    ) -> Result<Self> {
-        let [batch, hq, hkv, nq, nk, dk, dv] = check_attention(&q, &k, &v, scale, mask, o, lse)?;
+    /// The operands of `a`, checked against the output `o` and `lse` by [`check_attention`],
+    /// with the default scale resolved.
+    fn new(a: &'a Attention<'_>, o: &TensorMut<'_>, lse: Option<&[f32]>) -> Result<Self> {
+        let scale = a.scale.unwrap_or_else(|| default_scale(a.q.layout.dims[3]));
+        let [batch, hq, hkv, nq, nk, dk, dv] =
+            check_attention(&a.q, &a.k, &a.v, scale, &a.mask, o, lse)?;
         Ok(Problem {
-            q,
-            k,
-            v,
-            mask,
+            q: a.q,
+            k: a.k,
+            v: a.v,
+            mask: &a.mask,
             scale2: scale,
             batch,
             hq,

@@ -23,6 +23,7 @@ use attn_core::{
     MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Tensor4Layout, TensorMut, TensorRef,
 };
 
+use crate::attention::{Attention, Path};
 use crate::par::Parallelism;
 use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 
@@ -58,8 +59,13 @@ use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 /// `attn_softmax` with `y` exactly `x` (same data, dims, strides and offset).
 ///
 /// **Enum and bool fields** (`AttnMask.kind`, `AttnMask.causal_default_offset`, keep-mask
-/// bytes, `AttnEncoderConfig.activation`) are fixed-width integers, validated before use: any
-/// value that is not listed is `ATTN_STATUS_INVALID_PARAMETER` naming the field.
+/// bytes, `AttnEncoderConfig.activation`, `AttnAttentionArgs.path` and `.has_scale`) are
+/// fixed-width integers, validated before use: any value that is not listed is
+/// `ATTN_STATUS_INVALID_PARAMETER` naming the field.
+///
+/// **Growing.** `attn_attention_run` takes its operands and settings in one struct,
+/// `AttnAttentionArgs`, that starts with its own `struct_size` and grows only at its end; new
+/// attention settings are added there, never as new positional functions (see the struct).
 ///
 /// **Threads.** `threads` is a request, the same policy as the Rust API's
 /// `Parallelism::threads`: 0 = every available core, 1 = the calling thread only, n ≥ 2 = at
@@ -251,6 +257,107 @@ pub struct AttnMask {
     /// Keep / bias: index of element `(0, 0, 0, 0)`.
     pub offset: usize,
 }
+
+/// The values of [`AttnAttentionArgs::path`]: which algorithm runs the call. The field itself is
+/// an `int32_t`: any other value is refused with `ATTN_STATUS_INVALID_PARAMETER` naming
+/// `args.path`. Every path has the same contract, checks and statuses.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPath {
+    /// The decode path for nq ≤ 16, the flash path otherwise (what [`attn_attention`] runs).
+    Auto = 0,
+    /// The flash (streaming, online-softmax) path, for any nq.
+    Flash = 1,
+    /// The decode path (keys split into chunks fixed by nk, partial results merged by
+    /// logsumexp), for any nq; meant for a few queries over many keys (what [`attn_decode`]
+    /// runs).
+    Decode = 2,
+    /// The unfused path: per head, the `nq × nk` scores are materialised, softmaxed and
+    /// multiplied by V (memory `O(nq·nk)` per thread); for tests and comparisons.
+    Unfused = 3,
+}
+
+impl AttnPath {
+    /// The Rust path `v` stands for, or the error naming `args.path`.
+    fn from_c(v: i32) -> Result<Path, Failure> {
+        Ok(match v {
+            0 => Path::Auto,
+            1 => Path::Flash,
+            2 => Path::Decode,
+            3 => Path::Unfused,
+            _ => {
+                return Err(Failure::BadValue {
+                    arg: "args.path",
+                    value: i64::from(v),
+                    allowed: "must be ATTN_PATH_AUTO (0), ATTN_PATH_FLASH (1), ATTN_PATH_DECODE \
+                              (2) or ATTN_PATH_UNFUSED (3)",
+                })
+            }
+        })
+    }
+}
+
+/// The operands and settings of one [`attn_attention_run`] call,
+/// `O = softmax(scale·Q·Kᵀ + mask)·V`.
+///
+/// **Versioning.** The struct starts with `struct_size` and only ever grows at its end: a
+/// setting added later (attention variants, other element types, varlen offsets, page tables)
+/// is a field appended in a later version of this header, whose zero value means "as before".
+/// So zero-initialise the whole struct (`AttnAttentionArgs args = {0};`, or designated
+/// initialisers), set `struct_size = sizeof(AttnAttentionArgs)`, then the fields you need, by
+/// name. The library reads the fields it knows that `struct_size` covers (one that it does
+/// not cover keeps its zero value), so a program built against an older header runs
+/// unchanged on a newer library. Refused with `ATTN_STATUS_INVALID_PARAMETER` naming
+/// `args.struct_size`: a size below the first version's (`struct_size` through `threads`,
+/// 376 bytes on 64-bit targets) or above 4096, and a larger struct (from a newer header)
+/// with a nonzero byte past the fields this library knows, since that would be a setting it
+/// would ignore.
+///
+/// Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
+/// `ATTN_PATH_AUTO`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnAttentionArgs {
+    /// `sizeof(AttnAttentionArgs)` in the caller's header (see the versioning rule above).
+    pub struct_size: usize,
+    /// Queries `[batch, hq, nq, dk]`.
+    pub q: AttnTensor,
+    /// Keys `[batch, hkv, nk, dk]` (hkv divides hq; query head `h` reads K/V head
+    /// `h / (hq / hkv)`).
+    pub k: AttnTensor,
+    /// Values `[batch, hkv, nk, dv]`.
+    pub v: AttnTensor,
+    /// The output `[batch, hq, nq, dv]`, written (only) within its view.
+    pub o: AttnTensorMut,
+    /// The mask over `[batch, hq, nq, nk]`, or NULL for none (see [`AttnMask`]).
+    pub mask: *const AttnMask,
+    /// The score scale when `has_scale` is 1 (then it must be finite, else
+    /// `ATTN_STATUS_NON_FINITE`); ignored when `has_scale` is 0.
+    pub scale: f32,
+    /// 0 = the default scale `1/√dk` (1 for dk = 0), `scale` ignored; 1 = use `scale`. A byte
+    /// (C `bool` values): any other value is `ATTN_STATUS_INVALID_PARAMETER` naming
+    /// `args.has_scale`.
+    pub has_scale: u8,
+    /// The algorithm: one of the [`AttnPath`] values (`ATTN_PATH_*`, 0 = auto), read as an
+    /// `int32_t`; any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `args.path`.
+    pub path: i32,
+    /// NULL for no logsumexp (then `lse_len` is ignored); otherwise `lse_len` must equal
+    /// `batch·hq·nq` (`ATTN_STATUS_SHAPE_MISMATCH`) and `lse[(b·hq + h)·nq + i]` receives
+    /// `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i` of head `h` of batch `b` (row-major
+    /// over `[batch, hq, nq]`; −∞ for a fully masked row).
+    pub lse: *mut f32,
+    /// The number of floats at `lse`.
+    pub lse_len: usize,
+    /// Threads: 0 = every available core, 1 = the calling thread, n = at most n (see
+    /// [`AttnStatus`]); the result is bitwise the same for every count.
+    pub threads: usize,
+}
+
+/// The smallest `struct_size` [`attn_attention_run`] accepts: the first version of
+/// [`AttnAttentionArgs`], `struct_size` through `threads`. Fixed for good: fields appended later
+/// are read only when `struct_size` covers them.
+const ATTENTION_ARGS_MIN_SIZE: usize =
+    std::mem::offset_of!(AttnAttentionArgs, threads) + std::mem::size_of::<usize>();
 
 /// The shape of a multi-head attention layer (see the Rust `MhaConfig`).
 #[repr(C)]
@@ -899,22 +1006,55 @@ pub unsafe extern "C" fn attn_softmax(
     })
 }
 
-/// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]` (`q: [b, hq, nq, dk]`,
-/// `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`; GQA/MQA when hkv < hq:
-/// hkv must divide hq, query head `h` reads K/V head `h / (hq / hkv)`). Picks the decode path
-/// for nq ≤ 16, the flash path otherwise.
+/// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`, every operand and setting in one
+/// [`AttnAttentionArgs`] (the call shape new settings go into; see the struct's versioning
+/// rule). For `args = {struct_size, q, k, v, o}` and every other field zero: no mask, scale
+/// `1/√dk`, no logsumexp, every available core, the decode path for nq ≤ 16 and the flash
+/// path otherwise.
 ///
-/// - `scale` must be finite (1/√dk is the usual choice).
-/// - `mask` may be NULL (none); otherwise over `[b, hq, nq, nk]` (see [`AttnMask`]).
-/// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal `b·hq·nq`
-///   and `lse[(b·hq + h)·nq + i]` receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i`
-///   of head `h` of batch `b` (row-major over `[b, hq, nq]`).
+/// - `q: [b, hq, nq, dk]`, `k: [b, hkv, nk, dk]`, `v: [b, hkv, nk, dv]`, `o: [b, hq, nq, dv]`;
+///   GQA/MQA when hkv < hq: hkv must divide hq, query head `h` reads K/V head `h / (hq / hkv)`.
 /// - A fully masked row (every key masked, or nk = 0) gives an all-zero output row and
 ///   logsumexp −∞. A key of zero weight contributes exactly 0 even if its value is ±∞ or NaN.
 ///   A `−∞` bias masks its position. A score (`scale·q·k + mask`) beyond the f32 range is
 ///   `±∞`, as a `±∞` bias is: the `+∞` scores of a row share its weight evenly (the output
 ///   row is the mean of their values, logsumexp `+∞`); a NaN score gives a NaN row.
 /// - nq = 0 or an empty head dimension is fine (nothing, or zeros, to write).
+/// - Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
+///   `ATTN_STATUS_INVALID_PARAMETER` naming `args` for a pointer not aligned for the struct,
+///   naming `args.struct_size`, `args.path` or `args.has_scale` for a value those fields may
+///   not take; then those of [`attn_attention`], in the same order.
+///
+/// # Safety
+///
+/// `args` is null or addresses `args->struct_size` readable, initialised bytes (a whole
+/// `AttnAttentionArgs` of the caller's header); each view's `data` addresses the elements the
+/// view reaches, `lse` addresses `lse_len` floats, `mask` is null or valid; outputs overlap
+/// nothing else (checked).
+#[no_mangle]
+pub unsafe extern "C" fn attn_attention_run(args: *const AttnAttentionArgs) -> AttnStatus {
+    guard(|| {
+        // SAFETY: the caller's contract; `AttnAttentionArgs` is `repr(C)`, starts with its
+        // `size_t struct_size`, and is valid when all-zero (integers, floats, raw pointers).
+        let args = unsafe {
+            raw::read_sized(("args", "args.struct_size"), args, ATTENTION_ARGS_MIN_SIZE)?
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { attention_call(&args) }
+    })
+}
+
+/// `O = softmax(scale·Q·Kᵀ + mask)·V` with positional arguments: [`attn_attention_run`] with
+/// `has_scale = 1` and `path = ATTN_PATH_AUTO` (the decode path for nq ≤ 16, the flash path
+/// otherwise), the same checks, statuses and results. Kept for existing callers; settings
+/// added later (variants, element types, varlen and paged operands) go only into
+/// [`AttnAttentionArgs`].
+///
+/// - `scale` must be finite (1/√dk is the usual choice).
+/// - `mask` may be NULL (none); otherwise over `[b, hq, nq, nk]` (see [`AttnMask`]).
+/// - `lse` may be NULL (then `lse_len` is ignored); otherwise `lse_len` must equal `b·hq·nq`
+///   and `lse[(b·hq + h)·nq + i]` receives `ln Σ_j exp(scale·q_i·k_j + mask_ij)` for query `i`
+///   of head `h` of batch `b` (row-major over `[b, hq, nq]`).
 /// - `threads`: see [`AttnStatus`]; the result is bitwise the same for every thread count.
 ///
 /// # Safety
@@ -934,14 +1074,16 @@ pub unsafe extern "C" fn attn_attention(
     lse_len: usize,
     threads: usize,
 ) -> AttnStatus {
+    let args = AttnAttentionArgs::positional([q, k, v], scale, mask, o, (lse, lse_len), threads, 0);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { attention_call(q, k, v, scale, mask, o, lse, lse_len, threads, Path::Auto) })
+    guard(|| unsafe { attention_call(&args) })
 }
 
 /// Decode-step attention: [`attn_attention`] forced onto the decode path (few queries over
-/// many keys: keys split across threads, partial results merged by logsumexp), for any nq.
-/// Same arguments, conventions and statuses as [`attn_attention`], bitwise the same for every
-/// thread count.
+/// many keys: keys split across threads, partial results merged by logsumexp), for any nq;
+/// [`attn_attention_run`] with `has_scale = 1` and `path = ATTN_PATH_DECODE`. Same arguments,
+/// conventions and statuses as [`attn_attention`], bitwise the same for every thread count.
+/// Kept for existing callers (new settings go only into [`AttnAttentionArgs`]).
 ///
 /// # Safety
 ///
@@ -959,48 +1101,78 @@ pub unsafe extern "C" fn attn_decode(
     lse_len: usize,
     threads: usize,
 ) -> AttnStatus {
+    let path = AttnPath::Decode as i32;
+    let args =
+        AttnAttentionArgs::positional([q, k, v], scale, mask, o, (lse, lse_len), threads, path);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe {
-        attention_call(q, k, v, scale, mask, o, lse, lse_len, threads, Path::Decode)
-    })
+    guard(|| unsafe { attention_call(&args) })
 }
 
-enum Path {
-    Auto,
-    Decode,
-}
-
-/// # Safety
-/// As [`attn_attention`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn attention_call(
-    q: AttnTensor,
-    k: AttnTensor,
-    v: AttnTensor,
-    scale: f32,
-    mask: *const AttnMask,
-    o: AttnTensorMut,
-    lse: *mut f32,
-    lse_len: usize,
-    threads: usize,
-    path: Path,
-) -> Result<(), Failure> {
-    let mut inputs = vec![q.span("q")?, k.span("k")?, v.span("v")?];
-    // SAFETY: forwarded from the caller.
-    inputs.extend(unsafe { mask_span(mask)? });
-    disjoint(&[o.span("o")?, span("lse", lse, lse_len)?], &inputs)?;
-    // SAFETY: the caller's contract; outputs checked disjoint from everything else.
-    let (q, k, v, mask, o) =
-        unsafe { (q.view("q")?, k.view("k")?, v.view("v")?, mask_view(mask)?, o.view("o")?) };
-    // SAFETY: as above.
-    let lse = unsafe { opt_mut("lse", lse, lse_len)? };
-    let par = self::threads(threads);
-    Ok(match path {
-        Path::Auto => crate::attention::attention(q, k, v, scale, &mask, o, lse, par),
-        Path::Decode => {
-            crate::attention::decode(crate::arch::selected(), q, k, v, scale, &mask, o, lse, par)
+impl AttnAttentionArgs {
+    /// The arguments of the positional entry points, with an explicit scale.
+    fn positional(
+        [q, k, v]: [AttnTensor; 3],
+        scale: f32,
+        mask: *const AttnMask,
+        o: AttnTensorMut,
+        (lse, lse_len): (*mut f32, usize),
+        threads: usize,
+        path: i32,
+    ) -> Self {
+        AttnAttentionArgs {
+            struct_size: std::mem::size_of::<Self>(),
+            q,
+            k,
+            v,
+            o,
+            mask,
+            scale,
+            has_scale: 1,
+            path,
+            lse,
+            lse_len,
+            threads,
         }
-    }?)
+    }
+}
+
+/// The one body of every attention entry point: the enum and bool fields validated, then the
+/// null, bounds and overlap checks, then the Rust [`Attention`](crate::attention::Attention)
+/// problem, which checks shapes as for Rust callers.
+///
+/// # Safety
+/// As [`attn_attention_run`] (after `args` was read).
+unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
+    let path = AttnPath::from_c(a.path)?;
+    let scale = match a.has_scale {
+        0 => None,
+        1 => Some(a.scale),
+        v => {
+            return Err(Failure::BadValue {
+                arg: "args.has_scale",
+                value: i64::from(v),
+                allowed: "must be 0 (the default scale 1/sqrt(dk)) or 1 (use args.scale)",
+            })
+        }
+    };
+    let mut inputs = vec![a.q.span("q")?, a.k.span("k")?, a.v.span("v")?];
+    // SAFETY: forwarded from the caller.
+    inputs.extend(unsafe { mask_span(a.mask)? });
+    disjoint(&[a.o.span("o")?, span("lse", a.lse, a.lse_len)?], &inputs)?;
+    // SAFETY: the caller's contract; outputs checked disjoint from everything else.
+    let (q, k, v, mask, o) = unsafe {
+        (a.q.view("q")?, a.k.view("k")?, a.v.view("v")?, mask_view(a.mask)?, a.o.view("o")?)
+    };
+    // SAFETY: as above.
+    let lse = unsafe { opt_mut("lse", a.lse, a.lse_len)? };
+    let mut p = Attention::new(q, k, v).mask(mask).parallelism(threads(a.threads)).path(path);
+    if let Some(scale) = scale {
+        p = p.scale(scale);
+    }
+    if let Some(lse) = lse {
+        p = p.lse(lse);
+    }
+    Ok(p.run(o)?)
 }
 
 /// Layer norm of each row of `x: [n, d]` into `y: [n, d]` with `gamma`, `beta` of `d` floats:

@@ -157,3 +157,72 @@ pub(crate) fn bools<'a>(arg: &'static str, bytes: &'a [u8]) -> Result<&'a [bool]
     // of `u8`; the lifetime and the absence of writers carry over from `bytes`.
     Ok(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<bool>(), bytes.len()) })
 }
+
+/// The largest `struct_size` a versioned struct may declare: far above any version, and a
+/// bound on what a garbage size (an uninitialised field) makes the library read.
+pub(crate) const MAX_STRUCT_SIZE: usize = 4096;
+
+/// The caller's versioned struct at `ptr` (one that starts with `size_t struct_size` and grows
+/// only at its end) as the version `T` this library knows: the first
+/// `min(struct_size, size_of::<T>())` bytes copied over an all-zero `T`, so a field the
+/// caller's (older) version does not have reads as zero. Errors, in this order: a null `ptr`
+/// (`Null(arg)`), a `ptr` not aligned for `T`, a `struct_size` below `min_size` or above
+/// [`MAX_STRUCT_SIZE`], and a nonzero byte past `size_of::<T>()` (a field of a newer version
+/// that this library would ignore), the last three naming `size_arg` (the field, e.g. `args.struct_size`).
+///
+/// # Safety
+///
+/// `T` is `repr(C)`, its first field is a `usize`, and every field is an integer, a float, a
+/// raw pointer or an array or `repr(C)` struct of those (so all-zero bytes, or any bytes, are a
+/// valid `T`); `min_size ≥ size_of::<usize>()`. A non-null, aligned `ptr` addresses
+/// `struct_size` readable, initialised bytes.
+pub(crate) unsafe fn read_sized<T: Copy>(
+    (arg, size_arg): (&'static str, &'static str),
+    ptr: *const T,
+    min_size: usize,
+) -> Result<T, Failure> {
+    if ptr.is_null() {
+        return Err(Failure::Null(arg));
+    }
+    if !ptr.is_aligned() {
+        return Err(Failure::Api(Error::InvalidParameter {
+            arg,
+            requirement: "pointer must be aligned to its struct type",
+        }));
+    }
+    debug_assert!(min_size >= std::mem::size_of::<usize>());
+    // SAFETY: non-null and aligned for `T`, whose first field is a `usize` (so it is aligned
+    // for `usize` too), which the caller guarantees readable.
+    let size = unsafe { ptr.cast::<usize>().read() };
+    let bad = |allowed| {
+        Err(Failure::BadValue {
+            arg: size_arg,
+            value: i64::try_from(size).unwrap_or(i64::MAX),
+            allowed,
+        })
+    };
+    if size < min_size {
+        return bad("must be sizeof the struct in the caller's header (set it to sizeof, and \
+                    at least the struct's first version)");
+    }
+    if size > MAX_STRUCT_SIZE {
+        return bad("must be sizeof the struct in the caller's header (at most 4096 bytes)");
+    }
+    let known = std::mem::size_of::<T>();
+    let bytes = ptr.cast::<u8>();
+    if size > known {
+        // SAFETY: the caller guarantees `size` readable, initialised bytes at `ptr`.
+        let newer = unsafe { std::slice::from_raw_parts(bytes.add(known), size - known) };
+        if newer.iter().any(|&b| b != 0) {
+            return bad("this library knows a smaller version of the struct: the bytes past \
+                        it must be zero (they hold a setting this library does not know)");
+        }
+    }
+    let mut out = std::mem::MaybeUninit::<T>::zeroed();
+    // SAFETY: `min(size, known)` bytes are readable at `ptr` and writable in `out`, and the two
+    // do not overlap (`out` is a local).
+    unsafe { std::ptr::copy_nonoverlapping(bytes, out.as_mut_ptr().cast::<u8>(), size.min(known)) };
+    // SAFETY: all-zero bytes overwritten by a prefix of the caller's bytes are a valid `T` (its
+    // fields accept any bytes, per the contract).
+    Ok(unsafe { out.assume_init() })
+}

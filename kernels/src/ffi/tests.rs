@@ -454,3 +454,206 @@ fn adjacent_qkv_blocks_run_as_one_gemm_through_c() {
     assert_eq!(count_gemms(&same, true).0, 3);
     assert_eq!(count_gemms(&separate, true).0, 4);
 }
+
+/// `AttnAttentionArgs` over `q: [1, 2, nq, 8]`, `k`, `v: [1, 1, 11, 8]` (GQA) with the output
+/// and logsumexp buffers given; every setting zero but `struct_size`.
+fn args(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    nq: usize,
+    o: &mut [f32],
+    lse: &mut [f32],
+) -> AttnAttentionArgs {
+    AttnAttentionArgs {
+        struct_size: std::mem::size_of::<AttnAttentionArgs>(),
+        q: tensor(q, [1, 2, nq, 8]),
+        k: tensor(k, [1, 1, 11, 8]),
+        v: tensor(v, [1, 1, 11, 8]),
+        o: tensor_mut(o, [1, 2, nq, 8]),
+        mask: null(),
+        scale: 0.0,
+        has_scale: 0,
+        path: 0,
+        lse: lse.as_mut_ptr(),
+        lse_len: lse.len(),
+        threads: 0,
+    }
+}
+
+#[test]
+fn attention_args_first_version_size() {
+    // Fixed for good: a caller built against this header passes at least this much.
+    assert_eq!(ATTENTION_ARGS_MIN_SIZE, std::mem::size_of::<AttnAttentionArgs>());
+    #[cfg(target_pointer_width = "64")]
+    assert_eq!(ATTENTION_ARGS_MIN_SIZE, 376);
+}
+
+#[test]
+fn attention_args_struct_size_is_checked() {
+    let (q, k, v) = (vals(2 * 3 * 8, 1), vals(11 * 8, 2), vals(11 * 8, 3));
+    let (mut o, mut lse) = (vec![0.0f32; 2 * 3 * 8], vec![0.0f32; 2 * 3]);
+    let a = args((&q, &k, &v), 3, &mut o, &mut lse);
+    // SAFETY: `a` is a whole struct; its views address their buffers.
+    assert_eq!(unsafe { attn_attention_run(&a) }, AttnStatus::Ok, "{}", last_error());
+    // SAFETY: null is refused.
+    assert_eq!(unsafe { attn_attention_run(null()) }, AttnStatus::NullPointer);
+    assert!(last_error().contains("`args`"), "{}", last_error());
+    for size in [0, 8, ATTENTION_ARGS_MIN_SIZE - 1, raw::MAX_STRUCT_SIZE + 1, usize::MAX] {
+        let small = AttnAttentionArgs { struct_size: size, ..a };
+        // SAFETY: refused before any field past `struct_size` is read (and the struct is whole).
+        let s = unsafe { attn_attention_run(&small) };
+        assert_eq!(s, AttnStatus::InvalidParameter, "size {size}");
+        assert!(last_error().contains("args.struct_size"), "{}", last_error());
+    }
+    // A newer caller's larger struct: fine while the bytes this library does not know are
+    // zero, refused when one of them is set (a setting it would ignore).
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Newer {
+        args: AttnAttentionArgs,
+        more: [u64; 3],
+    }
+    let size = std::mem::size_of::<Newer>();
+    let newer = Newer { args: AttnAttentionArgs { struct_size: size, ..a }, more: [0; 3] };
+    // SAFETY: `newer` holds `size` bytes; views address their buffers.
+    let s = unsafe { attn_attention_run(&newer.args) };
+    assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+    let set = Newer { more: [0, 1, 0], ..newer };
+    // SAFETY: as above.
+    assert_eq!(unsafe { attn_attention_run(&set.args) }, AttnStatus::InvalidParameter);
+    assert!(last_error().contains("args.struct_size"), "{}", last_error());
+    // A misaligned struct pointer.
+    let mut bytes = vec![0u64; size.div_ceil(8) + 1];
+    let p = bytes.as_mut_ptr().cast::<u8>().wrapping_add(4).cast::<AttnAttentionArgs>();
+    // SAFETY: refused before anything is read.
+    assert_eq!(unsafe { attn_attention_run(p) }, AttnStatus::InvalidParameter);
+    assert!(last_error().contains("`args`"), "{}", last_error());
+}
+
+#[test]
+fn attention_args_enum_and_bool_fields_are_validated() {
+    let (q, k, v) = (vals(2 * 3 * 8, 1), vals(11 * 8, 2), vals(11 * 8, 3));
+    let (mut o, mut lse) = (vec![0.0f32; 2 * 3 * 8], vec![0.0f32; 2 * 3]);
+    let a = args((&q, &k, &v), 3, &mut o, &mut lse);
+    for path in [0, 1, 2, 3] {
+        let good = AttnAttentionArgs { path, ..a };
+        // SAFETY: views address their buffers.
+        assert_eq!(unsafe { attn_attention_run(&good) }, AttnStatus::Ok, "path {path}");
+    }
+    for path in [4, 7, -1, i32::MIN, i32::MAX] {
+        let bad = AttnAttentionArgs { path, ..a };
+        // SAFETY: as above.
+        assert_eq!(unsafe { attn_attention_run(&bad) }, AttnStatus::InvalidParameter);
+        let msg = last_error();
+        assert!(msg.contains("args.path") && msg.contains(&path.to_string()), "{msg}");
+    }
+    for has_scale in [2, 255] {
+        let bad = AttnAttentionArgs { has_scale, scale: 0.5, ..a };
+        // SAFETY: as above.
+        assert_eq!(unsafe { attn_attention_run(&bad) }, AttnStatus::InvalidParameter);
+        assert!(last_error().contains("args.has_scale"), "{}", last_error());
+    }
+    // The scale is checked only when it is used.
+    let unused = AttnAttentionArgs { scale: f32::NAN, ..a };
+    // SAFETY: as above.
+    assert_eq!(unsafe { attn_attention_run(&unused) }, AttnStatus::Ok);
+    let used = AttnAttentionArgs { has_scale: 1, ..unused };
+    // SAFETY: as above.
+    assert_eq!(unsafe { attn_attention_run(&used) }, AttnStatus::NonFinite);
+    assert!(last_error().contains("scale"), "{}", last_error());
+}
+
+/// `attn_attention_run` gives the bits of `attn_attention` / `attn_decode` for the same
+/// operands (auto and decode paths, flash and decode sizes, a causal mask, logsumexps), the
+/// default scale is `1/√dk`, and every path agrees with the Rust `Attention` on that path.
+#[test]
+fn attention_run_equals_the_positional_entry_points() {
+    type Positional = unsafe extern "C" fn(
+        AttnTensor,
+        AttnTensor,
+        AttnTensor,
+        f32,
+        *const AttnMask,
+        AttnTensorMut,
+        *mut f32,
+        usize,
+        usize,
+    ) -> AttnStatus;
+    let causal =
+        AttnMask { kind: AttnMaskKind::Causal as i32, causal_default_offset: 1, ..no_mask() };
+    let (k, v) = (vals(11 * 8, 2), vals(11 * 8, 3));
+    for nq in [3, 20] {
+        let q = vals(2 * nq * 8, 1);
+        let run = |f: &dyn Fn(&mut [f32], &mut [f32]) -> AttnStatus| {
+            let (mut o, mut lse) = (vec![f32::NAN; 2 * nq * 8], vec![f32::NAN; 2 * nq]);
+            assert_eq!(f(&mut o, &mut lse), AttnStatus::Ok, "{}", last_error());
+            o.extend(lse);
+            o.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+        };
+        let cases: [(i32, Positional); 2] =
+            [(AttnPath::Auto as i32, attn_attention), (AttnPath::Decode as i32, attn_decode)];
+        for (path, positional) in cases {
+            for threads in [1, 2] {
+                let scale = 1.0 / 8f32.sqrt();
+                let old = run(&|o, lse| {
+                    // SAFETY: views address their buffers.
+                    unsafe {
+                        positional(
+                            tensor(&q, [1, 2, nq, 8]),
+                            tensor(&k, [1, 1, 11, 8]),
+                            tensor(&v, [1, 1, 11, 8]),
+                            scale,
+                            &causal,
+                            tensor_mut(o, [1, 2, nq, 8]),
+                            lse.as_mut_ptr(),
+                            lse.len(),
+                            threads,
+                        )
+                    }
+                });
+                let new = run(&|o, lse| {
+                    let a = args((&q, &k, &v), nq, o, lse);
+                    let a = AttnAttentionArgs { mask: &causal, path, threads, ..a };
+                    // SAFETY: as above; the default scale is `1/√8`, computed in f64.
+                    unsafe { attn_attention_run(&a) }
+                });
+                assert!(old == new, "nq {nq}, path {path}, {threads} threads");
+                let explicit = run(&|o, lse| {
+                    let a = args((&q, &k, &v), nq, o, lse);
+                    let a = AttnAttentionArgs {
+                        mask: &causal,
+                        path,
+                        threads,
+                        scale,
+                        has_scale: 1,
+                        ..a
+                    };
+                    // SAFETY: as above.
+                    unsafe { attn_attention_run(&a) }
+                });
+                assert!(old == explicit, "nq {nq}, path {path}, {threads} threads");
+            }
+        }
+        for (path, rust) in [(1, Path::Flash), (2, Path::Decode), (3, Path::Unfused)] {
+            let c = run(&|o, lse| {
+                let a = AttnAttentionArgs { mask: &causal, path, ..args((&q, &k, &v), nq, o, lse) };
+                // SAFETY: as above.
+                unsafe { attn_attention_run(&a) }
+            });
+            let r = run(&|o, lse| {
+                let ql = Tensor4Layout::bhsd(1, 2, nq, 8);
+                let kl = Tensor4Layout::bhsd(1, 1, 11, 8);
+                let p = Attention::new(
+                    TensorRef::new(&q, ql),
+                    TensorRef::new(&k, kl),
+                    TensorRef::new(&v, kl),
+                );
+                let p = p.mask(Mask::CAUSAL).lse(lse).parallelism(Parallelism::threads(0));
+                match p.path(rust).run(TensorMut::new(o, ql)) {
+                    Ok(()) => AttnStatus::Ok,
+                    Err(e) => AttnStatus::of(&e),
+                }
+            });
+            assert!(c == r, "nq {nq}, path {path}");
+        }
+    }
+}

@@ -1,9 +1,10 @@
 //! The two kernels the layers stand on, behind one door: the GEMM ([`sgemm`]) and the
-//! attention kernel ([`attention`], which picks its decode path for few queries and the flash
-//! path otherwise). Nothing else in `layers` multiplies matrices or computes attention.
+//! attention kernel ([`attention`]: an [`Attention`] problem on its default path, decode for
+//! few queries and flash otherwise). Nothing else in `layers` multiplies matrices or computes attention.
 
 use attn_core::{Mask, MatMut, MatRef, Result, TensorMut, TensorRef};
 
+use crate::attention::Attention;
 use crate::par::Parallelism;
 
 #[cfg(test)]
@@ -36,5 +37,5 @@ pub(crate) fn attention(
     o: TensorMut<'_>,
     par: Parallelism,
 ) -> Result<()> {
-    crate::attention::attention(q, k, v, scale, mask, o, None, par)
+    Attention::new(q, k, v).scale(scale).mask(*mask).parallelism(par).run(o)
 }

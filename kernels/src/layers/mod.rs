@@ -4,7 +4,7 @@
 //! - [`norm`]: layer norm over the last dimension;
 //! - [`posenc`]: sinusoidal and learned positional encodings;
 //! - [`mha`]: `MultiHeadAttention` (self-attention, GQA/MQA) and `CrossAttention`: projections
-//!   on the GEMM, heads on the [`attention`](crate::attention::attention) kernel;
+//!   on the GEMM, heads on the [`Attention`](crate::attention::Attention) kernel;
 //! - [`encoder`]: the two-layer feed-forward and the post-norm encoder block.
 //!
 //! Shapes and weights are the reference crate's descriptors ([`MhaConfig`], [`MhaWeights`],
