@@ -24,15 +24,13 @@ use super::ukernel::{macro_kernel, ABlock, Kernel};
 use super::PackedPanels;
 use crate::par::Parallelism;
 
-/// Where the A operand comes from: a strided view packed block by block, or already packed.
+/// Where the A operand comes from: a strided view, packed block by block or read in place.
 #[derive(Clone, Copy)]
 pub(crate) enum ASrc<'a> {
     /// A checked `m × k` view, packed block by block.
     View(MatRef<'a>),
     /// A checked `m × k` view read in place by the micro-kernels (no packing).
     Direct(MatRef<'a>),
-    /// Packed with the same kernel, `m × k`.
-    Packed(&'a PackedPanels),
 }
 
 /// Where the B operand comes from: a strided view packed block by block, or already packed.
@@ -86,8 +84,8 @@ pub(crate) struct Problem<'a> {
 ///
 /// # Safety
 ///
-/// The views in `a` / `b` passed their checks and have the problem's shapes; packed operands
-/// were packed by `kern` with these shapes; `c` addresses an injective `m × n` view valid for
+/// The views in `a` / `b` passed their checks and have the problem's shapes; a packed B was
+/// packed by `kern` with this shape; `c` addresses an injective `m × n` view valid for
 /// reads and writes that nobody else touches during the call.
 pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
     let work = pb.m.saturating_mul(pb.n).saturating_mul(pb.k);
@@ -202,7 +200,6 @@ unsafe fn row_range(
             }
         };
         match pb.a {
-            ASrc::Packed(p) => go(ABlock::Packed(p.block(pc, kc, ic, mc).as_ptr())),
             ASrc::Direct(a) => go(ABlock::Strided {
                 // SAFETY: (ic, pc) is an element of the checked view.
                 ptr: unsafe { a.data.as_ptr().add(a.layout.index(ic, pc)) },
