@@ -1,7 +1,7 @@
 //! Cache-blocked SGEMM: `C ← α·A·B + β·C` on strided views, Goto/BLIS style.
 //!
 //! Where things live:
-//! - [`blocking`]: KC / MC / NC and the threading threshold, with the cache each one fits;
+//! - [`blocking`]: KC / MC / NC, derived from the detected cache sizes, and the path thresholds;
 //! - `loops`: the five-loop nest and the split between threads;
 //! - `pack`: packing A into MR-row and B into NR-column micro-panels, reusable aligned buffers;
 //! - `ukernel`: the micro-kernel contract, one generic register-blocked body, its per-ISA
@@ -34,8 +34,10 @@
 //!
 //! Accuracy: every `c_ij` is an f32 dot product accumulated in k order with one FMA per term
 //! (two roundings per term for the portable kernel when built without FMA), so
-//! `|ĉ − c| ≤ γ·k·u·(|α|·(|A||B|)_ij + |β|·|c_ij|)`, `u = 2⁻²⁴`, small γ. Results do not
-//! depend on the [`Parallelism`]: threaded runs are bitwise equal to sequential ones.
+//! `|ĉ − c| ≤ γ·k·u·(|α|·(|A||B|)_ij + |β|·|c_ij|)`, `u = 2⁻²⁴`, small γ (C is rounded once
+//! more per KC-deep block when `k > KC`). Results do not depend on the [`Parallelism`]: threaded
+//! runs are bitwise equal to sequential ones. They may differ in the last bits between machines
+//! whose caches give another KC, as they do between ISAs.
 
 pub mod blocking;
 mod loops;
@@ -48,6 +50,7 @@ use attn_core::{Error, MatLayout, MatMut, MatRef, Result};
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 
+use blocking::Blocking;
 use loops::{ASrc, BSrc, CPtr, Problem};
 use pack::AlignedBuf;
 use ukernel::{kernel_for, Kernel};
@@ -112,6 +115,7 @@ pub fn sgemm_with_isa(
     };
     let pb = Problem {
         kern,
+        bl: blocking::for_kernel(kern.isa, kern.mr, kern.nr),
         m: cl.rows,
         n: cl.cols,
         k,
@@ -156,6 +160,7 @@ pub fn sgemm_packed_b(
     let cl = c.layout;
     let pb = Problem {
         kern: b.p.kern,
+        bl: b.p.bl,
         m,
         n,
         k,
@@ -239,6 +244,9 @@ impl std::fmt::Debug for PackedB {
 /// `+ s · NR · kc`, exactly the layout `pack_b` produces for one block.
 pub(crate) struct PackedPanels {
     kern: &'static Kernel,
+    /// The blocking it was packed with: the loop nest must use the same KC (and NC, a multiple
+    /// of NR, so its column blocks start on panel boundaries).
+    bl: Blocking,
     /// Rows (depth).
     k: usize,
     /// Columns.
@@ -248,7 +256,8 @@ pub(crate) struct PackedPanels {
 
 impl PackedPanels {
     fn empty(kern: &'static Kernel) -> Self {
-        PackedPanels { kern, k: 0, n: 0, buf: AlignedBuf::default() }
+        let bl = blocking::for_kernel(kern.isa, kern.mr, kern.nr);
+        PackedPanels { kern, bl, k: 0, n: 0, buf: AlignedBuf::default() }
     }
 
     /// `n` rounded up to whole panels (fits: `pack` checked `padded · k` for the stored shape,
@@ -263,7 +272,7 @@ impl PackedPanels {
     /// `arg`, and leaves the operand as it was.
     fn pack(&mut self, x: MatRef<'_>, arg: &'static str) -> Result<()> {
         let (k, n) = (x.layout.rows, x.layout.cols);
-        let (nr, kc_max) = (self.kern.nr, self.kern.blocking.kc);
+        let (nr, kc_max) = (self.kern.nr, self.bl.kc);
         let too_big = Error::InvalidParameter {
             arg,
             requirement: "the sizes imply a scratch buffer that cannot be allocated",
