@@ -144,7 +144,7 @@ mod tests {
                 let f = FlashBlocking::derive(&c, mr, qr);
                 let mr = mr.max(1);
                 let what = format!("{name} {mr}x{qr}: {f:?}");
-                assert!(f.bc >= mr && f.bc % mr == 0 && f.bc <= 1024, "{what}");
+                assert!(f.bc >= mr && f.bc.is_multiple_of(mr) && f.bc <= 1024, "{what}");
                 assert!((1..=QT_MAX).contains(&f.qt), "{what}");
             }
         }

@@ -118,9 +118,12 @@ mod tests {
                 let b = Blocking::derive(&c, mr, nr);
                 let (mr, nr) = (mr.max(1), nr.max(1));
                 let what = format!("{name} {mr}x{nr}: {b:?}");
-                assert!((KC_MIN..=KC_MAX).contains(&b.kc) && b.kc % KC_ALIGN == 0, "{what}");
-                assert!(b.mc >= mr && b.mc % mr == 0 && b.mc <= MC_MAX.max(mr), "{what}");
-                assert!(b.nc >= nr && b.nc % nr == 0 && b.nc <= NC_MAX.max(nr), "{what}");
+                assert!(
+                    (KC_MIN..=KC_MAX).contains(&b.kc) && b.kc.is_multiple_of(KC_ALIGN),
+                    "{what}"
+                );
+                assert!(b.mc >= mr && b.mc.is_multiple_of(mr) && b.mc <= MC_MAX.max(mr), "{what}");
+                assert!(b.nc >= nr && b.nc.is_multiple_of(nr) && b.nc <= NC_MAX.max(nr), "{what}");
             }
         }
     }
