@@ -167,11 +167,12 @@ pub fn markdown(run: &Run<'_>, plots: &[(String, String)]) -> String {
     let _ = writeln!(s, "# attn-bench report\n");
     let _ = writeln!(
         s,
-        "{} · {} · {} core(s) · kernels' ISA: {} · threads {} · run took {:.0} s\n",
+        "{} · {} · {} core(s) · kernels' ISA: {} · caches {} · threads {} · run took {:.0} s\n",
         utc_now(),
         m.cpu,
         m.cores,
         m.isa.name(),
+        attn_kernels::arch::cache::detected(),
         if m.pinned { "pinned" } else { "NOT pinned" },
         run.seconds
     );

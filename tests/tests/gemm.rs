@@ -1,9 +1,8 @@
 //! SGEMM against the reference: proptest equivalence over edge-biased shapes, every stride
 //! layout, α/β combinations and every ISA this CPU runs; exact equality on small integers; NaN
-//! guard bands; β = 0 with a NaN-filled C; threaded vs sequential (bitwise); the pre-packed
-//! paths; bad-input errors.
+//! guard bands; β = 0 with a NaN-filled C; threaded vs sequential (bitwise); the pre-packed B
+//! path; bad-input errors.
 
-use attn_kernels::gemm::internal::{gemm_packed, tile, PackedA};
 use attn_kernels::gemm::{sgemm, sgemm_packed_b, sgemm_with_isa, PackedB};
 use attn_kernels::{Isa, Parallelism};
 use attn_reference::matmul::matmul;
@@ -23,11 +22,14 @@ fn isas() -> Vec<Isa> {
     s
 }
 
+/// The register tiles (MR, NR) of the micro-kernels: `sgemm_4x16_portable`,
+/// `sgemm_6x16_avx2`, `sgemm_12x32_avx512`.
+const TILES: [(usize, usize); 3] = [(4, 16), (6, 16), (12, 32)];
+
 /// Edge sizes of every kernel: 0, 1, MR±1, NR±1 for each ISA, 17, 63, 257.
 fn edge_sizes() -> Vec<usize> {
     let mut v = vec![0, 1, 2, 17, 63, 257];
-    for isa in Isa::ALL {
-        let (mr, nr, _) = tile(isa);
+    for (mr, nr) in TILES {
         v.extend([mr - 1, mr, mr + 1, nr - 1, nr, nr + 1]);
     }
     v.sort_unstable();
@@ -240,9 +242,9 @@ fn threaded_is_bitwise_sequential() {
     }
 }
 
-/// The pre-packed paths compute exactly what `sgemm` computes (same kernel, same blocking).
+/// The pre-packed path computes exactly what `sgemm` computes (same kernel, same blocking).
 #[test]
-fn packed_paths_equal_sgemm() {
+fn packed_b_equals_sgemm() {
     for (m, n, k) in [(1, 1, 1), (37, 45, 300), (130, 70, 64), (5, 3, 0)] {
         let case = Case::new(
             m,
@@ -273,14 +275,37 @@ fn packed_paths_equal_sgemm() {
                     "{isa} packed B {m}x{n}x{k}"
                 );
             }
-            let mut pa = PackedA::empty(isa).unwrap();
-            pa.pack(MatRef::new(&case.a, case.la)).unwrap();
+        }
+    }
+}
+
+/// [`TILES`] names the kernels the ISAs run (their names carry the tile), so the edge sizes
+/// follow the kernels.
+#[test]
+fn tiles_are_the_kernels() {
+    for (isa, (mr, nr)) in Isa::ALL.into_iter().zip(TILES) {
+        if let Ok(pb) = PackedB::empty(isa) {
+            let want = format!("sgemm_{mr}x{nr}_{isa}");
+            assert!(format!("{pb:?}").contains(&want), "{pb:?} is not {want}");
+        }
+    }
+}
+
+/// A packed B wider than a B block and deeper than a k-block (on the machines this runs on:
+/// NC ≤ 6 K columns, KC ≤ 512) gives the bits of `sgemm`: the loop nest finds each block of
+/// the packed operand where it was packed.
+#[test]
+fn packed_b_spans_blocks() {
+    let (m, n, k) = (13, 6200, 600);
+    let case = Case::new(m, n, k, [Layout::RowMajor; 3], 1.0, 21, Rng::unit);
+    for isa in isas() {
+        let want = case.run(isa, 1.0, 1.0, Parallelism::Sequential);
+        let pb = PackedB::with_isa(isa, MatRef::new(&case.b, case.lb)).unwrap();
+        for par in [Parallelism::Sequential, Parallelism::threads(2)] {
             let mut c = case.c.clone();
-            gemm_packed(0.5, &pa, &pb, 1.0, MatMut::new(&mut c, case.lc)).unwrap();
-            assert!(
-                c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{isa} packed A+B {m}x{n}x{k}"
-            );
+            let a = MatRef::new(&case.a, case.la);
+            sgemm_packed_b(1.0, a, &pb, 1.0, MatMut::new(&mut c, case.lc), par).unwrap();
+            assert!(c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()), "{isa} {par:?}");
         }
     }
 }

@@ -4,11 +4,14 @@
 //! lowered by the `ATTN_ISA` environment variable (`avx512`, `avx2` or `portable`, read once) or
 //! by [`set_isa_override`]. It is computed once and cached in an atomic, so the fast path is one
 //! relaxed load. Kernels also accept an explicit [`Isa`] so that tests can run every kernel this
-//! CPU supports side by side without touching global state.
+//! CPU supports side by side without touching global state. [`cache`] detects the cache sizes
+//! that the block sizes are derived from.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use attn_core::{Error, Result};
+
+pub mod cache;
 
 /// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

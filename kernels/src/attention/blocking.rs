@@ -1,6 +1,9 @@
 //! Block sizes and path thresholds of the attention kernels, in one place, each with the cache
-//! it is sized for. Figures are for the target machine (Zen 4: 32 KiB L1d, 1 MiB L2 per core,
-//! 32 MiB L3); the reasoning is written next to each constant so they can be re-derived.
+//! it is sized for. The flash blocks ([`FlashBlocking`]) are a pure function of the cache sizes
+//! and the GEMM micro-kernel's tile, so they can be derived for any machine; the decode sizes
+//! are constants (register tiles, and a block small enough for any L1).
+
+use crate::arch::cache::CacheSizes;
 
 /// Query vectors per tile: the flash tile is the column width `NR` of the ISA's GEMM
 /// micro-kernel (`sgemm_6x16_avx2`, `sgemm_4x16_portable`: 2 × 8 = 16 queries;
@@ -9,25 +12,76 @@
 /// `QV` vectors of queries at a time.
 pub(crate) const QV: usize = 2;
 
-/// Query tiles per flash task. A key/value block (`BC × (d_k + d_v) × 4 B` = 72–144 KiB) does
-/// not fit in L1 and a head's whole K/V (`N × (d_k + d_v) × 4 B`, 512 KiB at N = 1024, d = 64)
-/// does not fit in this machine's 512 KiB L2 next to everything else, so with one tile per task
-/// every tile would fetch every block from L3. With `QT` tiles per task a block is fetched
-/// from L3 once and then read from L2 by the other `QT − 1` tiles. Their accumulators and
-/// packed queries (`QT × (d_k + d_v) × QR × 4 B` = 32–64 KiB with AVX2) stay in L2. Four
-/// still leaves `batch·heads·N / (4·QR)` tasks (128 at 8 heads, N = 1024) for the threads.
-pub(crate) const QT: usize = 4;
+/// Head dimension the flash blocks are sized for (`d_k = d_v = 128`, the largest common one;
+/// smaller heads only leave more room).
+const DESIGN_D: usize = 128;
 
-/// Keys per block of the streaming loop. Per query tile (`QR` = 16 queries with AVX2, 32 with
-/// AVX-512) the working set of one block is the score/probability block (`BC × QR × 4 B` =
-/// 9–18 KiB), the packed query tile (`d_k × QR × 4 B` = 4–16 KiB at d = 64–128) and the output
-/// accumulator (`d_v × QR × 4 B`): together they stay in L1/L2 while the key and value rows of
-/// the block (`BC × (d_k + d_v) × 4 B` = 72–144 KiB) stream through L2 once per query tile.
-/// 144 keys amortise the per-block softmax bookkeeping (max, rescale of the accumulator) over
-/// 144 rank-1 updates of the P·V tiles, and are a whole number of micro-kernel row panels of
-/// both `sgemm_6x16_avx2` and `sgemm_12x32_avx512`, so full blocks never take the partial-row
-/// kernels in `S = K·Q̃ᵀ`.
-pub(crate) const BC: usize = 144;
+/// Most query tiles per flash task. Each tile beyond the first reads the task's key/value
+/// blocks from L2 instead of L3, but fewer, larger tasks leave the threads less to share:
+/// four still gives `batch·heads·N / (4·QR)` tasks (64 with AVX-512 at 8 heads, N = 1024).
+const QT_MAX: usize = 4;
+
+/// Block sizes of the flash loop for one GEMM micro-kernel tile (`MR` rows, `QR` queries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FlashBlocking {
+    /// Keys per block of the streaming loop, a positive multiple of MR.
+    pub bc: usize,
+    /// Query tiles per task, `1 ..= QT_MAX`.
+    pub qt: usize,
+}
+
+impl FlashBlocking {
+    /// The flash blocks for a micro-kernel with `mr` rows and `qr` query lanes on caches `c`;
+    /// any sizes give valid blocks (zero or absurd ones are clamped).
+    ///
+    /// - **BC** (L1): the `O += P·V` product rereads the probability block (`BC·QR` floats, its
+    ///   packed B micro-panel) once per MR columns of V, and each pass also touches about one
+    ///   line of every value row (MR consecutive floats of it). Both stay in L1, with an eighth
+    ///   left for the accumulator tile and the stack: `BC·(4·QR + 64) ≤ 7/8 · L1d`, rounded
+    ///   down to a multiple of MR so full blocks never take the partial-row kernels. More keys
+    ///   per block amortise the per-block softmax bookkeeping (max, rescale of the accumulator).
+    /// - **QT** (L2): the K/V block (`BC·(d_k + d_v)` floats) is read by every tile of the task,
+    ///   so it stays in L2 together with each tile's packed queries and accumulator
+    ///   (`(d_k + d_v)·QR` floats), within three quarters of L2 (the rest for the lines the
+    ///   other operands pass through it) at `d_k = d_v = 128`; at most [`QT_MAX`].
+    ///
+    /// On Zen 4 (32 KiB L1d, 1 MiB L2) with `sgemm_12x32_avx512` that is BC = 144, QT = 4.
+    pub(crate) const fn derive(c: &CacheSizes, mr: usize, qr: usize) -> FlashBlocking {
+        let mr = if mr == 0 { 1 } else { mr };
+        let per_key = 4 * qr + 64;
+        let bc = c.l1d / 8 * 7 / per_key / mr * mr;
+        let bc = if bc < mr {
+            mr
+        } else if bc > 1024 / mr * mr {
+            1024 / mr * mr
+        } else {
+            bc
+        };
+        let kv_block = bc * 2 * DESIGN_D * 4;
+        let per_tile = 2 * DESIGN_D * qr * 4;
+        let room = c.l2 / 4 * 3;
+        let qt = if room > kv_block && per_tile > 0 { (room - kv_block) / per_tile } else { 1 };
+        let qt = if qt < 1 {
+            1
+        } else if qt > QT_MAX {
+            QT_MAX
+        } else {
+            qt
+        };
+        FlashBlocking { bc, qt }
+    }
+}
+
+/// The flash blocks of [`FlashBlocking::derive`] for [`CacheSizes::DEFAULT`] (Zen 4) and
+/// `sgemm_12x32_avx512`, which the flash loop uses on every machine for now.
+const FLASH: FlashBlocking = FlashBlocking::derive(&CacheSizes::DEFAULT, 12, 32);
+
+/// Query tiles per flash task ([`FlashBlocking::qt`]).
+pub(crate) const QT: usize = FLASH.qt;
+
+/// Keys per block of the streaming loop ([`FlashBlocking::bc`]): 144, a whole number of
+/// micro-kernel row panels of both `sgemm_6x16_avx2` and `sgemm_12x32_avx512`.
+pub(crate) const BC: usize = FLASH.bc;
 
 /// Queries at or below which [`super::attention`] takes the decode path: with so few rows the
 /// query tile of the flash path would be mostly padding, while the decode path vectorises
@@ -38,9 +92,8 @@ pub(crate) const DECODE_MAX_Q: usize = 16;
 /// between the passes over it: 16 × (d_k + d_v) × 4 B = 16 KiB at d = 128 of 32 KiB L1d, with the
 /// value rows prefetched during the score pass and read by the P·V pass right after, and the
 /// `rows × 16` scores beside them. The per-block softmax bookkeeping (max, exp, rescale of the
-/// `rows × d_v` accumulator when the max grows) is a few vector operations per key. Measured on
-/// the target's decode benchmark (32 heads × 4096 keys × d = 128, 8 K/V heads), 16 ran 10–25 %
-/// faster than 64 and 256.
+/// `rows × d_v` accumulator when the max grows) is a few vector operations per key; larger
+/// blocks measured slower (see `docs/perf-journal.md`, 2026-11-30).
 pub(crate) const DECODE_BC: usize = 16;
 
 /// How far ahead (in keys) the decode score pass prefetches key rows: 32 rows = 16 KiB at
@@ -69,3 +122,51 @@ pub(crate) const DECODE_QK_KEYS: [usize; 4] = [8, 4, 4, 2];
 /// Value vectors per decode P·V tile for `R = 1..=4` rows (index `R − 1`): `R × CT`
 /// accumulators plus `CT` value vectors and one broadcast weight within 16 registers.
 pub(crate) const DECODE_PV_VECS: [usize; 4] = [8, 4, 2, 2];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flash_blocks_are_valid_for_any_caches() {
+        let configs = [
+            ("Zen 4", CacheSizes::new(32 << 10, 1 << 20, 32 << 20)),
+            ("Zen 5", CacheSizes::new(48 << 10, 1 << 20, 32 << 20)),
+            ("Ice Lake", CacheSizes::new(48 << 10, 1280 << 10, 48 << 20)),
+            ("small", CacheSizes::new(16 << 10, 256 << 10, 0)),
+            ("zero", CacheSizes::new(0, 0, 0)),
+            ("odd", CacheSizes::new(12345, 67891, 1_000_003)),
+            ("absurd", CacheSizes::new(usize::MAX, usize::MAX, usize::MAX)),
+            ("detected", crate::arch::cache::detected()),
+        ];
+        for (name, c) in configs {
+            for (mr, qr) in [(12, 32), (6, 16), (4, 16), (1, 1), (0, 0)] {
+                let f = FlashBlocking::derive(&c, mr, qr);
+                let mr = mr.max(1);
+                let what = format!("{name} {mr}x{qr}: {f:?}");
+                assert!(f.bc >= mr && f.bc.is_multiple_of(mr) && f.bc <= 1024, "{what}");
+                assert!((1..=QT_MAX).contains(&f.qt), "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn flash_blocks_fit_their_caches() {
+        for (l1, l2) in [(32, 1024), (48, 1024), (48, 1280), (32, 512)] {
+            let c = CacheSizes::new(l1 << 10, l2 << 10, 32 << 20);
+            for (mr, qr) in [(12, 32), (6, 16)] {
+                let f = FlashBlocking::derive(&c, mr, qr);
+                assert!(f.bc * (4 * qr + 64) <= c.l1d * 7 / 8, "{c:?}: {f:?}");
+                let d2 = 2 * DESIGN_D * 4;
+                assert!(f.bc * d2 + f.qt * d2 * qr <= c.l2 / 4 * 3, "{c:?}: {f:?}");
+                assert!(f.bc >= 96 && f.qt == QT_MAX, "{c:?}: {f:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn zen4_values() {
+        assert_eq!((BC, QT), (144, 4));
+        assert_eq!(BC % 6, 0, "whole AVX2 row panels too");
+    }
+}

@@ -1,24 +1,28 @@
-//! Block sizes of the Goto/BLIS loop nest and the threading threshold: the one place where they
-//! are chosen, with the cache each block is sized for. Tuned on this machine's EPYC (32 KiB L1d
-//! and 512 KiB L2 per core, 32 MiB shared L3, AVX2+FMA) and sound on any x86-64 with ≥ 256 KiB
-//! L2 (Zen 4's 1 MiB L2 only leaves more headroom).
+//! Block sizes of the Goto/BLIS loop nest and the path thresholds: the one place where they are
+//! chosen. KC / MC / NC are derived at run time from the detected cache sizes
+//! ([`crate::arch::cache`]) by a pure function of a [`CacheSizes`], so one binary sizes its
+//! blocks for the machine it runs on and every configuration can be checked on any machine.
 
-/// Depth of a k-block (rows of a packed B block, columns of a packed A block).
-///
-/// A micro-kernel call streams one A micro-panel (`KC·MR·4` B) and one B micro-panel
-/// (`KC·NR·4` B); with KC = 256 the 6×16 AVX2 pair is 6 KiB + 16 KiB, so the B micro-panel
-/// that is reused across the whole A block stays in the 32 KiB L1 with room for the A panel
-/// streaming past it, and the C tile is loaded and stored once per 256 rank-1 updates.
-pub const KC: usize = 256;
+use std::sync::OnceLock;
 
-/// Target bytes of a packed A block (`MC × KC` floats): half of a 512 KiB L2 (what this
-/// machine's EPYC reports per core; a quarter of Zen 4's 1 MiB), leaving the rest for the B
-/// micro-panel being reused and the C tiles that stream through.
-pub const A_BLOCK_BYTES: usize = 256 * 1024;
+use crate::arch::cache::{self, CacheSizes};
+use crate::arch::Isa;
 
-/// Target bytes of a packed B block (`KC × NC` floats): 4 MiB, an eighth of the 32 MiB L3
-/// (shared by the cores and the other processes of this machine), reused by every A block.
-pub const B_BLOCK_BYTES: usize = 4 * 1024 * 1024;
+/// Bytes per element.
+const F32: usize = 4;
+
+/// KC is a multiple of this (whole cache lines of a packed A micro-panel step for every MR, and
+/// the micro-kernels' unroll of 4).
+const KC_ALIGN: usize = 16;
+/// Smallest KC: below it the C tile's load and store (once per micro-kernel call) stop being
+/// small next to the `KC` rank-1 updates.
+pub const KC_MIN: usize = 64;
+/// Largest KC: bounds the packing buffers (`MC·KC`, `KC·NC`) whatever the caches claim.
+pub const KC_MAX: usize = 1024;
+/// Largest MC, in rows (bounds the A block buffer).
+pub const MC_MAX: usize = 4096;
+/// Largest NC, in columns (bounds the B block buffer).
+pub const NC_MAX: usize = 16384;
 
 /// Below this many multiply-adds (`m·n·k`) a call stays on the calling thread whatever its
 /// [`Parallelism`](crate::par::Parallelism): about 30 µs of work at 100 GFLOP/s, an order of
@@ -31,20 +35,117 @@ pub const DIRECT_A_MAX_N: usize = 128;
 /// Block sizes for one micro-kernel shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Blocking {
-    /// Depth of a k-block.
+    /// Depth of a k-block, a multiple of 16 in `KC_MIN ..= KC_MAX`.
     pub kc: usize,
-    /// Rows of an A block, a multiple of MR.
+    /// Rows of an A block, a positive multiple of MR.
     pub mc: usize,
-    /// Columns of a B block, a multiple of NR.
+    /// Columns of a B block, a positive multiple of NR.
     pub nc: usize,
 }
 
 impl Blocking {
-    /// The blocking for an `mr × nr` micro-kernel: [`KC`], and MC / NC rounded down to whole
-    /// micro-panels of the byte budgets above.
-    pub const fn for_tile(mr: usize, nr: usize) -> Self {
-        let mc = A_BLOCK_BYTES / (KC * 4) / mr * mr;
-        let nc = B_BLOCK_BYTES / (KC * 4) / nr * nr;
-        Blocking { kc: KC, mc, nc }
+    /// The blocking of an `mr × nr` micro-kernel on a machine with caches `c`; any sizes give
+    /// valid blocks (zero or absurd ones are clamped).
+    ///
+    /// - **KC** (L1): the macro-kernel keeps one B micro-panel (`KC·NR`) while every A
+    ///   micro-panel of the block passes by, so the B micro-panel is sized to the L1:
+    ///   `KC = L1d / (4·NR)`, rounded down to a multiple of 16. The A micro-panels stream from
+    ///   L2, which feeds them easily (`4·MR` bytes per rank-1 update of `MR·NR / lanes` FMAs).
+    ///   Deeper is better up to there: the C tile is loaded and stored once per k-block, and a
+    ///   k-block shallower than `k` adds a pass over C (shallower blocks that also keep the A
+    ///   micro-panel in L1 measured slower, see `docs/perf-journal.md`, 2026-12-02).
+    /// - **MC** (L2): the packed A block (`MC·KC`) is reread once per B micro-panel, so it
+    ///   stays in L2, in a quarter of it: the rest holds the B micro-panels and C tiles that
+    ///   stream through, and on AMD the L1's contents (the L2 is inclusive).
+    ///   `MC = L2 / (4 · 4·KC)`, rounded down to a multiple of MR.
+    /// - **NC** (L3): the packed B block (`KC·NC`) is reread once per A block; an eighth of the
+    ///   L3, which is shared by the cores and by other processes. `NC = L3 / (8 · 4·KC)`,
+    ///   rounded down to a multiple of NR.
+    ///
+    /// On Zen 4 (32 KiB L1d, 1 MiB L2, 32 MiB L3) that is KC = 256, MC = 252, NC = 4096 for
+    /// `sgemm_12x32_avx512`.
+    pub const fn derive(c: &CacheSizes, mr: usize, nr: usize) -> Blocking {
+        let mr = if mr == 0 { 1 } else { mr };
+        let nr = if nr == 0 { 1 } else { nr };
+        let kc = clamp(c.l1d / (F32 * nr) / KC_ALIGN * KC_ALIGN, KC_MIN, KC_MAX);
+        let mc = clamp(c.l2 / 4 / (F32 * kc) / mr * mr, mr, MC_MAX / mr * mr);
+        let nc = clamp(c.l3 / 8 / (F32 * kc) / nr * nr, nr, NC_MAX / nr * nr);
+        Blocking { kc, mc, nc }
+    }
+}
+
+/// `x` clamped to `lo ..= hi` (`lo` wins if `hi < lo`).
+const fn clamp(x: usize, lo: usize, hi: usize) -> usize {
+    let x = if x > hi { hi } else { x };
+    if x < lo {
+        lo
+    } else {
+        x
+    }
+}
+
+/// The blocking of `isa`'s `mr × nr` kernel on this machine's caches ([`cache::detected`]),
+/// derived once per ISA and cached.
+pub(crate) fn for_kernel(isa: Isa, mr: usize, nr: usize) -> Blocking {
+    static CACHED: [OnceLock<Blocking>; Isa::ALL.len()] =
+        [const { OnceLock::new() }; Isa::ALL.len()];
+    let slot = Isa::ALL.iter().position(|&i| i == isa).unwrap_or(0);
+    *CACHED[slot].get_or_init(|| Blocking::derive(&cache::detected(), mr, nr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel shapes (MR, NR) of the three ISAs, and a few others.
+    const TILES: [(usize, usize); 6] = [(12, 32), (6, 16), (4, 16), (1, 1), (14, 64), (0, 0)];
+
+    #[test]
+    fn derived_blocks_are_valid_for_any_caches() {
+        let configs = [
+            ("Zen 4", CacheSizes::new(32 << 10, 1 << 20, 32 << 20)),
+            ("Zen 5", CacheSizes::new(48 << 10, 1 << 20, 32 << 20)),
+            ("Ice Lake", CacheSizes::new(48 << 10, 1280 << 10, 48 << 20)),
+            ("small", CacheSizes::new(16 << 10, 256 << 10, 0)),
+            ("zero", CacheSizes::new(0, 0, 0)),
+            ("odd", CacheSizes::new(12345, 67891, 1_000_003)),
+            ("absurd", CacheSizes::new(usize::MAX, usize::MAX, usize::MAX)),
+            ("default", CacheSizes::DEFAULT),
+            ("detected", cache::detected()),
+        ];
+        for (name, c) in configs {
+            for (mr, nr) in TILES {
+                let b = Blocking::derive(&c, mr, nr);
+                let (mr, nr) = (mr.max(1), nr.max(1));
+                let what = format!("{name} {mr}x{nr}: {b:?}");
+                assert!(
+                    (KC_MIN..=KC_MAX).contains(&b.kc) && b.kc.is_multiple_of(KC_ALIGN),
+                    "{what}"
+                );
+                assert!(b.mc >= mr && b.mc.is_multiple_of(mr) && b.mc <= MC_MAX.max(mr), "{what}");
+                assert!(b.nc >= nr && b.nc.is_multiple_of(nr) && b.nc <= NC_MAX.max(nr), "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn derived_blocks_fit_their_caches() {
+        for (l1, l2, l3) in [(32, 1024, 32 << 10), (48, 1024, 32 << 10), (48, 1280, 48 << 10)] {
+            let c = CacheSizes::new(l1 << 10, l2 << 10, l3 << 10);
+            for (mr, nr) in [(12, 32), (6, 16), (4, 16)] {
+                let b = Blocking::derive(&c, mr, nr);
+                assert!(F32 * b.kc * nr <= c.l1d, "{c:?} {mr}x{nr}: {b:?}");
+                assert!(F32 * b.kc * b.mc <= c.l2 / 4, "{c:?} {mr}x{nr}: {b:?}");
+                assert!(F32 * b.kc * b.nc <= c.l3 / 8, "{c:?} {mr}x{nr}: {b:?}");
+                // Deep enough that the C tile traffic is small, wide enough to amortise packing.
+                assert!(b.kc >= 128 && b.mc >= 8 * mr && b.nc >= 64 * nr, "{c:?}: {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn zen4_values() {
+        let b = Blocking::derive(&CacheSizes::DEFAULT, 12, 32);
+        assert_eq!(b, Blocking { kc: 256, mc: 252, nc: 4096 });
     }
 }

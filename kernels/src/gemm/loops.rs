@@ -18,21 +18,19 @@ use rayon::prelude::*;
 
 use attn_core::MatRef;
 
-use super::blocking::PAR_MIN_MNK;
+use super::blocking::{Blocking, PAR_MIN_MNK};
 use super::pack::{pack_a, pack_b, with_buf, Slot};
 use super::ukernel::{macro_kernel, ABlock, Kernel};
 use super::PackedPanels;
 use crate::par::Parallelism;
 
-/// Where the A operand comes from: a strided view packed block by block, or already packed.
+/// Where the A operand comes from: a strided view, packed block by block or read in place.
 #[derive(Clone, Copy)]
 pub(crate) enum ASrc<'a> {
     /// A checked `m × k` view, packed block by block.
     View(MatRef<'a>),
     /// A checked `m × k` view read in place by the micro-kernels (no packing).
     Direct(MatRef<'a>),
-    /// Packed with the same kernel, `m × k`.
-    Packed(&'a PackedPanels),
 }
 
 /// Where the B operand comes from: a strided view packed block by block, or already packed.
@@ -40,7 +38,7 @@ pub(crate) enum ASrc<'a> {
 pub(crate) enum BSrc<'a> {
     /// A checked `k × n` view.
     View(MatRef<'a>),
-    /// Packed with the same kernel, `k × n`.
+    /// Packed with the same kernel and blocking, `k × n`.
     Packed(&'a PackedPanels),
 }
 
@@ -66,6 +64,8 @@ unsafe impl Sync for CPtr {}
 #[derive(Clone, Copy)]
 pub(crate) struct Problem<'a> {
     pub kern: &'static Kernel,
+    /// KC / MC / NC (a packed B's own, which it was packed with).
+    pub bl: Blocking,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -86,8 +86,8 @@ pub(crate) struct Problem<'a> {
 ///
 /// # Safety
 ///
-/// The views in `a` / `b` passed their checks and have the problem's shapes; packed operands
-/// were packed by `kern` with these shapes; `c` addresses an injective `m × n` view valid for
+/// The views in `a` / `b` passed their checks and have the problem's shapes; a packed B was
+/// packed by `kern` with this shape and `bl`; `c` addresses an injective `m × n` view valid for
 /// reads and writes that nobody else touches during the call.
 pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
     let work = pb.m.saturating_mul(pb.n).saturating_mul(pb.k);
@@ -126,7 +126,7 @@ pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
 /// As [`run`]; no other thread touches this rectangle of C during the call.
 unsafe fn run_blocks(pb: &Problem<'_>, i_lo: usize, i_hi: usize, j_lo: usize, j_hi: usize) {
     let nr = pb.kern.nr;
-    let bl = pb.kern.blocking;
+    let bl = pb.bl;
     // LOOP 5: n in NC-column blocks.
     for jc in (j_lo..j_hi).step_by(bl.nc) {
         let nc = bl.nc.min(j_hi - jc);
@@ -177,7 +177,7 @@ unsafe fn row_range(
     }
     let kern = pb.kern;
     let mr = kern.mr;
-    let blocks = (i_hi - i_lo).div_ceil(kern.blocking.mc);
+    let blocks = (i_hi - i_lo).div_ceil(pb.bl.mc);
     let mc_step = (i_hi - i_lo).div_ceil(blocks).div_ceil(mr) * mr;
     let c = pb.c;
     for ic in (i_lo..i_hi).step_by(mc_step) {
@@ -202,7 +202,6 @@ unsafe fn row_range(
             }
         };
         match pb.a {
-            ASrc::Packed(p) => go(ABlock::Packed(p.block(pc, kc, ic, mc).as_ptr())),
             ASrc::Direct(a) => go(ABlock::Strided {
                 // SAFETY: (ic, pc) is an element of the checked view.
                 ptr: unsafe { a.data.as_ptr().add(a.layout.index(ic, pc)) },

@@ -1,12 +1,16 @@
 //! Cache-blocked SGEMM: `C ← α·A·B + β·C` on strided views, Goto/BLIS style.
 //!
 //! Where things live:
-//! - [`blocking`]: KC / MC / NC and the threading threshold, with the cache each one fits;
+//! - [`blocking`]: KC / MC / NC, derived from the detected cache sizes, and the path thresholds;
 //! - `loops`: the five-loop nest and the split between threads;
 //! - `pack`: packing A into MR-row and B into NR-column micro-panels, reusable aligned buffers;
 //! - `ukernel`: the micro-kernel contract, one generic register-blocked body, its per-ISA
 //!   instances (`sgemm_12x32_avx512`, `sgemm_6x16_avx2`, `sgemm_4x16_portable`, each with a
 //!   strided-A and partial-row variants) and the macro-kernel with its bounce-tile edge path.
+//!
+//! The flash attention kernels run their block products on `ukernel`'s macro-kernel directly
+//! (K and V as the in-place A operand, the query tile and probability block as one packed B
+//! micro-panel each), not through the entry points below.
 //!
 //! A is packed into MR-row micro-panels, except when it has a unit stride and C is at most
 //! [`blocking::DIRECT_A_MAX_N`] wide: then packing (a full pass over A per NC block) would
@@ -30,26 +34,10 @@
 //!
 //! Accuracy: every `c_ij` is an f32 dot product accumulated in k order with one FMA per term
 //! (two roundings per term for the portable kernel when built without FMA), so
-//! `|ĉ − c| ≤ γ·k·u·(|α|·(|A||B|)_ij + |β|·|c_ij|)`, `u = 2⁻²⁴`, small γ. Results do not
-//! depend on the [`Parallelism`]: threaded runs are bitwise equal to sequential ones.
-//!
-//! # Crate-internal contract for the attention kernels ([`internal`])
-//!
-//! Flash attention multiplies a small Q block by K / V blocks many times. It uses:
-//!
-//! 1. [`PackedB`] for K and V blocks: `PackedB::pack(&mut self, b)` repacks into the same
-//!    storage (no allocation once grown). For `S = Q·Kᵀ` pass `B = Kᵀ`, i.e. the K block's
-//!    [`MatLayout::transposed`] (`d × nk_block`, row stride 1), no copy needed; for `O += P·V`
-//!    pass the V block (`nk_block × d_v`).
-//! 2. [`internal::PackedA`] for the Q block (or the P block), packed once per query block.
-//! 3. [`internal::gemm_packed`]`(α, &PackedA, &PackedB, β, c)`: the macro-kernel on the
-//!    calling thread, `C ← α·A·B + β·C` into any strided `c` (a caller buffer with a row stride
-//!    and unit column stride takes the fast path; β = 0 does not read it). No allocation, no
-//!    threading, no ISA dispatch: the kernel is the one both operands were packed with (they
-//!    must agree, else `InvalidParameter { arg: "isa" }`).
-//!
-//! [`internal::tile`] reports MR / NR / KC of an ISA's kernel so callers can size blocks as
-//! multiples of them (blocks of any size work; multiples avoid bounce tiles).
+//! `|ĉ − c| ≤ γ·k·u·(|α|·(|A||B|)_ij + |β|·|c_ij|)`, `u = 2⁻²⁴`, small γ (C is rounded once
+//! more per KC-deep block when `k > KC`). Results do not depend on the [`Parallelism`]: threaded
+//! runs are bitwise equal to sequential ones. They may differ in the last bits between machines
+//! whose caches give another KC, as they do between ISAs.
 
 pub mod blocking;
 mod loops;
@@ -62,6 +50,7 @@ use attn_core::{Error, MatLayout, MatMut, MatRef, Result};
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 
+use blocking::Blocking;
 use loops::{ASrc, BSrc, CPtr, Problem};
 use pack::AlignedBuf;
 use ukernel::{kernel_for, Kernel};
@@ -126,6 +115,7 @@ pub fn sgemm_with_isa(
     };
     let pb = Problem {
         kern,
+        bl: blocking::for_kernel(kern.isa, kern.mr, kern.nr),
         m: cl.rows,
         n: cl.cols,
         k,
@@ -158,7 +148,7 @@ pub fn sgemm_packed_b(
     par: Parallelism,
 ) -> Result<()> {
     let k = a.layout.cols;
-    check_args(alpha, &a, k, b.p.k, None, beta, &c, b.p.dim)?;
+    check_args(alpha, &a, k, b.p.k, None, beta, &c, b.p.n)?;
     let (m, n) = (c.layout.rows, c.layout.cols);
     if m == 0 || n == 0 {
         return Ok(());
@@ -170,6 +160,7 @@ pub fn sgemm_packed_b(
     let cl = c.layout;
     let pb = Problem {
         kern: b.p.kern,
+        bl: b.p.bl,
         m,
         n,
         k,
@@ -189,44 +180,9 @@ pub fn sgemm_packed_b(
     Ok(())
 }
 
-/// The methods [`PackedB`] and [`internal::PackedA`] share, on their `p: PackedPanels` of side
-/// `$side`: `empty` for an ISA (an error if this CPU lacks it), `pack` from a view checked under
-/// the name of its argument `$x`, and `rows` / `cols` read from the panel fields `k` / `dim` in
-/// the order of the side. Docs are the caller's.
-macro_rules! packed_operand_methods {
-    (
-        $side:expr, $x:ident;
-        $(#[$empty_doc:meta])* fn empty;
-        $(#[$pack_doc:meta])* fn pack;
-        $(#[$rows_doc:meta])* fn rows = $rows:ident;
-        $(#[$cols_doc:meta])* fn cols = $cols:ident;
-    ) => {
-        $(#[$empty_doc])*
-        pub fn empty(isa: Isa) -> Result<Self> {
-            Ok(Self { p: PackedPanels::empty(kernel_for(isa.require()?), $side) })
-        }
-
-        $(#[$pack_doc])*
-        pub fn pack(&mut self, $x: MatRef<'_>) -> Result<()> {
-            $x.check(stringify!($x))?;
-            self.p.pack($x, stringify!($x))
-        }
-
-        $(#[$rows_doc])*
-        pub fn rows(&self) -> usize {
-            self.p.$rows
-        }
-
-        $(#[$cols_doc])*
-        pub fn cols(&self) -> usize {
-            self.p.$cols
-        }
-    };
-}
-
 /// A `k × n` B operand packed once into the NR-column micro-panels of one ISA's kernel, to be
-/// multiplied by many A operands with [`sgemm_packed_b`] (the attention kernels pack K and V
-/// blocks this way). [`pack`](Self::pack) repacks into the same storage.
+/// multiplied by many A operands with [`sgemm_packed_b`] (e.g. a weight matrix reused across
+/// calls). [`pack`](Self::pack) repacks into the same storage.
 pub struct PackedB {
     p: PackedPanels,
 }
@@ -244,16 +200,27 @@ impl PackedB {
         Ok(p)
     }
 
-    packed_operand_methods! {
-        Side::B, b;
-        /// An empty (`0 × 0`) packed operand for `isa`, to be filled by [`pack`](Self::pack).
-        fn empty;
-        /// Repacks from `b` (any shape and strides), reusing the storage.
-        fn pack;
-        /// Rows (k).
-        fn rows = k;
-        /// Columns (n).
-        fn cols = dim;
+    /// An empty (`0 × 0`) packed operand for `isa` (an error if this CPU lacks it), to be
+    /// filled by [`pack`](Self::pack).
+    pub fn empty(isa: Isa) -> Result<Self> {
+        let kern = kernel_for(isa.require()?);
+        Ok(Self { p: PackedPanels::empty(kern) })
+    }
+
+    /// Repacks from `b` (any shape and strides), reusing the storage.
+    pub fn pack(&mut self, b: MatRef<'_>) -> Result<()> {
+        b.check("b")?;
+        self.p.pack(b, "b")
+    }
+
+    /// Rows (k).
+    pub fn rows(&self) -> usize {
+        self.p.k
+    }
+
+    /// Columns (n).
+    pub fn cols(&self) -> usize {
+        self.p.n
     }
 
     /// The ISA whose kernel it was packed for.
@@ -266,178 +233,77 @@ impl std::fmt::Debug for PackedB {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PackedB")
             .field("rows", &self.p.k)
-            .field("cols", &self.p.dim)
+            .field("cols", &self.p.n)
             .field("kernel", &self.p.kern.name)
             .finish()
     }
 }
 
-/// Internal pieces for the attention kernels (see "Crate-internal contract" in the
-/// [module docs](self)). Public only so the workspace tests can reach them; not a stable API.
-#[doc(hidden)]
-pub mod internal {
-    use super::*;
-
-    /// An `m × k` A operand packed into the MR-row micro-panels of one ISA's kernel.
-    pub struct PackedA {
-        p: PackedPanels,
-    }
-
-    impl PackedA {
-        packed_operand_methods! {
-            Side::A, a;
-            /// An empty packed operand for `isa` (an error if this CPU lacks it).
-            fn empty;
-            /// Repacks from `a` (any shape and strides), reusing the storage.
-            fn pack;
-            /// Rows (m).
-            fn rows = dim;
-            /// Columns (k).
-            fn cols = k;
-        }
-    }
-
-    /// `MR`, `NR`, `KC` of `isa`'s kernel.
-    pub fn tile(isa: Isa) -> (usize, usize, usize) {
-        let k = kernel_for(isa);
-        (k.mr, k.nr, k.blocking.kc)
-    }
-
-    /// `C ← α·A·B + β·C` from two packed operands, on the calling thread, without allocating.
-    /// Same semantics and errors as [`sgemm`]; both operands must be packed for the same ISA.
-    pub fn gemm_packed(
-        alpha: f32,
-        a: &PackedA,
-        b: &PackedB,
-        beta: f32,
-        c: MatMut<'_>,
-    ) -> Result<()> {
-        if a.p.kern.isa != b.p.kern.isa {
-            return Err(Error::InvalidParameter {
-                arg: "isa",
-                requirement: "A and B must be packed for the same ISA",
-            });
-        }
-        expect_finite("alpha", alpha)?;
-        expect_finite("beta", beta)?;
-        expect_dim("b", "rows", a.p.k, b.p.k)?;
-        c.layout.expect_shape("c", a.p.dim, b.p.dim)?;
-        c.check("c")?;
-        let (m, n, k) = (a.p.dim, b.p.dim, a.p.k);
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        if k == 0 || alpha == 0.0 {
-            scale(beta, c);
-            return Ok(());
-        }
-        let cl = c.layout;
-        let pb = Problem {
-            kern: a.p.kern,
-            m,
-            n,
-            k,
-            alpha,
-            beta,
-            a: ASrc::Packed(&a.p),
-            b: BSrc::Packed(&b.p),
-            // SAFETY: as in `sgemm_with_isa`.
-            c: CPtr {
-                ptr: unsafe { c.data.as_mut_ptr().add(cl.offset) },
-                rs: cl.row_stride,
-                cs: cl.col_stride,
-            },
-        };
-        // SAFETY: both operands packed by the same kernel with consistent shapes; C checked.
-        unsafe { loops::run(&pb, Parallelism::Sequential) };
-        Ok(())
-    }
-}
-
-/// Which operand a [`PackedPanels`] holds (decides the panel width and packing routine).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Side {
-    A,
-    B,
-}
-
-/// A whole operand packed block by block: for the k-block starting at `p0` (depth `kc`), the
-/// micro-panels of all `dim` rows (A) / columns (B) start at `p0 · dim_padded`, panel `s` at
-/// `+ s · width · kc`, exactly the layout `pack_a` / `pack_b` produce for one block.
+/// A whole B operand packed block by block: for the k-block starting at `p0` (depth `kc`), the
+/// NR-column micro-panels of all `n` columns start at `p0 · n_padded`, panel `s` at
+/// `+ s · NR · kc`, exactly the layout `pack_b` produces for one block.
 pub(crate) struct PackedPanels {
     kern: &'static Kernel,
-    side: Side,
-    /// Depth (A's columns, B's rows).
+    /// The blocking it was packed with: the loop nest must use the same KC (and NC, a multiple
+    /// of NR, so its column blocks start on panel boundaries).
+    bl: Blocking,
+    /// Rows (depth).
     k: usize,
-    /// A's rows or B's columns.
-    dim: usize,
+    /// Columns.
+    n: usize,
     buf: AlignedBuf,
 }
 
 impl PackedPanels {
-    fn empty(kern: &'static Kernel, side: Side) -> Self {
-        PackedPanels { kern, side, k: 0, dim: 0, buf: AlignedBuf::default() }
+    fn empty(kern: &'static Kernel) -> Self {
+        let bl = blocking::for_kernel(kern.isa, kern.mr, kern.nr);
+        PackedPanels { kern, bl, k: 0, n: 0, buf: AlignedBuf::default() }
     }
 
-    fn width(&self) -> usize {
-        match self.side {
-            Side::A => self.kern.mr,
-            Side::B => self.kern.nr,
-        }
-    }
-
-    /// `dim` rounded up to whole panels (fits: `pack` checked `padded · k` for the stored
-    /// shape, and an empty shape has `padded · k = 0` with both factors from a `usize`).
+    /// `n` rounded up to whole panels (fits: `pack` checked `padded · k` for the stored shape,
+    /// and an empty shape has `padded · k = 0` with both factors from a `usize`).
     fn padded(&self) -> usize {
-        self.dim.div_ceil(self.width()) * self.width()
+        self.n.div_ceil(self.kern.nr) * self.kern.nr
     }
 
-    /// Packs a checked view (`m × k` for A, `k × n` for B). A view may have any dimensions
-    /// (zero strides repeat elements), so the packed size is computed with checked arithmetic
-    /// and allocated fallibly: a size that overflows or cannot be allocated is
-    /// `InvalidParameter` naming `arg`, and leaves the operand as it was.
+    /// Packs a checked `k × n` view. A view may have any dimensions (zero strides repeat
+    /// elements), so the packed size is computed with checked arithmetic and allocated
+    /// fallibly: a size that overflows or cannot be allocated is `InvalidParameter` naming
+    /// `arg`, and leaves the operand as it was.
     fn pack(&mut self, x: MatRef<'_>, arg: &'static str) -> Result<()> {
-        let (k, dim) = match self.side {
-            Side::A => (x.layout.cols, x.layout.rows),
-            Side::B => (x.layout.rows, x.layout.cols),
-        };
-        let (w, kc_max) = (self.width(), self.kern.blocking.kc);
+        let (k, n) = (x.layout.rows, x.layout.cols);
+        let (nr, kc_max) = (self.kern.nr, self.bl.kc);
         let too_big = Error::InvalidParameter {
             arg,
             requirement: "the sizes imply a scratch buffer that cannot be allocated",
         };
-        let padded = dim.div_ceil(w).checked_mul(w).ok_or(too_big.clone())?;
+        let padded = n.div_ceil(nr).checked_mul(nr).ok_or(too_big.clone())?;
         let len = padded.checked_mul(k).ok_or(too_big.clone())?;
         if !self.buf.try_grow(len) {
             return Err(too_big);
         }
         self.k = k;
-        self.dim = dim;
-        let side = self.side;
+        self.n = n;
         let dst = self.buf.get(len);
         for p0 in (0..k).step_by(kc_max) {
             let kc = kc_max.min(k - p0);
             let block = &mut dst[p0 * padded..(p0 + kc) * padded];
             // SAFETY: the caller checked the view; the block is inside it; `block` holds
             // `padded · kc` elements.
-            unsafe {
-                match side {
-                    Side::A => pack::pack_a(w, &x, 0, dim, p0, kc, block),
-                    Side::B => pack::pack_b(w, &x, p0, kc, 0, dim, block),
-                }
-            }
+            unsafe { pack::pack_b(nr, &x, p0, kc, 0, n, block) };
         }
         Ok(())
     }
 
-    /// The packed panels of k-block `(p0, kc)` from row / column `d0` (a multiple of the panel
-    /// width) on, `len` of them.
-    fn block(&self, p0: usize, kc: usize, d0: usize, len: usize) -> &[f32] {
-        debug_assert!(d0.is_multiple_of(self.width()) && d0 + len <= self.dim && p0 + kc <= self.k);
+    /// The packed panels of k-block `(p0, kc)` from column `j0` (a multiple of NR) on, `len`
+    /// of them.
+    fn block(&self, p0: usize, kc: usize, j0: usize, len: usize) -> &[f32] {
+        let nr = self.kern.nr;
+        debug_assert!(j0.is_multiple_of(nr) && j0 + len <= self.n && p0 + kc <= self.k);
         let padded = self.padded();
         let all = self.buf.view(padded * self.k);
-        let start = p0 * padded + d0 * kc;
-        &all[start..start + len.div_ceil(self.width()) * self.width() * kc]
+        let start = p0 * padded + j0 * kc;
+        &all[start..start + len.div_ceil(nr) * nr * kc]
     }
 }
 

@@ -13,11 +13,10 @@
 //! them as `[batch, seq, heads, dim]` strided views, with no transpose or copy. When the caller's
 //! `wq`, `wk`, `wv` are adjacent column blocks of one buffer (a concatenated `[in, q_w+k_w+v_w]`
 //! weight, as engines usually store it), the three projections are one GEMM (see
-//! `project`); separate buffers give three GEMMs into the same workspace, same results up to
-//! the GEMM's blocking. Measured (interleaved A/B, `fused_qkv_timing` in tests/tests/layers.rs,
-//! busy 2-core Zen 4): one `[n, 3d]` GEMM vs three `[n, d]` ones is 0.94× the time at n = 2048,
-//! d = 1024 and 0.99–1.03× (equal within noise) at n = 512, d = 512, so fusing is kept: never
-//! slower, faster where the GEMM is large (A is packed once instead of three times).
+//! `project`): A is packed once instead of three times, which measured never slower and faster
+//! on large layers (`fused_qkv_timing` in tests/tests/layers.rs; `docs/perf-journal.md`,
+//! 2026-11-29). Separate buffers give three GEMMs into the same workspace, same results up to
+//! the GEMM's blocking.
 
 use std::ptr;
 

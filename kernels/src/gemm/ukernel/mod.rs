@@ -28,8 +28,6 @@
 
 use crate::arch::Isa;
 
-use super::blocking::Blocking;
-
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
@@ -267,17 +265,13 @@ macro_rules! define_kernels {
             ukr: $packed,
             ukr_strided_a: $strided,
             ukr_rows: &[$(partial_rows::<$r>),*],
-            blocking: crate::gemm::blocking::Blocking::for_tile(
-                $mr,
-                $nv * <$simd as super::Simd>::LANES,
-            ),
         };
     };
 }
 pub(crate) use define_kernels;
 
-/// A micro-kernel with its shape and the block sizes tuned for it: everything the loop nest
-/// needs to know about an ISA.
+/// A micro-kernel with its shape: everything the loop nest needs to know about an ISA (the
+/// block sizes come from `blocking::for_kernel`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Kernel {
     /// The ISA it runs on.
@@ -294,8 +288,6 @@ pub(crate) struct Kernel {
     pub ukr_strided_a: UkrFn,
     /// `ukr_rows[r - 1]`: the kernel for a partial panel of `r < MR` rows (A through strides).
     pub ukr_rows: &'static [UkrFn],
-    /// KC / MC / NC for this tile shape.
-    pub blocking: Blocking,
 }
 
 /// The kernel of `isa`. The caller must have checked `isa.is_supported()` before running it.
