@@ -107,7 +107,7 @@ impl Path {
 ///
 /// | method | default |
 /// | --- | --- |
-/// | [`scale`](Self::scale) | [`default_scale`](attn_core::default_scale)`(dk)` = `1/√dk` |
+/// | [`scale`](Self::scale) | [`default_scale`]`(dk)` = `1/√dk` |
 /// | [`mask`](Self::mask) | [`Mask::None`] |
 /// | [`lse`](Self::lse) | no logsumexp output |
 /// | [`parallelism`](Self::parallelism) | [`Parallelism::Sequential`] (the calling thread) |
@@ -177,7 +177,7 @@ impl<'a> Attention<'a> {
         }
     }
 
-    /// The score scale (default `1/√dk`, see [`default_scale`](attn_core::default_scale)); any
+    /// The score scale (default `1/√dk`, see [`default_scale`]); any
     /// finite value, else [`run`](Self::run) fails with `Error::NonFinite { arg: "scale" }`.
     pub fn scale(mut self, scale: f32) -> Self {
         self.scale = Some(scale);

@@ -514,12 +514,14 @@ fn attention_args_struct_size_is_checked() {
     }
     let size = std::mem::size_of::<Newer>();
     let newer = Newer { args: AttnAttentionArgs { struct_size: size, ..a }, more: [0; 3] };
+    // A pointer to the whole `Newer` (one to its `args` field may not read past that field).
+    let whole = |n: &Newer| std::ptr::from_ref(n).cast::<AttnAttentionArgs>();
     // SAFETY: `newer` holds `size` bytes; views address their buffers.
-    let s = unsafe { attn_attention_run(&newer.args) };
+    let s = unsafe { attn_attention_run(whole(&newer)) };
     assert_eq!(s, AttnStatus::Ok, "{}", last_error());
     let set = Newer { more: [0, 1, 0], ..newer };
     // SAFETY: as above.
-    assert_eq!(unsafe { attn_attention_run(&set.args) }, AttnStatus::InvalidParameter);
+    assert_eq!(unsafe { attn_attention_run(whole(&set)) }, AttnStatus::InvalidParameter);
     assert!(last_error().contains("args.struct_size"), "{}", last_error());
     // A misaligned struct pointer.
     let mut bytes = vec![0u64; size.div_ceil(8) + 1];
