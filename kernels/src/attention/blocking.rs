@@ -1,7 +1,7 @@
 //! Block sizes and path thresholds of the attention kernels, in one place, each with the cache
 //! it is sized for. The flash blocks ([`FlashBlocking`]) are a pure function of the cache sizes
 //! and the GEMM micro-kernel's tile, so they can be derived for any machine; the decode sizes
-//! are constants (register tiles, and a block small enough for any L1).
+//! are constants (register tiles, and a key block sized for a 32 KiB L1).
 
 use crate::arch::cache::CacheSizes;
 
@@ -50,13 +50,9 @@ impl FlashBlocking {
         let mr = if mr == 0 { 1 } else { mr };
         let per_key = 4 * qr + 64;
         let bc = c.l1d / 8 * 7 / per_key / mr * mr;
-        let bc = if bc < mr {
-            mr
-        } else if bc > 1024 / mr * mr {
-            1024 / mr * mr
-        } else {
-            bc
-        };
+        // At most 1024 keys, at least one row panel (which wins for an absurd MR).
+        let bc = if bc > 1024 / mr * mr { 1024 / mr * mr } else { bc };
+        let bc = if bc < mr { mr } else { bc };
         let kv_block = bc * 2 * DESIGN_D * 4;
         let per_tile = 2 * DESIGN_D * qr * 4;
         let room = c.l2 / 4 * 3;
@@ -140,11 +136,11 @@ mod tests {
             ("detected", crate::arch::cache::detected()),
         ];
         for (name, c) in configs {
-            for (mr, qr) in [(12, 32), (6, 16), (4, 16), (1, 1), (0, 0)] {
+            for (mr, qr) in [(12, 32), (6, 16), (4, 16), (1, 1), (0, 0), (2000, 64)] {
                 let f = FlashBlocking::derive(&c, mr, qr);
                 let mr = mr.max(1);
                 let what = format!("{name} {mr}x{qr}: {f:?}");
-                assert!(f.bc >= mr && f.bc.is_multiple_of(mr) && f.bc <= 1024, "{what}");
+                assert!(f.bc >= mr && f.bc.is_multiple_of(mr) && f.bc <= 1024.max(mr), "{what}");
                 assert!((1..=QT_MAX).contains(&f.qt), "{what}");
             }
         }

@@ -11,8 +11,8 @@ use crate::arch::Isa;
 /// Bytes per element.
 const F32: usize = 4;
 
-/// KC is a multiple of this (whole cache lines of a packed A micro-panel step for every MR, and
-/// the micro-kernels' unroll of 4).
+/// KC is a multiple of this: every packed micro-panel (`MR·KC` or `KC·NR` floats) is then a
+/// whole number of 64-byte lines, and KC a multiple of the micro-kernels' unroll of 4.
 const KC_ALIGN: usize = 16;
 /// Smallest KC: below it the C tile's load and store (once per micro-kernel call) stop being
 /// small next to the `KC` rank-1 updates.
@@ -98,7 +98,8 @@ mod tests {
     use super::*;
 
     /// The kernel shapes (MR, NR) of the three ISAs, and a few others.
-    const TILES: [(usize, usize); 6] = [(12, 32), (6, 16), (4, 16), (1, 1), (14, 64), (0, 0)];
+    const TILES: [(usize, usize); 7] =
+        [(12, 32), (6, 16), (4, 16), (1, 1), (14, 64), (0, 0), (5000, 20000)];
 
     #[test]
     fn derived_blocks_are_valid_for_any_caches() {
