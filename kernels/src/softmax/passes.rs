@@ -72,18 +72,22 @@ impl<S: Simd, L: Logits<S>> Logits<S> for Raw<'_, L> {
     const SCALE_AFTER: bool = false;
     #[inline(always)]
     unsafe fn vec(&self, j: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.0.raw(j) }
     }
     #[inline(always)]
     unsafe fn tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.0.raw_tail(j, k) }
     }
     #[inline(always)]
     unsafe fn raw(&self, j: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.0.raw(j) }
     }
     #[inline(always)]
     unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.0.raw_tail(j, k) }
     }
     #[inline(always)]
@@ -115,10 +119,12 @@ impl<S: Simd> Logits<S> for Plain<S> {
     const SCALE_AFTER: bool = true;
     #[inline(always)]
     unsafe fn vec(&self, j: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.s.mul(self.scale, self.s.load(self.x.add(j))) }
     }
     #[inline(always)]
     unsafe fn tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe {
             let z = self.s.mul(self.scale, self.s.load_tail(self.x.add(j), k));
             self.s.select(self.s.first(k), z, self.s.splat(f32::NEG_INFINITY))
@@ -126,10 +132,12 @@ impl<S: Simd> Logits<S> for Plain<S> {
     }
     #[inline(always)]
     unsafe fn raw(&self, j: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.s.load(self.x.add(j)) }
     }
     #[inline(always)]
     unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe {
             self.s.select(
                 self.s.first(k),
@@ -148,6 +156,7 @@ impl<S: Simd> Logits<S> for Keep<S> {
     #[inline(always)]
     unsafe fn vec(&self, j: usize) -> S::V {
         // The mask is applied after the scale: `0·(−∞)` would be NaN.
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe {
             let z = self.s.mul(self.scale, self.s.load(self.x.add(j)));
             self.s.select(self.s.keep(self.keep.add(j)), z, self.s.splat(f32::NEG_INFINITY))
@@ -155,6 +164,7 @@ impl<S: Simd> Logits<S> for Keep<S> {
     }
     #[inline(always)]
     unsafe fn tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe {
             let z = self.s.mul(self.scale, self.s.load_tail(self.x.add(j), k));
             self.s.select(self.s.keep_tail(self.keep.add(j), k), z, self.s.splat(f32::NEG_INFINITY))
@@ -162,6 +172,7 @@ impl<S: Simd> Logits<S> for Keep<S> {
     }
     #[inline(always)]
     unsafe fn raw(&self, j: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe {
             let u = self.s.load(self.x.add(j));
             self.s.select(self.s.keep(self.keep.add(j)), u, self.s.splat(f32::NEG_INFINITY))
@@ -169,6 +180,7 @@ impl<S: Simd> Logits<S> for Keep<S> {
     }
     #[inline(always)]
     unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe {
             let u = self.s.load_tail(self.x.add(j), k);
             self.s.select(self.s.keep_tail(self.keep.add(j), k), u, self.s.splat(f32::NEG_INFINITY))
@@ -183,18 +195,22 @@ impl<S: Simd> Logits<S> for Bias<S> {
     const SCALE_AFTER: bool = false;
     #[inline(always)]
     unsafe fn raw(&self, j: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.vec(j) }
     }
     #[inline(always)]
     unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.tail(j, k) }
     }
     #[inline(always)]
     unsafe fn vec(&self, j: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe { self.s.fma(self.scale, self.s.load(self.x.add(j)), self.s.load(self.bias.add(j))) }
     }
     #[inline(always)]
     unsafe fn tail(&self, j: usize, k: usize) -> S::V {
+        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
         unsafe {
             let z = self.s.fma(
                 self.scale,
