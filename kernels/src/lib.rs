@@ -1,11 +1,12 @@
 //! # attn-kernels: SIMD CPU kernels for transformer self-attention
 //!
 //! Layers, from the bottom:
-//! - [`arch`]: CPU feature detection and the cached ISA choice (AVX-512F, AVX2+FMA, portable);
+//! - [`arch`]: CPU feature detection and the cached ISA choice (AVX-512F, AVX2+FMA, portable),
+//!   and the one vector trait every kernel is written in, with its `vectorize` dispatch;
 //! - [`par`]: the threading policy shared by all kernels;
 //! - [`gemm`]: cache-blocked SGEMM (loop nest, packing, per-ISA micro-kernels);
-//! - [`math`]: elementwise functions (GELU) with stated error bounds;
-//! - [`softmax`]: fused scale-mask-softmax with a vectorised exp;
+//! - [`math`]: elementwise functions with stated error bounds: the exp family, GELU;
+//! - [`softmax`]: fused scale-mask-softmax, log-softmax and logsumexp;
 //! - [`attention`]: flash-style streaming attention and the decode path;
 //! - [`layers`]: multi-head and cross-attention, the encoder block, layer norm, positional
 //!   encodings;

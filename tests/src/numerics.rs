@@ -4,8 +4,9 @@
 //! kernels' own accuracy enters only through the constants the kernels publish
 //! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `GELU_TANH_*`).
 
-use attn_kernels::math::{GELU_TANH_ARG_ROUNDINGS, GELU_TANH_OUT_ROUNDINGS};
-use attn_kernels::softmax::{EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP};
+use attn_kernels::math::{
+    EXP_MAX_ULP, GELU_TANH_ARG_ROUNDINGS, GELU_TANH_OUT_ROUNDINGS, SOFTMAX_EXP_MAX_ULP,
+};
 
 /// Unit roundoff of f32, `u = 2⁻²⁴`: a correctly rounded operation is off by at most `u`
 /// relative (for results in the normal range).

@@ -5,7 +5,7 @@
 //! `softmax_exp_slice_with_isa`) gets the same treatment over `[−87.34, 0]` and the subnormal
 //! range against its stated `SOFTMAX_EXP_MAX_ULP`; both have an ignored exhaustive sweep.
 
-use attn_kernels::softmax::exp::{
+use attn_kernels::math::exp::{
     exp_slice_with_isa, softmax_exp_slice_with_isa, EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP,
 };
 use attn_kernels::{Error, Isa};

@@ -257,7 +257,7 @@ fn softmax_zero_length_rows_do_not_panic() {
 }
 
 /// dk = 0 with a K view whose (irrelevant) row stride is huge: the view is empty, so it is valid,
-/// but the flash path computed `(j0 + j) * k.rs` for the key pointer (attention/simd.rs
+/// but the flash path computed `(j0 + j) * k.rs` for the key pointer (attention/blocks.rs
 /// `qk_block`): an overflow panic with overflow checks, and a wild `ptr.add` (undefined
 /// behaviour even if never dereferenced) without. Found by the proptest-driven fuzz run
 /// (20 000 cases). Expected: logits 0 for every key, lse = ln 5.

@@ -6,12 +6,34 @@
 //! relaxed load. Kernels also accept an explicit [`Isa`] so that tests can run every kernel this
 //! CPU supports side by side without touching global state. [`cache`] detects the cache sizes
 //! that the block sizes are derived from.
+//!
+//! The vector layer lives here too: the one vector trait [`Simd`] (`simd.rs`), its three
+//! token implementations ([`Avx512`] in `avx512.rs`, [`Avx2`] in `avx2.rs`, [`Portable`] in
+//! `portable.rs`: with the GEMM micro-kernels' wrappers, the only code that names an
+//! intrinsic), and [`vectorize`], which runs a [`Kernel`] written once over [`Simd`] inside
+//! the `#[target_feature]` function of an ISA.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use attn_core::{Error, Result};
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 pub mod cache;
+mod portable;
+mod simd;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::Avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::Avx512;
+pub(crate) use portable::Portable;
+pub(crate) use simd::{
+    load, load_tail, prefetch_l1, store, store_fence, store_tail, vectorize, Kernel, Simd,
+    ROUND_MAGIC, TWO_POW_M64,
+};
 
 /// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -24,12 +24,12 @@ use rayon::prelude::*;
 use attn_core::{Mask, Result, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK};
-use super::simd::{
-    axpy, decode_pv_block, decode_qk_block, exp_row, exp_scalar, pos_inf_weights, row_max,
-    vectorize, Kernel, Simd, Strided,
+use super::blocks::{
+    axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, Strided,
 };
 use super::{zeros, Problem};
-use crate::arch::Isa;
+use crate::arch::{vectorize, Isa, Kernel, Simd};
+use crate::math::exp::exp_rr2_p7_scalar;
 use crate::par::Parallelism;
 
 /// Unnormalised online-softmax state of one chunk: per row the running maximum of the
@@ -215,7 +215,7 @@ impl Kernel for Chunk<'_, '_> {
                 // A zero weight (masked or underflowed) needs the guarded P·V tile.
                 guard |= srow.contains(&0.0);
                 // An unchanged maximum (the common case once it settles) needs no rescale.
-                let alpha = if m_new == m_old { 1.0 } else { exp_scalar(s, m_old - m_new) };
+                let alpha = if m_new == m_old { 1.0 } else { exp_rr2_p7_scalar(s, m_old - m_new) };
                 part.l[r] = alpha.mul_add(part.l[r], sum);
                 part.m[r] = m_new;
                 // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.

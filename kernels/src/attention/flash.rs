@@ -23,14 +23,12 @@ use rayon::prelude::*;
 use attn_core::{Error, Result};
 
 use super::blocking::{BC, QT, QV};
-use super::simd::{
-    exp_scalar, load, pos_inf_weights, pv_block, qk_block, store, tile_rows, vectorize, Kernel,
-    Simd, EXP4_MIN,
-};
+use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows};
 use super::sink::Sink;
 use super::{matrix, scale_query, zeros, Problem};
-use crate::arch::Isa;
+use crate::arch::{load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
+use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7, exp_rr2_p7_scalar, LUT8_MIN};
 use crate::par::Parallelism;
 
 /// Largest query tile of any ISA (AVX-512: 2 × 16 lanes); scratch is sized for it.
@@ -242,7 +240,7 @@ fn softmax_step<S: Simd>(
         let table = {
             let mut d = [f32::NEG_INFINITY; MAX_QR];
             store(s, &mut d, s.sub(lo, m_new));
-            d[..l].iter().all(|v| *v >= EXP4_MIN)
+            d[..l].iter().all(|v| *v >= LUT8_MIN)
         };
         // Four independent exps per step: one exp is a long chain of dependent operations,
         // and the scheduler overlaps only about two of them on its own.
@@ -257,9 +255,9 @@ fn softmax_step<S: Simd>(
                 s.sub(load(s, &x[3 * qr..]), m_new),
             ];
             let [e0, e1, e2, e3] = if table {
-                s.exp_neg4(d)
+                exp_neg_lut8_p3(s, d)
             } else {
-                [s.exp(d[0]), s.exp(d[1]), s.exp(d[2]), s.exp(d[3])]
+                [exp_rr2_p7(s, d[0]), exp_rr2_p7(s, d[1]), exp_rr2_p7(s, d[2]), exp_rr2_p7(s, d[3])]
             };
             store(s, x, e0);
             store(s, &mut x[qr..], e1);
@@ -273,12 +271,12 @@ fn softmax_step<S: Simd>(
         let mut sum = s.add(s0, s1);
         for j in j..nb {
             let x = &mut sb[j * qr + at..];
-            let e = s.exp(s.sub(load(s, x), m_new));
+            let e = exp_rr2_p7(s, s.sub(load(s, x), m_new));
             store(s, x, e);
             sum = s.add(sum, e);
             *pm = s.min(e, *pm);
         }
-        let a = s.exp(s.sub(m_old, m_new));
+        let a = exp_rr2_p7(s, s.sub(m_old, m_new));
         store(s, &mut alpha[at..], a);
         store(s, &mut m[at..], m_new);
         let l_new = s.fma(a, load(s, &lsum[at..]), sum);
@@ -318,11 +316,11 @@ fn pos_inf_lanes<S: Simd>(
         } else {
             let mut sum = 0.0f32;
             for j in 0..nb {
-                let e = exp_scalar(s, sb[j * qr + r] - m_new);
+                let e = exp_rr2_p7_scalar(s, sb[j * qr + r] - m_new);
                 sb[j * qr + r] = e;
                 sum += e;
             }
-            (exp_scalar(s, m_old - m_new), sum)
+            (exp_rr2_p7_scalar(s, m_old - m_new), sum)
         };
         zero |= (0..nb).any(|j| sb[j * qr + r] == 0.0);
         alpha[r] = a;

@@ -49,15 +49,15 @@
 //! slot), as in the reference; empty head dimensions (`d_k = 0`, `d_v = 0`) accept any strides.
 //!
 //! Layout of this module: `blocking` (block sizes and thresholds, with their cache
-//! reasoning), `simd` (the ISA layer: vector trait, and the flash block products on the GEMM
-//! micro-kernels; the only place with intrinsics), `sink` (the shared row writer of the
-//! parallel loops, which claims each output row once), `flash`,
-//! `decode`, `unfused` (the three algorithms, each written once over the ISA trait).
+//! reasoning), `blocks` (the flash block products on the GEMM micro-kernels, the decode tiles
+//! and row helpers, over [`crate::arch::Simd`]), `sink` (the shared row writer of the
+//! parallel loops, which claims each output row once), `flash`, `decode`, `unfused` (the
+//! three algorithms, each written once over the vector trait, in safe code).
 
 mod blocking;
+mod blocks;
 mod decode;
 mod flash;
-pub(crate) mod simd;
 mod sink;
 mod unfused;
 
@@ -68,7 +68,7 @@ use attn_core::{
 
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
-use simd::Strided;
+use blocks::Strided;
 
 /// Which algorithm runs an [`Attention`] problem. Every path has the same contract, checks and
 /// errors; they differ in speed and memory, and in rounding within the stated bounds.

@@ -8,10 +8,10 @@ use rayon::prelude::*;
 
 use attn_core::{MatLayout, MatMut, MatRef, Result};
 
-use super::simd::{axpy, exp_row, pos_inf_weights, vectorize, Kernel, Simd};
+use super::blocks::{axpy, exp_row, pos_inf_weights};
 use super::sink::Sink;
 use super::{matrix, row_of, zeros, Problem};
-use crate::arch::Isa;
+use crate::arch::{vectorize, Isa, Kernel, Simd};
 use crate::gemm::sgemm_with_isa;
 use crate::par::Parallelism;
 

@@ -21,10 +21,11 @@
 //! `x < −9.2`) the result is `−0`, within `|g| < 10⁻³⁷` of the exact value. Edges: `g(±0) = ±0`,
 //! `g(+∞) = +∞`, `g(−∞) = NaN` (as `0.5·(−∞)·0`), NaN gives NaN.
 //!
-//! [`EXP_MAX_ULP`]: crate::softmax::EXP_MAX_ULP
+//! [`EXP_MAX_ULP`]: super::EXP_MAX_ULP
 
+use super::exp::exp_rr2_p7;
 use crate::arch::Isa;
-use crate::attention::simd::{load, store, vectorize, Kernel, Simd};
+use crate::arch::{load, store, vectorize, Kernel, Simd};
 use attn_core::Result;
 
 /// Roundings in the computed exp argument of [`gelu_tanh`], as a relative error in units of
@@ -78,5 +79,5 @@ impl Kernel for Gelu<'_> {
 fn gelu_v<S: Simd>(s: S, x: S::V) -> S::V {
     let q = s.fma(s.splat(CUBIC), s.mul(x, x), s.splat(1.0));
     let z = s.mul(s.mul(x, q), s.splat(NEG_TWO_SQRT_2_OVER_PI));
-    s.div(x, s.add(s.splat(1.0), s.exp(z)))
+    s.div(x, s.add(s.splat(1.0), exp_rr2_p7(s, z)))
 }

@@ -25,7 +25,7 @@
 //! tolerances from exactly these terms.
 //!
 //! Passes: the input row is read twice (max, then exp) while it sits in L1/L2, and the output
-//! written once (costs and where the cycles go: `row.rs`); calls whose output reaches
+//! written once (costs and where the cycles go: `passes.rs`); calls whose output reaches
 //! [`STREAM_MIN_BYTES`] are staged in a per-thread (or per-task) buffer and written with
 //! non-temporal stores so the output costs no read-for-ownership. Rows are spread over threads when
 //! the call has at least [`PAR_MIN_ELEMENTS`] elements. Contiguous tensors (the attention case)
@@ -33,36 +33,25 @@
 //! of rows per call into the row kernel, where a streamed row's writes overlap the next row's
 //! passes; other layouts go row by row (gathering strided rows and masks); both give the same bits.
 //!
-//! Files: `mod.rs` (public API, argument checks, row iteration and threading), `row.rs` (row
-//! primitives generic over the ISA, with per-ISA `#[target_feature]` wrappers and dispatch),
-//! `exp.rs` (the vectorised exp and its stated accuracy), `vector.rs` (the `SimdF32` trait and
-//! its AVX-512, AVX2 and portable implementations: the only intrinsics of the softmax).
-//! The ISA is chosen by [`crate::arch`] (the one place for GEMM and softmax alike).
-//!
-//! # What the attention kernels use
-//!
-//! The attention module's vector trait (`attention::simd::Simd`) runs this module's exps on its
-//! own vectors: the 1-ULP exp (`exp_ps_avx512`, `exp_ps_avx2`, `exp_f32x8`) and the 1.5-ULP
-//! table exp of four vectors whose lanes are NaN or in `[LUT_MIN, 0]` (`exp_neg_lut4_avx512`,
-//! `exp_neg_lut4_avx2`, `exp_neg_lut4_f32x8`; other lanes give unspecified values, never
-//! undefined behaviour). The `unsafe` ones must be called from code compiled for their ISA on
-//! a CPU that has it.
+//! Files: `mod.rs` (public API, argument checks, row iteration and threading), `dispatch.rs`
+//! (row jobs, row loops and their entry points, run through
+//! [`vectorize`](crate::arch::vectorize)), `passes.rs` (the passes of a row, written once over
+//! [`crate::arch::Simd`]), `stream.rs` (deferred pass C, far prefetch order, staging). The exps are [`crate::math::exp`]'s; the ISA is
+//! chosen by [`crate::arch`] (the one place for every kernel).
 //!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
 //! [`crate::arch::selected`] or checked with [`Isa::require`]; an unsupported
 //! ISA falls back to the portable code (never undefined behaviour). None of them allocates.
 
-pub mod exp;
-mod row;
-mod vector;
+mod dispatch;
+mod passes;
+mod stream;
 
-pub use exp::{
+// The exp family lives in `math::exp`; its slice functions and bounds are re-exported here,
+// where callers of the softmax have always found them.
+pub use crate::math::exp::{
     exp_slice, exp_slice_with_isa, softmax_exp_slice_with_isa, EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP,
 };
-
-pub(crate) use exp::{exp_f32x8, exp_neg_lut4_f32x8, LUT_MIN};
-#[cfg(target_arch = "x86_64")]
-pub(crate) use exp::{exp_neg_lut4_avx2, exp_neg_lut4_avx512, exp_ps_avx2, exp_ps_avx512};
 
 use attn_core::error::{expect_dim, expect_finite};
 use attn_core::{Error, MatMut, MatRef, TensorMut, TensorRef};
@@ -71,18 +60,17 @@ use rayon::prelude::*;
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 use crate::{Mask, Result, Tensor4Layout};
-use row::{RowJob, RowMask, RowsJob, RowsMask};
+use dispatch::{RowJob, RowMask, RowsJob, RowsMask};
 
 /// Calls with fewer elements than this run on the calling thread whatever the [`Parallelism`]:
-/// 128 Ki elements are ~45 µs of work at 2.8 G elements/s. Measured on this machine (best of
-/// 500 calls): 64×1024 ran slower on two threads than on one (2.19 against 2.85 G elem/s),
-/// 128×1024 faster (3.88 against 2.84).
+/// 128 Ki elements are tens of µs of work, below which a second thread costs more than it
+/// saves.
 pub const PAR_MIN_ELEMENTS: usize = 1 << 17;
 /// Each parallel task gets at least this many elements (whole rows), so that a task outweighs
 /// its scheduling cost.
 const PAR_MIN_TASK_ELEMENTS: usize = 1 << 13;
 /// A streamed call's parallel tasks get at least this many bytes of output (whole rows): each
-/// task pipelines its rows' writes into the next row's passes (`row.rs`'s `Drain`) but writes
+/// task pipelines its rows' writes into the next row's passes (`stream.rs`'s `Drain`) but writes
 /// its last row's alone and fences, so a task of a few rows would lose most of the overlap.
 /// 1 MiB is 64 rows of 4096 columns, 128 tasks for 8192 such rows.
 const STREAM_TASK_BYTES: usize = 1 << 20;
@@ -91,37 +79,10 @@ const STREAM_TASK_BYTES: usize = 1 << 20;
 /// read-for-ownership saves a third of the memory traffic.
 ///
 /// Contiguous streamed calls run as blocks of rows whose pass C is written during the next
-/// row's passes A and B (`row.rs`'s `Drain`). On the AMD EPYC of 2026-11-30 the same idea,
-/// writing during pass B only, was measured and not kept (8192×4096 on one thread, medians of
-/// 40 calls): all of pass C during pass B was 9–13 % slower than writing it at once, half of it
-/// 2–11 % slower than the per-row path once the stage was in phase with the output. On the Ice
-/// Lake Xeon of 2026-12-01, a quarter during pass A and the rest during pass B took 8192×4096
-/// from 65–69 % to 70–77 % of the copy bandwidth (one binary, medians of 15 calls, against the
-/// per-row path that other layouts still take; `row.rs`'s `DRAIN_PER_A`). The same bytes in
-/// rows of 2048 reached 80 % in one run, in rows of 8192 69 %: the input row and the two stage
-/// rows filled the 48 KiB L1 at 4096 columns and overflowed it beyond. Since then a row stages
-/// its terms behind the previous row's drain, in one stage row (`row.rs`'s `stage_len`: 77 →
-/// 88 % at 4096 columns, medians of 8 runs).
-///
-/// What is left is the passes' memory traffic, not their arithmetic. With the input at a page
-/// start and the output half a page on (as the report places them and the copy), in one binary
-/// per variant, alternating (medians of 15 calls beside a copy median, 8192×4096, one thread,
-/// four to eight runs each), before the single stage row: the kernel reached 76–80 % of the
-/// copy, and a skeleton of it with the exp and the stage stores removed 76–80 % too. Writing the
-/// drain in four page-interleaved runs, as glibc's copy writes, made the skeleton slower (67–72
-/// % against 76–80 %). After it, beside a `memcpy` of the kernel's own buffers: the kernel
-/// 89–91 %, its three passes without the exp 88–100 %, a max pass then a non-temporal copy
-/// 84–95 %, that copy alone 101–112 %; the second read of each row is what remains.
-///
-/// One pass with an online max would drop pass A's read and leave one stage row in L1: each
-/// group of 64 exponentiated against the running max, the sum rescaled when the max grows,
-/// pass C multiplying each group by a factor of its own. Prototyped on the same Xeon
-/// (2026-12-01, 8192×4096 on one thread, medians of 15 calls, one binary with a three-pass
-/// pipeline and a copy: `docs/experiments/online-softmax-2026-12-01.rs`) it was slower: 63–74 %
-/// of the copy in 7 runs, 72–80 % with an L1 prefetch 512 floats ahead (behind in 4 of 5
-/// pairs), against 76–80 % for the three passes in the same 12 runs. Pass A, a light loop,
-/// pulls the row from L2 faster than the exp loop can; and the rescaled rows would have
-/// rounded differently from the in-cache path.
+/// row's passes A and B (`stream.rs`'s `Drain`); what is left is the passes' memory traffic
+/// (the second read of each row), not their arithmetic. A one-pass variant with an online max
+/// was slower, and would round differently from the in-cache path. History:
+/// `docs/perf-journal.md`.
 pub const STREAM_MIN_BYTES: usize = 16 << 20;
 
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
@@ -234,7 +195,7 @@ pub fn log_softmax_with_isa(
     let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
     for_each_row(yt, None, par, |scratch, pos, yrow, _| {
         let xrow = gather(&xt, pos, &mut scratch.x);
-        row::lse_row(isa, xrow, Some(yrow));
+        dispatch::lse_row(isa, xrow, Some(yrow));
     });
     Ok(())
 }
@@ -265,7 +226,7 @@ pub fn logsumexp_with_isa(isa: Isa, x: MatRef<'_>, par: Parallelism) -> Result<V
     }
     let f = |scratch: &mut Scratch, (r, l): (usize, &mut f32)| {
         let pos = RowPos { r, b: 0, h: 0, i: r };
-        *l = row::lse_row(isa, gather(&xt, pos, &mut scratch.x), None);
+        *l = dispatch::lse_row(isa, gather(&xt, pos, &mut scratch.x), None);
     };
     if use_threads(par, x.layout.len()) {
         let min = min_rows_per_task(x.layout.cols);
@@ -303,11 +264,11 @@ fn min_rows_per_task(cols: usize) -> usize {
 /// puts them. 8192×4096, one thread, the same binary switching per call: 1.5–3 % faster
 /// (medians of 40 calls, four runs).
 fn same_page_phase(buf: &mut Vec<f32>, len: usize, like: *const f32) -> &mut [f32] {
-    let room = len + row::PAGE_BYTES / 4;
+    let room = len + stream::PAGE_BYTES / 4;
     if buf.len() < room {
         buf.resize(room, 0.0);
     }
-    let skip = row::phase_skip(buf.as_ptr(), like);
+    let skip = stream::phase_skip(buf.as_ptr(), like);
     &mut buf[skip..skip + len]
 }
 
@@ -316,7 +277,7 @@ fn same_page_phase(buf: &mut Vec<f32>, len: usize, like: *const f32) -> &mut [f3
 /// Each thread's `Scratch` lives exactly as long as its share of the rows (one per sequential
 /// call, one per rayon split, dropped on the thread that ran it and before the split's end is
 /// signalled), so its drop is where that thread fences the non-temporal stores of its streamed
-/// rows (`row::RowJob::stage`): once per thread and call rather than once per row.
+/// rows (`dispatch::RowJob::stage`): once per thread and call rather than once per row.
 #[derive(Default)]
 struct Scratch {
     x: Vec<f32>,
@@ -331,7 +292,7 @@ struct Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         if self.streamed {
-            vector::store_fence();
+            crate::arch::store_fence();
         }
     }
 }
@@ -560,7 +521,7 @@ impl Ctx<'_, '_> {
     }
 
     /// The fast path: contiguous `x` and `y`, mask rows with contiguous columns. Blocks of
-    /// whole rows go to [`row::softmax_rows`], one block per thread task, each with a stage of
+    /// whole rows go to [`dispatch::softmax_rows`], one block per thread task, each with a stage of
     /// its own when `stream`.
     fn run_contiguous(
         &self,
@@ -602,10 +563,10 @@ impl Ctx<'_, '_> {
                     RowsMask::Bias { bias, starts: &at }
                 }
             };
-            let mut stage = if stream { vec![0.0; row::stage_len(cols)] } else { Vec::new() };
+            let mut stage = if stream { vec![0.0; stream::stage_len(cols)] } else { Vec::new() };
             let stage = stream.then_some(&mut stage[..]);
             let job = RowsJob { src, y: yc, cols, mask, scale: self.scale, lse, stage };
-            row::softmax_rows(self.isa, job);
+            dispatch::softmax_rows(self.isa, job);
         };
         if !use_threads(par, n) {
             block(0, y, lse);
@@ -643,7 +604,7 @@ impl Ctx<'_, '_> {
             Mask::None => (cols, RowMask::None),
             Mask::Causal { offset } => {
                 let off = Mask::causal_offset(*offset, rows, cols);
-                (row::causal_visible(i, off, cols), RowMask::None)
+                (dispatch::causal_visible(i, off, cols), RowMask::None)
             }
             Mask::Keep { keep, layout } => {
                 (cols, RowMask::Keep(gather_mask(keep, layout, pos, kbuf)))
@@ -655,13 +616,13 @@ impl Ctx<'_, '_> {
         let src = self.x.as_ref().map(|x| gather(x, pos, xbuf));
         let stage = stream.then(|| same_page_phase(stage, visible, y.as_ptr()));
         // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last row)
-        // is prefetched meanwhile (see row::PREFETCH_ROWS); in cache, the next row, so that
+        // is prefetched meanwhile (see stream::PREFETCH_ROWS); in cache, the next row, so that
         // its pass A reads L1 (64×1024 from L2: 2.77 → 2.83 G elem/s, best of 2000 calls).
         let next = match &self.x {
             // Not for empty rows: an empty view's strides need not index anything.
             Some(x) if x.layout.strides[3] == 1 && cols > 0 && pos.r + 1 < self.rows() => {
                 let mut ahead = pos.next(self.dims);
-                for _ in 1..(if stream { row::PREFETCH_ROWS } else { 1 }) {
+                for _ in 1..(if stream { stream::PREFETCH_ROWS } else { 1 }) {
                     if ahead.r + 1 < self.rows() {
                         ahead = ahead.next(self.dims);
                     }
@@ -672,6 +633,6 @@ impl Ctx<'_, '_> {
             _ => None,
         };
         let job = RowJob { src, y, visible, mask, scale: self.scale, stage, next, want_lse };
-        row::softmax_row(self.isa, job)
+        dispatch::softmax_row(self.isa, job)
     }
 }

@@ -26,7 +26,7 @@
 //! bounce), which is what makes the result independent of how the work is tiled or split
 //! between threads: every element sees the same operations in the same order.
 
-use crate::arch::Isa;
+use crate::arch::{Isa, Simd};
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -36,35 +36,6 @@ mod portable;
 
 /// Largest `MR · NR` of any kernel: the size of the stack bounce tile used for edges.
 pub(crate) const MAX_TILE: usize = 16 * 64;
-
-/// The vector operations a micro-kernel body needs, implemented once per ISA.
-///
-/// # Safety
-///
-/// Every method may only be called on a CPU supporting the implementor's ISA, from a function
-/// compiled with that ISA's target features (the `#[target_feature]` wrappers); pointer
-/// arguments must be valid for `LANES` reads / writes.
-pub(crate) unsafe trait Simd: Copy {
-    /// One vector of `LANES` f32.
-    type V: Copy;
-    /// f32 lanes per vector.
-    const LANES: usize;
-    /// All lanes zero.
-    unsafe fn zero() -> Self::V;
-    /// All lanes `x`.
-    unsafe fn splat(x: f32) -> Self::V;
-    /// Unaligned load of `LANES` values.
-    unsafe fn load(p: *const f32) -> Self::V;
-    /// Unaligned store of `LANES` values.
-    unsafe fn store(p: *mut f32, v: Self::V);
-    /// `a · b + c` (fused where the ISA has FMA).
-    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// `a · b`.
-    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
-    /// Hints that the cache line at `p` is about to be accessed (no-op where unsupported).
-    /// Never faults, whatever `p` is.
-    unsafe fn prefetch(p: *const f32);
-}
 
 /// The one micro-kernel body: an `MR × (NV·LANES)` tile held in `MR·NV` vector registers.
 ///
@@ -83,11 +54,11 @@ pub(crate) unsafe trait Simd: Copy {
 /// # Safety
 ///
 /// `a` valid for the `MR × k` reads just described, `b` for `k·NV·LANES` reads, `c` for reads
-/// (unless β = 0) and writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`; the CPU supports
-/// `S`'s ISA.
+/// (unless β = 0) and writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const PACKED_A: bool>(
+    s: S,
     k: usize,
     alpha: f32,
     a: *const f32,
@@ -105,10 +76,10 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const
     unsafe {
         // Start fetching the C tile now, so its lines are in L1 when the k loop ends.
         for i in 0..MR {
-            S::prefetch(c.add(i * rs_c));
-            S::prefetch(c.add(i * rs_c + nr - 1));
+            s.prefetch(c.add(i * rs_c));
+            s.prefetch(c.add(i * rs_c + nr - 1));
         }
-        let mut acc = [[S::zero(); NV]; MR];
+        let mut acc = [[s.splat(0.0); NV]; MR];
         let mut a = a;
         let mut b = b;
         // Unrolled by 4 so the loop counter and pointer bumps are a small share of the
@@ -117,29 +88,29 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const
         // with a large column stride) and is never dereferenced there.
         for _ in 0..k / 4 {
             for u in 0..4 {
-                rank1::<S, MR, NV>(&mut acc, a.add(u * a_cs), a_rs, b.add(u * nr));
+                rank1::<S, MR, NV>(s, &mut acc, a.add(u * a_cs), a_rs, b.add(u * nr));
             }
             a = a.wrapping_add(4 * a_cs);
             b = b.add(4 * nr);
         }
         for _ in 0..k % 4 {
-            rank1::<S, MR, NV>(&mut acc, a, a_rs, b);
+            rank1::<S, MR, NV>(s, &mut acc, a, a_rs, b);
             a = a.wrapping_add(a_cs);
             b = b.add(nr);
         }
-        let alpha_v = S::splat(alpha);
+        let alpha_v = s.splat(alpha);
         if beta == 0.0 {
             for (i, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
-                    S::store(c.add(i * rs_c + v * S::LANES), S::mul(x, alpha_v));
+                    s.store(c.add(i * rs_c + v * S::LANES), s.mul(x, alpha_v));
                 }
             }
         } else {
-            let beta_v = S::splat(beta);
+            let beta_v = s.splat(beta);
             for (i, row) in acc.iter().enumerate() {
                 for (v, &x) in row.iter().enumerate() {
                     let cp = c.add(i * rs_c + v * S::LANES);
-                    S::store(cp, S::fmadd(x, alpha_v, S::mul(S::load(cp), beta_v)));
+                    s.store(cp, s.fma(x, alpha_v, s.mul(s.load(cp), beta_v)));
                 }
             }
         }
@@ -152,9 +123,10 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const
 ///
 /// # Safety
 ///
-/// `a[i·a_rs]` valid for `i < MR`, `b` for `NV·LANES` reads; the CPU supports `S`'s ISA.
+/// `a[i·a_rs]` valid for `i < MR`, `b` for `NV·LANES` reads.
 #[inline(always)]
 unsafe fn rank1<S: Simd, const MR: usize, const NV: usize>(
+    s: S,
     acc: &mut [[S::V; NV]; MR],
     a: *const f32,
     a_rs: usize,
@@ -162,11 +134,11 @@ unsafe fn rank1<S: Simd, const MR: usize, const NV: usize>(
 ) {
     // SAFETY: forwarded contract.
     unsafe {
-        let bv: [S::V; NV] = core::array::from_fn(|v| S::load(b.add(v * S::LANES)));
+        let bv: [S::V; NV] = core::array::from_fn(|v| s.load(b.add(v * S::LANES)));
         for (i, row) in acc.iter_mut().enumerate() {
-            let av = S::splat(*a.add(i * a_rs));
+            let av = s.splat(*a.add(i * a_rs));
             for (acc_v, &b_v) in row.iter_mut().zip(bv.iter()) {
-                *acc_v = S::fmadd(av, b_v, *acc_v);
+                *acc_v = s.fma(av, b_v, *acc_v);
             }
         }
     }
@@ -207,11 +179,11 @@ macro_rules! define_kernels {
             k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
             b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
         ) {
-            debug_assert!($isa.is_supported());
-            // SAFETY: forwarded contract.
+            // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
+                let s = <$simd as crate::arch::Simd>::new_unchecked();
                 super::sgemm_body::<$simd, R, { $nv }, false>(
-                    k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
         }
@@ -227,11 +199,11 @@ macro_rules! define_kernels {
             k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
             b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
         ) {
-            debug_assert!($isa.is_supported());
-            // SAFETY: forwarded contract.
+            // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
+                let s = <$simd as crate::arch::Simd>::new_unchecked();
                 super::sgemm_body::<$simd, { $mr }, { $nv }, true>(
-                    k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
         }
@@ -247,11 +219,11 @@ macro_rules! define_kernels {
             k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
             b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
         ) {
-            debug_assert!($isa.is_supported());
-            // SAFETY: forwarded contract.
+            // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
+                let s = <$simd as crate::arch::Simd>::new_unchecked();
                 super::sgemm_body::<$simd, { $mr }, { $nv }, false>(
-                    k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
         }
@@ -261,7 +233,7 @@ macro_rules! define_kernels {
             isa: $isa,
             name: $name,
             mr: $mr,
-            nr: $nv * <$simd as super::Simd>::LANES,
+            nr: $nv * <$simd as crate::arch::Simd>::LANES,
             ukr: $packed,
             ukr_strided_a: $strided,
             ukr_rows: &[$(partial_rows::<$r>),*],

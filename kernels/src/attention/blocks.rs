@@ -1,14 +1,8 @@
-//! The ISA layer of the attention kernels: a small vector trait ([`Simd`]) with one
-//! implementation per [`Isa`] (AVX-512F, AVX2+FMA, portable `wide`; the exp is the softmax
-//! module's), and the two block products of the flash loop, which run on the GEMM
-//! micro-kernels. All of the attention module's `unsafe` that touches intrinsics or raw
-//! pointers lives here, behind safe wrappers that check the bounds of each block once before
-//! entering the hot loops.
-//!
-//! The ISA is a value (a token type that can only be built after the CPU check), and each
-//! algorithm is written once, generic over it, in a [`Kernel`]; [`vectorize`] runs a kernel
-//! inside a `#[target_feature]` wrapper so every `#[inline(always)]` body below is compiled for
-//! that ISA.
+//! The vector building blocks of the attention kernels, written once over the one vector
+//! trait ([`Simd`]): the two block products of the flash loop, which run on the GEMM
+//! micro-kernels, the decode tiles, and the row helpers of the decode and unfused paths. The
+//! attention module's `unsafe` that touches raw pointers lives here, behind safe wrappers that
+//! check the bounds of each block once before entering the hot loops.
 //!
 //! The block products are computed **transposed**, so that queries run along the vector
 //! lanes: `Sᵀ = K·Q̃ᵀ` and `Oᵀ += Vᵀ·P̃ᵀ`. In GEMM terms the query tile (`NR` queries: the
@@ -19,109 +13,16 @@
 //!   softmax step writes directly in the packed layout;
 //! - K and V are never copied or transposed: any strides, GQA sharing and both tensor layouts
 //!   come for free. A broadcast operand gains nothing from being contiguous (it is read one
-//!   element at a time either way), and packing it costs: packing each K and `Vᵀ` block once
-//!   per task of four query tiles (`gemm::pack::pack_a`) measured 17 % slower at 2 heads,
-//!   N = 1024, d = 64 (9.08 against 7.68 ms, best of 30, interleaved runs), about 2
-//!   instructions per packed element against the strided kernel's integer address arithmetic,
-//!   which runs beside the FMAs on the otherwise idle integer ports;
+//!   element at a time either way), and packing it costs about two instructions per element
+//!   against the strided kernel's integer address arithmetic, which runs beside the FMAs on
+//!   the otherwise idle integer ports (measured slower: `docs/perf-journal.md`);
 //! - the online softmax needs no horizontal reductions: the running max, sum and rescale
 //!   factors of `QR` queries are `QV` vectors.
 
 use super::blocking::QV;
-use crate::arch::Isa;
+use crate::arch::{load, prefetch_l1, store, Isa, Simd};
 use crate::gemm::ukernel::{kernel_for, macro_kernel, ABlock, Kernel as GemmKernel};
-
-/// A vector ISA: lanes, register-tile width and the handful of operations the attention
-/// kernels use. Implementations exist only for ISAs the CPU supports (the token's constructor
-/// checks), which is what makes the safe methods sound.
-pub(crate) trait Simd: Copy + Send + Sync + 'static {
-    /// f32 lanes per vector.
-    const LANES: usize;
-    /// The ISA this implements (its GEMM micro-kernel runs the flash block products).
-    const ISA: Isa;
-    /// The vector type.
-    type V: Copy;
-    /// A lane mask (the result of a comparison).
-    type M: Copy;
-
-    /// All lanes `x`.
-    fn splat(self, x: f32) -> Self::V;
-    /// Loads `LANES` floats.
-    ///
-    /// # Safety
-    /// `p` must be valid for reading `LANES` consecutive f32 (no alignment needed).
-    unsafe fn load(self, p: *const f32) -> Self::V;
-    /// Stores `LANES` floats.
-    ///
-    /// # Safety
-    /// `p` must be valid for writing `LANES` consecutive f32 (no alignment needed).
-    unsafe fn store(self, p: *mut f32, v: Self::V);
-    /// `a + b`.
-    fn add(self, a: Self::V, b: Self::V) -> Self::V;
-    /// `a − b`.
-    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
-    /// `a · b`.
-    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
-    /// `a / b`, correctly rounded.
-    fn div(self, a: Self::V, b: Self::V) -> Self::V;
-    /// `a · b + c` (fused on x86, one rounding).
-    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// Lane-wise maximum; when either lane is NaN the result is `b`'s lane (the x86 `maxps`
-    /// rule), so `max(c, x)` propagates a NaN `x`.
-    fn max(self, a: Self::V, b: Self::V) -> Self::V;
-    /// `e^x` lane-wise: the softmax module's vectorised exp (`crate::softmax::exp`: 1 ULP,
-    /// `exp(−∞) = 0`, NaN stays NaN, `exp(0) = 1` exactly).
-    fn exp(self, x: Self::V) -> Self::V;
-    /// `e^x` of four vectors whose lanes are NaN or in `[EXP4_MIN, 0]`: the softmax's table
-    /// exp (`crate::softmax::exp`, `exp_neg_lut_n`: 1.5 ULP, 8 FMA-pipe operations per vector
-    /// against the 1-ULP exp's 13). Other lanes give unspecified values.
-    fn exp_neg4(self, x: [Self::V; 4]) -> [Self::V; 4];
-    /// Sum of the lanes.
-    fn reduce_add(self, a: Self::V) -> f32;
-    /// Lane-wise minimum (which lane wins when one is NaN is unspecified).
-    fn min(self, a: Self::V, b: Self::V) -> Self::V;
-    /// Lanes of `a` that are not `+0`/`−0` (NaN lanes count as non-zero).
-    fn nonzero(self, a: Self::V) -> Self::M;
-    /// `a · b + c` in the lanes set in `m`, `c` elsewhere: a product with a zero weight
-    /// contributes nothing even when the other factor is `±∞` or NaN.
-    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
-    /// `x` in the lanes set in `m`, `0` elsewhere.
-    fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V;
-    /// The lane sums of four vectors, `[Σa, Σb, Σc, Σd]`: a transposed reduction, so the
-    /// decode scores of four (row, key) pairs cost one shuffle tree instead of four.
-    fn reduce_add4(self, v: [Self::V; 4]) -> [f32; 4];
-}
-
-/// A computation written once over any [`Simd`]; [`vectorize`] compiles and runs it for one ISA.
-pub(crate) trait Kernel {
-    /// What the computation returns.
-    type Output;
-    /// The body; implementations mark it `#[inline(always)]` so it is compiled inside the
-    /// `#[target_feature]` wrapper of the ISA.
-    fn run<S: Simd>(self, s: S) -> Self::Output;
-}
-
-/// Runs `k` with the vector code of `isa`, which must be supported (callers obtained it through
-/// [`Isa::require`] or [`crate::arch::selected`]); an unsupported ISA falls back to portable
-/// code rather than executing illegal instructions.
-#[inline]
-pub(crate) fn vectorize<K: Kernel>(isa: Isa, k: K) -> K::Output {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => match x86::Avx512::new() {
-            // SAFETY: the token exists only when the CPU supports AVX-512F.
-            Some(s) => unsafe { x86::Avx512::vectorize(s, k) },
-            None => k.run(Portable),
-        },
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => match x86::Avx2::new() {
-            // SAFETY: the token exists only when the CPU supports AVX2 and FMA.
-            Some(s) => unsafe { x86::Avx2::vectorize(s, k) },
-            None => k.run(Portable),
-        },
-        _ => k.run(Portable),
-    }
-}
+use crate::math::exp::exp_rr2_p7;
 
 // ---------------------------------------------------------------------------------------------
 // Flash block products on the GEMM micro-kernels
@@ -280,22 +181,6 @@ pub(crate) fn pv_block<S: Simd>(
 // ---------------------------------------------------------------------------------------------
 // Slice helpers for the decode and unfused paths (vectors along the head dimension)
 
-/// Loads `LANES` floats from the start of `x` (which must hold that many; panics otherwise).
-#[inline(always)]
-pub(crate) fn load<S: Simd>(s: S, x: &[f32]) -> S::V {
-    let x = &x[..S::LANES];
-    // SAFETY: `x` has exactly LANES floats.
-    unsafe { s.load(x.as_ptr()) }
-}
-
-/// Stores `LANES` floats at the start of `x` (which must hold that many; panics otherwise).
-#[inline(always)]
-pub(crate) fn store<S: Simd>(s: S, x: &mut [f32], v: S::V) {
-    let x = &mut x[..S::LANES];
-    // SAFETY: `x` has exactly LANES floats.
-    unsafe { s.store(x.as_mut_ptr(), v) }
-}
-
 /// `y ← alpha·x + y` over `min(x.len(), y.len())` elements.
 #[inline(always)]
 pub(crate) fn axpy<S: Simd>(s: S, alpha: f32, x: &[f32], y: &mut [f32]) {
@@ -322,7 +207,7 @@ pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
     let mut sum = s.splat(0.0);
     let mut i = 0;
     while i + l <= x.len() {
-        let p = s.exp(s.sub(load(s, &x[i..]), vm));
+        let p = exp_rr2_p7(s, s.sub(load(s, &x[i..]), vm));
         store(s, &mut x[i..], p);
         sum = s.add(sum, p);
         i += l;
@@ -334,7 +219,7 @@ pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
         tail[..n].copy_from_slice(&x[i..]);
         let mut buf = [0.0f32; 16];
         for (c, chunk) in tail.chunks_exact(l).enumerate() {
-            let p = s.exp(s.sub(load(s, chunk), vm));
+            let p = exp_rr2_p7(s, s.sub(load(s, chunk), vm));
             store(s, &mut buf[c * l..], p);
         }
         x[i..].copy_from_slice(&buf[..n]);
@@ -363,330 +248,6 @@ pub(crate) fn pos_inf_weights(x: &mut [f32], n: usize, stride: usize, lane: usiz
         sum += *e;
     }
     sum
-}
-
-/// The lowest argument [`Simd::exp_neg4`] takes (the softmax's table exp range: every result
-/// normal).
-pub(crate) const EXP4_MIN: f32 = crate::softmax::LUT_MIN;
-
-/// Scalar `e^x` through the vector code (lane 0), for the few per-row corrections.
-#[inline(always)]
-pub(crate) fn exp_scalar<S: Simd>(s: S, x: f32) -> f32 {
-    let mut buf = [0.0f32; 16];
-    store(s, &mut buf, s.exp(s.splat(x)));
-    buf[0]
-}
-
-// ---------------------------------------------------------------------------------------------
-// Portable implementation (wide)
-
-/// Portable vectors on `wide::f32x8`; runs on every target.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Portable;
-
-impl Simd for Portable {
-    const LANES: usize = 8;
-    const ISA: Isa = Isa::Portable;
-    type V = wide::f32x8;
-    type M = wide::f32x8;
-
-    #[inline(always)]
-    fn splat(self, x: f32) -> Self::V {
-        wide::f32x8::splat(x)
-    }
-    #[inline(always)]
-    unsafe fn load(self, p: *const f32) -> Self::V {
-        // SAFETY: the caller guarantees 8 readable floats.
-        wide::f32x8::new(unsafe { std::ptr::read_unaligned(p as *const [f32; 8]) })
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32, v: Self::V) {
-        // SAFETY: the caller guarantees 8 writable floats.
-        unsafe { std::ptr::write_unaligned(p as *mut [f32; 8], v.to_array()) }
-    }
-    #[inline(always)]
-    fn add(self, a: Self::V, b: Self::V) -> Self::V {
-        a + b
-    }
-    #[inline(always)]
-    fn sub(self, a: Self::V, b: Self::V) -> Self::V {
-        a - b
-    }
-    #[inline(always)]
-    fn mul(self, a: Self::V, b: Self::V) -> Self::V {
-        a * b
-    }
-    #[inline(always)]
-    fn div(self, a: Self::V, b: Self::V) -> Self::V {
-        a / b
-    }
-    #[inline(always)]
-    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        a.mul_add(b, c)
-    }
-    #[inline(always)]
-    fn max(self, a: Self::V, b: Self::V) -> Self::V {
-        // wide's max ignores NaN; keep the x86 rule (NaN in either lane → b).
-        let nan = a.is_nan() | b.is_nan();
-        nan.select(b, a.max(b))
-    }
-    #[inline(always)]
-    fn exp(self, x: Self::V) -> Self::V {
-        crate::softmax::exp_f32x8(x)
-    }
-    #[inline(always)]
-    fn exp_neg4(self, x: [Self::V; 4]) -> [Self::V; 4] {
-        crate::softmax::exp_neg_lut4_f32x8(x)
-    }
-    #[inline(always)]
-    fn reduce_add(self, a: Self::V) -> f32 {
-        a.reduce_add()
-    }
-    #[inline(always)]
-    fn min(self, a: Self::V, b: Self::V) -> Self::V {
-        a.min(b)
-    }
-    #[inline(always)]
-    fn nonzero(self, a: Self::V) -> Self::M {
-        a.simd_ne(wide::f32x8::ZERO)
-    }
-    #[inline(always)]
-    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V {
-        m.select(a.mul_add(b, c), c)
-    }
-    #[inline(always)]
-    fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V {
-        x & m
-    }
-    #[inline(always)]
-    fn reduce_add4(self, v: [Self::V; 4]) -> [f32; 4] {
-        v.map(|x| x.reduce_add())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// x86-64 implementations
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use super::{Kernel, Simd};
-    use std::arch::x86_64::*;
-
-    /// AVX-512F token: 16 lanes, 32 registers.
-    #[derive(Clone, Copy, Debug)]
-    pub(crate) struct Avx512(());
-
-    impl Avx512 {
-        /// The token, when this CPU supports AVX-512F.
-        pub(crate) fn new() -> Option<Self> {
-            is_x86_feature_detected!("avx512f").then_some(Avx512(()))
-        }
-
-        /// Runs `k` compiled for AVX-512F.
-        ///
-        /// # Safety
-        /// The CPU must support AVX-512F (guaranteed by holding the token).
-        #[target_feature(enable = "avx512f")]
-        pub(crate) unsafe fn vectorize<K: Kernel>(self, k: K) -> K::Output {
-            k.run(self)
-        }
-    }
-
-    // SAFETY (for every intrinsic call below): an `Avx512` value exists only after
-    // `is_x86_feature_detected!("avx512f")` returned true.
-    impl Simd for Avx512 {
-        const LANES: usize = 16;
-        const ISA: crate::arch::Isa = crate::arch::Isa::Avx512;
-        type V = __m512;
-        type M = __mmask16;
-
-        #[inline(always)]
-        fn splat(self, x: f32) -> __m512 {
-            unsafe { _mm512_set1_ps(x) }
-        }
-        #[inline(always)]
-        unsafe fn load(self, p: *const f32) -> __m512 {
-            // SAFETY: the caller guarantees 16 readable floats.
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32, v: __m512) {
-            // SAFETY: the caller guarantees 16 writable floats.
-            unsafe { _mm512_storeu_ps(p, v) }
-        }
-        #[inline(always)]
-        fn add(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_add_ps(a, b) }
-        }
-        #[inline(always)]
-        fn sub(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_sub_ps(a, b) }
-        }
-        #[inline(always)]
-        fn mul(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_mul_ps(a, b) }
-        }
-        #[inline(always)]
-        fn div(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_div_ps(a, b) }
-        }
-        #[inline(always)]
-        fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
-            unsafe { _mm512_fmadd_ps(a, b, c) }
-        }
-        #[inline(always)]
-        fn max(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_max_ps(a, b) }
-        }
-        #[inline(always)]
-        fn exp(self, x: __m512) -> __m512 {
-            unsafe { crate::softmax::exp_ps_avx512(x) }
-        }
-        #[inline(always)]
-        fn exp_neg4(self, x: [__m512; 4]) -> [__m512; 4] {
-            unsafe { crate::softmax::exp_neg_lut4_avx512(x) }
-        }
-        #[inline(always)]
-        fn reduce_add(self, a: __m512) -> f32 {
-            unsafe { _mm512_reduce_add_ps(a) }
-        }
-        #[inline(always)]
-        fn min(self, a: __m512, b: __m512) -> __m512 {
-            unsafe { _mm512_min_ps(a, b) }
-        }
-        #[inline(always)]
-        fn nonzero(self, a: __m512) -> __mmask16 {
-            unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, _mm512_setzero_ps()) }
-        }
-        #[inline(always)]
-        fn fma_where(self, m: __mmask16, a: __m512, b: __m512, c: __m512) -> __m512 {
-            unsafe { _mm512_mask3_fmadd_ps(a, b, c, m) }
-        }
-        #[inline(always)]
-        fn zero_unless(self, m: __mmask16, x: __m512) -> __m512 {
-            unsafe { _mm512_maskz_mov_ps(m, x) }
-        }
-        #[inline(always)]
-        fn reduce_add4(self, v: [__m512; 4]) -> [f32; 4] {
-            v.map(|x| unsafe { _mm512_reduce_add_ps(x) })
-        }
-    }
-
-    /// AVX2 + FMA token: 8 lanes, 16 registers.
-    #[derive(Clone, Copy, Debug)]
-    pub(crate) struct Avx2(());
-
-    impl Avx2 {
-        /// The token, when this CPU supports AVX2 and FMA.
-        pub(crate) fn new() -> Option<Self> {
-            (is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
-                .then_some(Avx2(()))
-        }
-
-        /// Runs `k` compiled for AVX2 + FMA.
-        ///
-        /// # Safety
-        /// The CPU must support AVX2 and FMA (guaranteed by holding the token).
-        #[target_feature(enable = "avx2,fma")]
-        pub(crate) unsafe fn vectorize<K: Kernel>(self, k: K) -> K::Output {
-            k.run(self)
-        }
-    }
-
-    // SAFETY (for every intrinsic call below): an `Avx2` value exists only after AVX2 and FMA
-    // were detected.
-    impl Simd for Avx2 {
-        const LANES: usize = 8;
-        const ISA: crate::arch::Isa = crate::arch::Isa::Avx2;
-        type V = __m256;
-        type M = __m256;
-
-        #[inline(always)]
-        fn splat(self, x: f32) -> __m256 {
-            unsafe { _mm256_set1_ps(x) }
-        }
-        #[inline(always)]
-        unsafe fn load(self, p: *const f32) -> __m256 {
-            // SAFETY: the caller guarantees 8 readable floats.
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(self, p: *mut f32, v: __m256) {
-            // SAFETY: the caller guarantees 8 writable floats.
-            unsafe { _mm256_storeu_ps(p, v) }
-        }
-        #[inline(always)]
-        fn add(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_add_ps(a, b) }
-        }
-        #[inline(always)]
-        fn sub(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_sub_ps(a, b) }
-        }
-        #[inline(always)]
-        fn mul(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_mul_ps(a, b) }
-        }
-        #[inline(always)]
-        fn div(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_div_ps(a, b) }
-        }
-        #[inline(always)]
-        fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
-            unsafe { _mm256_fmadd_ps(a, b, c) }
-        }
-        #[inline(always)]
-        fn max(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_max_ps(a, b) }
-        }
-        #[inline(always)]
-        fn exp(self, x: __m256) -> __m256 {
-            unsafe { crate::softmax::exp_ps_avx2(x) }
-        }
-        #[inline(always)]
-        fn exp_neg4(self, x: [__m256; 4]) -> [__m256; 4] {
-            unsafe { crate::softmax::exp_neg_lut4_avx2(x) }
-        }
-        #[inline(always)]
-        fn reduce_add(self, a: __m256) -> f32 {
-            unsafe {
-                let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                _mm_cvtss_f32(s)
-            }
-        }
-        #[inline(always)]
-        fn min(self, a: __m256, b: __m256) -> __m256 {
-            unsafe { _mm256_min_ps(a, b) }
-        }
-        #[inline(always)]
-        fn nonzero(self, a: __m256) -> __m256 {
-            unsafe { _mm256_cmp_ps::<_CMP_NEQ_UQ>(a, _mm256_setzero_ps()) }
-        }
-        #[inline(always)]
-        fn fma_where(self, m: __m256, a: __m256, b: __m256, c: __m256) -> __m256 {
-            unsafe { _mm256_blendv_ps(c, _mm256_fmadd_ps(a, b, c), m) }
-        }
-        #[inline(always)]
-        fn zero_unless(self, m: __m256, x: __m256) -> __m256 {
-            unsafe { _mm256_and_ps(x, m) }
-        }
-        #[inline(always)]
-        fn reduce_add4(self, v: [__m256; 4]) -> [f32; 4] {
-            let mut out = [0.0f32; 4];
-            unsafe {
-                // Within each 128-bit half: [a01, a23, b01, b23], then [a0123, b0123, c0123,
-                // d0123]; adding the two halves finishes the four sums.
-                let ab = _mm256_hadd_ps(v[0], v[1]);
-                let cd = _mm256_hadd_ps(v[2], v[3]);
-                let t = _mm256_hadd_ps(ab, cd);
-                let r = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t));
-                _mm_storeu_ps(out.as_mut_ptr(), r);
-            }
-            out
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1055,24 +616,13 @@ pub(crate) fn decode_pv_block<S: Simd>(
 fn prefetch_row(row: *const f32, n: usize) {
     let mut d = 0;
     while d < n {
-        prefetch(row.wrapping_add(d));
+        prefetch_l1(row.wrapping_add(d));
         d += LINE_FLOATS;
     }
 }
 
 /// Floats per 64-byte cache line (the prefetch stride).
 const LINE_FLOATS: usize = 16;
-
-/// Hints the cache to fetch the line holding `p` into L1 (no fault, no effect on results; a
-/// no-op off x86-64). Any address is allowed, so callers form it with `wrapping_add`.
-#[inline(always)]
-fn prefetch(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and never changes memory; any address is allowed.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    }
-}
 
 /// `max(init, max_j x_j)` with NaN entries ignored (as `if x > m { m = x }` does), vectorised:
 /// the decode path's per-block row maximum. `init` must not be NaN.

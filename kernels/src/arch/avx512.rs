@@ -1,0 +1,260 @@
+//! The AVX-512F [`Simd`]: `__m512`, 16 lanes, 32 registers, `__mmask16` masks (masked tails),
+//! `vscalefps` for `2^n`.
+
+use std::arch::x86_64::*;
+
+use super::simd::{Kernel, Simd};
+use super::Isa;
+
+/// AVX-512F token: a value exists only on a CPU that has AVX-512F.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx512(());
+
+impl Avx512 {
+    /// Runs `k` compiled for AVX-512F (holding the token proves the CPU has it).
+    #[inline]
+    pub(crate) fn vectorize<K: Kernel>(self, k: K) -> K::Output {
+        // SAFETY: the token exists only when the CPU supports AVX-512F.
+        unsafe { self.vectorize_unchecked(k) }
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    unsafe fn vectorize_unchecked<K: Kernel>(self, k: K) -> K::Output {
+        k.run(self)
+    }
+}
+
+/// Lanes `< k` set (`k ≤ 16`).
+#[inline(always)]
+fn tail(k: usize) -> __mmask16 {
+    debug_assert!(k <= 16);
+    ((1u32 << k) - 1) as __mmask16
+}
+
+/// The mask of the 16 bools in the bytes of `b`.
+#[inline(always)]
+fn bools16(_s: Avx512, b: __m128i) -> __mmask16 {
+    // SAFETY: AVX-512F (the token).
+    unsafe {
+        let w = _mm512_cvtepu8_epi32(b);
+        _mm512_test_epi32_mask(w, w)
+    }
+}
+
+// SAFETY (every `unsafe` block below): a `self` token exists only on a CPU with AVX-512F; the
+// pointer methods forward their callers' guarantees, and masked loads and stores neither touch
+// nor fault on masked-off lanes.
+impl Simd for Avx512 {
+    const ISA: Isa = Isa::Avx512;
+    const LANES: usize = 16;
+    const HAS_STREAM: bool = true;
+    const FUSED: bool = true;
+    type V = __m512;
+    type M = __mmask16;
+
+    #[inline(always)]
+    fn try_new() -> Option<Self> {
+        Isa::Avx512.is_supported().then_some(Avx512(()))
+    }
+    #[inline(always)]
+    unsafe fn new_unchecked() -> Self {
+        debug_assert!(Isa::Avx512.is_supported());
+        Avx512(())
+    }
+
+    #[inline(always)]
+    fn splat(self, x: f32) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(self, p: *const f32) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn load_tail(self, p: *const f32, k: usize) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_maskz_loadu_ps(tail(k), p) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32, v: __m512) {
+        // SAFETY: see the impl.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn store_tail(self, p: *mut f32, k: usize, v: __m512) {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mask_storeu_ps(p, tail(k), v) }
+    }
+    #[inline(always)]
+    unsafe fn stream(self, p: *mut f32, v: __m512) {
+        debug_assert!((p as usize).is_multiple_of(64));
+        // SAFETY: see the impl; the caller guarantees the alignment.
+        unsafe { _mm512_stream_ps(p, v) }
+    }
+    #[inline(always)]
+    fn prefetch(self, p: *const f32) {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
+    }
+    #[inline(always)]
+    fn prefetch_far(self, p: *const f32) {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.cast()) }
+    }
+
+    #[inline(always)]
+    fn add(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_add_ps(a, b) }
+    }
+    #[inline(always)]
+    fn sub(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_sub_ps(a, b) }
+    }
+    #[inline(always)]
+    fn mul(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
+    fn div(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_div_ps(a, b) }
+    }
+    #[inline(always)]
+    fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    fn max(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_max_ps(a, b) }
+    }
+    #[inline(always)]
+    fn min(self, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_min_ps(a, b) }
+    }
+    #[inline(always)]
+    fn max_skip_nan(self, acc: __m512, v: __m512) -> __m512 {
+        // vmaxps returns its second operand when either is NaN.
+        // SAFETY: see the impl.
+        unsafe { _mm512_max_ps(v, acc) }
+    }
+    #[inline(always)]
+    fn min_skip_nan(self, acc: __m512, v: __m512) -> __m512 {
+        // vminps returns its second operand when either is NaN.
+        // SAFETY: see the impl.
+        unsafe { _mm512_min_ps(v, acc) }
+    }
+    #[inline(always)]
+    fn max_keep_nan(self, v: __m512, lo: __m512) -> __m512 {
+        // SAFETY: see the impl. Second operand on NaN.
+        unsafe { _mm512_max_ps(lo, v) }
+    }
+    #[inline(always)]
+    fn clamp_keep_nan(self, v: __m512, lo: __m512, hi: __m512) -> __m512 {
+        // SAFETY: see the impl. Second operand on NaN: a NaN `v` passes through both.
+        unsafe { _mm512_min_ps(hi, _mm512_max_ps(lo, v)) }
+    }
+
+    #[inline(always)]
+    fn reduce_add(self, v: __m512) -> f32 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_reduce_add_ps(v) }
+    }
+    #[inline(always)]
+    fn reduce_add4(self, v: [__m512; 4]) -> [f32; 4] {
+        // SAFETY: see the impl.
+        v.map(|x| unsafe { _mm512_reduce_add_ps(x) })
+    }
+    #[inline(always)]
+    fn reduce_max(self, v: __m512) -> f32 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_reduce_max_ps(v) }
+    }
+    #[inline(always)]
+    fn reduce_min(self, v: __m512) -> f32 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_reduce_min_ps(v) }
+    }
+
+    #[inline(always)]
+    fn ldexp(self, p: __m512, n: __m512, _t: __m512) -> __m512 {
+        // vscalefps: p·2^floor(n) with a single rounding, overflow to ∞ and gradual underflow
+        // included.
+        // SAFETY: see the impl.
+        unsafe { _mm512_scalef_ps(p, n) }
+    }
+    #[inline(always)]
+    fn shl23(self, t: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_castps_si512(t))) }
+    }
+    #[inline(always)]
+    fn exp2_k8(self, table: __m512, t: __m512) -> __m512 {
+        // vpermps reads the low 4 bits of each index lane; the table repeats its 8 entries.
+        // SAFETY: see the impl.
+        unsafe {
+            let t = _mm512_castps_si512(t);
+            let looked = _mm512_castps_si512(_mm512_permutexvar_ps(t, table));
+            _mm512_castsi512_ps(_mm512_add_epi32(looked, _mm512_slli_epi32::<20>(t)))
+        }
+    }
+
+    #[inline(always)]
+    fn any_lt(self, v: __m512, lo: __m512) -> bool {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo) != 0 }
+    }
+    #[inline(always)]
+    fn lt(self, v: __m512, lo: __m512) -> __mmask16 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_LT_OQ>(v, lo) }
+    }
+    #[inline(always)]
+    fn nonzero(self, a: __m512) -> __mmask16 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(a, _mm512_setzero_ps()) }
+    }
+    #[inline(always)]
+    fn first(self, k: usize) -> __mmask16 {
+        tail(k)
+    }
+    #[inline(always)]
+    fn select(self, m: __mmask16, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mask_blend_ps(m, b, a) }
+    }
+    #[inline(always)]
+    fn fma_where(self, m: __mmask16, a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_mask3_fmadd_ps(a, b, c, m) }
+    }
+    #[inline(always)]
+    fn zero_unless(self, m: __mmask16, x: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_maskz_mov_ps(m, x) }
+    }
+    #[inline(always)]
+    unsafe fn keep(self, p: *const bool) -> __mmask16 {
+        // SAFETY: see the impl; the caller guarantees 16 readable bools (16 bytes).
+        bools16(self, unsafe { _mm_loadu_si128(p.cast()) })
+    }
+    #[inline(always)]
+    unsafe fn keep_tail(self, p: *const bool, k: usize) -> __mmask16 {
+        debug_assert!(k < 16);
+        let mut a = [0u8; 16];
+        // SAFETY: the caller guarantees `k` readable bools; `a` holds 16 bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(p.cast::<u8>(), a.as_mut_ptr(), k);
+            bools16(self, _mm_loadu_si128(a.as_ptr().cast()))
+        }
+    }
+}

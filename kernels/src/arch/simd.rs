@@ -1,0 +1,255 @@
+//! The one f32 vector trait, [`Simd`], that every kernel is written in, and the one way to run
+//! generic code on an ISA: a [`Kernel`] handed to [`vectorize`].
+//!
+//! An implementor is a zero-sized *token*: a value exists only after the CPU check
+//! ([`Simd::try_new`]) or under an `unsafe` promise ([`Simd::new_unchecked`]), so its
+//! arithmetic methods are safe. Only the methods that take raw pointers are `unsafe`; algorithm
+//! bodies use the slice helpers below ([`load`], [`store`], [`load_tail`], [`store_tail`]),
+//! which check bounds and compile to the same single instruction once the compiler has
+//! hoisted the check out of the loop.
+//!
+//! Generic bodies must be `#[inline(always)]` and reached from a `#[target_feature]` function
+//! ([`vectorize`] or a GEMM micro-kernel wrapper): only then do the intrinsics inline.
+
+use super::Isa;
+use super::Portable;
+
+/// `1.5 · 2^23`: adding it to `|v| < 2^22` rounds `v` to an integer (ties to even) held in the
+/// low mantissa bits of the sum. The `t` argument of [`Simd::ldexp`] and [`Simd::exp2_k8`]
+/// is formed this way.
+pub(crate) const ROUND_MAGIC: f32 = 12_582_912.0;
+/// `ROUND_MAGIC.to_bits()`.
+pub(crate) const ROUND_MAGIC_BITS: i32 = 0x4B40_0000;
+/// `2^−64`, the fixed second factor of [`Simd::ldexp_low`].
+pub(crate) const TWO_POW_M64: f32 = f32::from_bits((127 - 64) << 23);
+
+/// An f32 vector ISA, as a token: lanes, vector and mask types, and the operations the GEMM
+/// micro-kernels, the softmax and the attention kernels are written in. Implemented by
+/// [`Avx512`](super::Avx512), [`Avx2`](super::Avx2) and [`Portable`].
+pub(crate) trait Simd: Copy + Send + Sync + 'static {
+    /// The ISA this implements.
+    const ISA: Isa;
+    /// f32 lanes per vector.
+    const LANES: usize;
+    /// True when [`stream`](Self::stream) is a non-temporal store (needs `LANES × 4`-byte
+    /// alignment); false when it is an ordinary store.
+    const HAS_STREAM: bool;
+    /// True when [`fma`](Self::fma) rounds once.
+    const FUSED: bool;
+    /// A vector of `LANES` f32.
+    type V: Copy;
+    /// A per-lane boolean mask.
+    type M: Copy;
+
+    /// The token, when this CPU supports the ISA.
+    fn try_new() -> Option<Self>;
+    /// The token without the CPU check.
+    ///
+    /// # Safety
+    /// The CPU must support [`Self::ISA`] (e.g. the caller is a micro-kernel whose own contract
+    /// requires it).
+    unsafe fn new_unchecked() -> Self;
+
+    /// Every lane `x`.
+    fn splat(self, x: f32) -> Self::V;
+    /// Loads `LANES` f32 (unaligned).
+    ///
+    /// # Safety
+    /// `p` valid for reading `LANES` f32.
+    unsafe fn load(self, p: *const f32) -> Self::V;
+    /// Loads `k < LANES` f32; lanes `≥ k` are 0.0 and are not read.
+    ///
+    /// # Safety
+    /// `p` valid for reading `k` f32.
+    unsafe fn load_tail(self, p: *const f32, k: usize) -> Self::V;
+    /// Stores `LANES` f32 (unaligned).
+    ///
+    /// # Safety
+    /// `p` valid for writing `LANES` f32.
+    unsafe fn store(self, p: *mut f32, v: Self::V);
+    /// Stores the first `k < LANES` lanes; nothing else is touched.
+    ///
+    /// # Safety
+    /// `p` valid for writing `k` f32.
+    unsafe fn store_tail(self, p: *mut f32, k: usize, v: Self::V);
+    /// Non-temporal store of `LANES` f32 when [`HAS_STREAM`](Self::HAS_STREAM), otherwise an
+    /// ordinary store. Needs [`store_fence`] before another thread reads the data.
+    ///
+    /// # Safety
+    /// `p` valid for writing `LANES` f32 and, when `HAS_STREAM`, aligned to `LANES × 4` bytes.
+    unsafe fn stream(self, p: *mut f32, v: Self::V);
+    /// Hints that the cache line holding `p` will be read soon (into L1). Any address is
+    /// allowed: a prefetch never faults. No-op on [`Portable`].
+    fn prefetch(self, p: *const f32);
+    /// As [`prefetch`](Self::prefetch), for a line read only after the current L1 working set
+    /// is done with: into L2 (`prefetcht1`).
+    fn prefetch_far(self, p: *const f32);
+
+    /// `a + b`.
+    fn add(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a − b`.
+    fn sub(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b`.
+    fn mul(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a / b`, correctly rounded.
+    fn div(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b + c`: one rounding on the x86 ISAs; [`Portable`] rounds once where the build
+    /// target has an FMA and twice otherwise ([`FUSED`](Self::FUSED)).
+    fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// Lane-wise maximum; when either lane is NaN the result is `b`'s lane (the x86 `maxps`
+    /// rule), so `max(c, x)` propagates a NaN `x`.
+    fn max(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise minimum (which lane wins when one is NaN is unspecified).
+    fn min(self, a: Self::V, b: Self::V) -> Self::V;
+    /// Lane-wise maximum that keeps `acc` where `v` is NaN (a NaN never enters `acc`).
+    fn max_skip_nan(self, acc: Self::V, v: Self::V) -> Self::V;
+    /// `min(acc, v)` lane-wise, keeping `acc` where `v` is NaN.
+    fn min_skip_nan(self, acc: Self::V, v: Self::V) -> Self::V;
+    /// `max(v, lo)` lane-wise, NaN lanes of `v` left NaN.
+    fn max_keep_nan(self, v: Self::V, lo: Self::V) -> Self::V;
+    /// `v` clamped to `[lo, hi]`, NaN lanes left NaN.
+    fn clamp_keep_nan(self, v: Self::V, lo: Self::V, hi: Self::V) -> Self::V;
+
+    /// Sum of the lanes.
+    fn reduce_add(self, v: Self::V) -> f32;
+    /// The lane sums of four vectors, `[Σa, Σb, Σc, Σd]`: one transposed reduction instead of
+    /// four horizontal sums.
+    fn reduce_add4(self, v: [Self::V; 4]) -> [f32; 4];
+    /// Largest lane (used where no lane is NaN).
+    fn reduce_max(self, v: Self::V) -> f32;
+    /// Smallest lane (used where no lane is NaN).
+    fn reduce_min(self, v: Self::V) -> f32;
+
+    /// `p · 2^n` where `n` is an integer-valued float in `[−150, 128]` and `t` is the same
+    /// integer rounded by adding [`ROUND_MAGIC`] (its low mantissa bits hold `n`). Rounds once,
+    /// so results in the subnormal range are right and `p · 2^128` overflows to `+∞` exactly
+    /// when it should. NaN `p` gives NaN.
+    fn ldexp(self, p: Self::V, n: Self::V, t: Self::V) -> Self::V;
+    /// [`ldexp`](Self::ldexp) for `n ∈ [−150, 63]` only: one scaling by `2^(n+64)` (exact,
+    /// normal) and one by `2^−64` (the only rounding), so the same bits for fewer integer
+    /// operations. Defaults to `ldexp`.
+    #[inline(always)]
+    fn ldexp_low(self, p: Self::V, n: Self::V, t: Self::V) -> Self::V {
+        self.ldexp(p, n, t)
+    }
+    /// The bits of each lane shifted left by 23 (into the exponent field), as f32: `2^(k−127)`
+    /// when the low 9 bits of `t`'s bits hold `k ∈ [1, 254]`.
+    fn shl23(self, t: Self::V) -> Self::V;
+    /// `2^(k/8)` for the integers `k` that `t` holds the way [`ldexp`](Self::ldexp)'s `t`
+    /// does (`|k| < 2^22`), given `table[j] = bits(2^(j/8)) − (j << 20)` for `j < 8`
+    /// (repeated to fill the vector): lane `i` is `bits(table[k_i mod 8]) + (bits(t_i) << 20)`,
+    /// exact while the result is a normal f32 (`k ≥ −1008`).
+    fn exp2_k8(self, table: Self::V, t: Self::V) -> Self::V;
+
+    /// True when some lane of `v` is `< lo` (NaN lanes are not).
+    fn any_lt(self, v: Self::V, lo: Self::V) -> bool;
+    /// Lanes where `v < lo` (not NaN lanes).
+    fn lt(self, v: Self::V, lo: Self::V) -> Self::M;
+    /// Lanes of `a` that are not `+0`/`−0` (NaN lanes count as non-zero).
+    fn nonzero(self, a: Self::V) -> Self::M;
+    /// Lanes `< k` set (`k ≤ LANES`).
+    fn first(self, k: usize) -> Self::M;
+    /// `m ? a : b` lane-wise.
+    fn select(self, m: Self::M, a: Self::V, b: Self::V) -> Self::V;
+    /// `a · b + c` in the lanes set in `m`, `c` elsewhere: a product with a zero weight
+    /// contributes nothing even when the other factor is `±∞` or NaN.
+    fn fma_where(self, m: Self::M, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `x` in the lanes set in `m`, `0` elsewhere.
+    fn zero_unless(self, m: Self::M, x: Self::V) -> Self::V;
+    /// Lanes where `keep[j]` is true.
+    ///
+    /// # Safety
+    /// `p` valid for reading `LANES` bools.
+    unsafe fn keep(self, p: *const bool) -> Self::M;
+    /// Lanes `< k` where `keep[j]` is true, `k < LANES`.
+    ///
+    /// # Safety
+    /// `p` valid for reading `k` bools.
+    unsafe fn keep_tail(self, p: *const bool, k: usize) -> Self::M;
+}
+
+/// A computation written once over any [`Simd`]; [`vectorize`] compiles and runs it for one ISA.
+pub(crate) trait Kernel {
+    /// What the computation returns.
+    type Output;
+    /// The body; implementations mark it `#[inline(always)]` so it is compiled inside the
+    /// `#[target_feature]` wrapper of the ISA.
+    fn run<S: Simd>(self, s: S) -> Self::Output;
+}
+
+/// Runs `k` with the vector code of `isa`, which must be supported (callers obtained it through
+/// [`Isa::require`] or [`super::selected`]); an unsupported ISA falls back to portable code
+/// rather than executing illegal instructions.
+#[inline]
+pub(crate) fn vectorize<K: Kernel>(isa: Isa, k: K) -> K::Output {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => match super::Avx512::try_new() {
+            Some(s) => s.vectorize(k),
+            None => k.run(Portable),
+        },
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => match super::Avx2::try_new() {
+            Some(s) => s.vectorize(k),
+            None => k.run(Portable),
+        },
+        _ => k.run(Portable),
+    }
+}
+
+/// Loads `LANES` floats from the start of `x` (which must hold that many; panics otherwise).
+#[inline(always)]
+pub(crate) fn load<S: Simd>(s: S, x: &[f32]) -> S::V {
+    let x = &x[..S::LANES];
+    // SAFETY: `x` has exactly LANES floats.
+    unsafe { s.load(x.as_ptr()) }
+}
+
+/// Stores `LANES` floats at the start of `x` (which must hold that many; panics otherwise).
+#[inline(always)]
+pub(crate) fn store<S: Simd>(s: S, x: &mut [f32], v: S::V) {
+    let x = &mut x[..S::LANES];
+    // SAFETY: `x` has exactly LANES floats.
+    unsafe { s.store(x.as_mut_ptr(), v) }
+}
+
+/// Loads the `x.len() < LANES` floats of `x`; the other lanes are 0.0.
+#[inline(always)]
+pub(crate) fn load_tail<S: Simd>(s: S, x: &[f32]) -> S::V {
+    assert!(x.len() < S::LANES);
+    // SAFETY: `x` has `x.len()` readable floats.
+    unsafe { s.load_tail(x.as_ptr(), x.len()) }
+}
+
+/// Stores the first `x.len() < LANES` lanes of `v` into `x`.
+#[inline(always)]
+pub(crate) fn store_tail<S: Simd>(s: S, x: &mut [f32], v: S::V) {
+    assert!(x.len() < S::LANES);
+    // SAFETY: `x` has `x.len()` writable floats.
+    unsafe { s.store_tail(x.as_mut_ptr(), x.len(), v) }
+}
+
+/// Orders this thread's earlier non-temporal stores ([`Simd::stream`]) before its later
+/// stores, so that another thread that synchronises with this one afterwards (a rayon join, a
+/// return to the caller) sees them. A no-op where `stream` is an ordinary store.
+pub(crate) fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` is SSE, part of every x86-64 CPU; it only orders stores.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// Hints the cache to fetch the line holding `p` into L1 whatever the token (no fault, no
+/// effect on results; a no-op off x86-64, where the hint is part of the baseline). Any address
+/// is allowed, so callers form it with `wrapping_add`.
+#[inline(always)]
+pub(crate) fn prefetch_l1(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and never changes memory; any address is allowed.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
