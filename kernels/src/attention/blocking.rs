@@ -3,7 +3,9 @@
 //! and the GEMM micro-kernel's tile, so they can be derived for any machine; the decode sizes
 //! are constants (register tiles, and a key block sized for a 32 KiB L1).
 
-use crate::arch::cache::CacheSizes;
+use crate::arch::cache::{self, CacheSizes};
+use crate::arch::Isa;
+use crate::gemm::ukernel::kernel_for;
 
 /// Query vectors per tile: the flash tile is the column width `NR` of the ISA's GEMM
 /// micro-kernel (`sgemm_6x16_avx2`, `sgemm_4x16_portable`: 2 × 8 = 16 queries;
@@ -68,16 +70,14 @@ impl FlashBlocking {
     }
 }
 
-/// The flash blocks of [`FlashBlocking::derive`] for [`CacheSizes::DEFAULT`] (Zen 4) and
-/// `sgemm_12x32_avx512`, which the flash loop uses on every machine for now.
-const FLASH: FlashBlocking = FlashBlocking::derive(&CacheSizes::DEFAULT, 12, 32);
-
-/// Query tiles per flash task ([`FlashBlocking::qt`]).
-pub(crate) const QT: usize = FLASH.qt;
-
-/// Keys per block of the streaming loop ([`FlashBlocking::bc`]): 144, a whole number of
-/// micro-kernel row panels of both `sgemm_6x16_avx2` and `sgemm_12x32_avx512`.
-pub(crate) const BC: usize = FLASH.bc;
+impl FlashBlocking {
+    /// The flash blocks of `isa`'s GEMM micro-kernel on this machine's detected caches
+    /// ([`crate::arch::cache::detected`]); a few divisions, so computed per call.
+    pub(crate) fn for_isa(isa: Isa) -> FlashBlocking {
+        let k = kernel_for(isa);
+        FlashBlocking::derive(&cache::detected(), k.mr, k.nr)
+    }
+}
 
 /// Queries at or below which [`super::attention`] takes the decode path: with so few rows the
 /// query tile of the flash path would be mostly padding, while the decode path vectorises
@@ -162,7 +162,7 @@ mod tests {
 
     #[test]
     fn zen4_values() {
-        assert_eq!((BC, QT), (144, 4));
-        assert_eq!(BC % 6, 0, "whole AVX2 row panels too");
+        let f = FlashBlocking::derive(&CacheSizes::DEFAULT, 12, 32);
+        assert_eq!((f.bc, f.qt), (144, 4));
     }
 }

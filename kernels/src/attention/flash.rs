@@ -1,6 +1,7 @@
-//! The flash path: one task per `(batch, query head, group of [`QT`] query tiles)`, streaming
-//! the keys in blocks of [`BC`] with an online softmax per tile; each key block serves all the
-//! task's tiles while it is in cache. Written once over the [`Simd`] trait.
+//! The flash path: one task per `(batch, query head, group of QT query tiles)`, streaming
+//! the keys in blocks of BC keys with an online softmax per tile; each key block serves all
+//! the task's tiles while it is in cache. BC and QT come from the detected caches
+//! ([`FlashBlocking::for_isa`]). Written once over the [`Simd`] trait.
 //!
 //! Per task, with `QR = QV·LANES` queries on the vector lanes (the width `NR` of the ISA's GEMM
 //! micro-kernel, see [`super::simd`]):
@@ -22,7 +23,7 @@ use rayon::prelude::*;
 
 use attn_core::{Error, Result};
 
-use super::blocking::{BC, QT, QV};
+use super::blocking::{FlashBlocking, QV};
 use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows};
 use super::sink::Sink;
 use super::{matrix, scale_query, zeros, Problem};
@@ -38,7 +39,7 @@ const MAX_QR: usize = 32;
 /// packed query tiles and the probability block are B micro-panels of the GEMM micro-kernel,
 /// hence 64-byte aligned.
 pub(super) struct Scratch {
-    /// The task's [`QT`] packed query tiles, `dk·QR` floats each.
+    /// The task's QT packed query tiles, `dk·QR` floats each.
     qp: AlignedBuf,
     /// The score / probability block of the tile being processed.
     s: AlignedBuf,
@@ -56,10 +57,10 @@ pub(super) struct Scratch {
 impl Scratch {
     /// The scratch of one thread, or an error when `dk` or `dv` (which a zero-stride operand
     /// can make huge) asks for more than can be allocated.
-    fn new(dk: usize, dv: usize) -> Result<Self> {
+    fn new(dk: usize, dv: usize, fb: FlashBlocking) -> Result<Self> {
         let tiles = |d: usize, n: usize| d.checked_mul(n).and_then(|x| x.checked_mul(MAX_QR));
         let (mut qp, mut s) = (AlignedBuf::default(), AlignedBuf::default());
-        if !tiles(dk, QT).is_some_and(|n| qp.try_grow(n)) || !s.try_grow(BC * MAX_QR) {
+        if !tiles(dk, fb.qt).is_some_and(|n| qp.try_grow(n)) || !s.try_grow(fb.bc * MAX_QR) {
             return Err(Error::InvalidParameter {
                 arg: "q",
                 requirement: "the sizes imply a scratch buffer that cannot be allocated",
@@ -68,10 +69,10 @@ impl Scratch {
         Ok(Scratch {
             qp,
             s,
-            o: zeros("v", tiles(dv, QT))?,
+            o: zeros("v", tiles(dv, fb.qt))?,
             save: zeros("v", tiles(dv, 1))?,
-            m: vec![0.0; QT * MAX_QR],
-            l: vec![0.0; QT * MAX_QR],
+            m: vec![0.0; fb.qt * MAX_QR],
+            l: vec![0.0; fb.qt * MAX_QR],
             alpha: vec![0.0; MAX_QR],
         })
     }
@@ -84,18 +85,19 @@ pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) 
     if p.nq == 0 {
         return Ok(());
     }
-    let groups = p.nq.div_ceil(QT * tile_rows(isa));
+    let fb = FlashBlocking::for_isa(isa);
+    let groups = p.nq.div_ceil(fb.qt * tile_rows(isa));
     // Bounded by the rows of the output or lse slice (see `Problem::trivial`).
     let tasks = p.batch.saturating_mul(p.hq).saturating_mul(groups);
-    let task = |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups });
+    let task = |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups, fb });
     if par.count() == 1 || tasks == 1 {
-        let mut scr = Scratch::new(p.dk, p.dv)?;
+        let mut scr = Scratch::new(p.dk, p.dv, fb)?;
         (0..tasks).for_each(|t| task(&mut scr, t));
         Ok(())
     } else {
         par.install(|| {
             (0..tasks).into_par_iter().with_min_len(1).try_for_each_init(
-                || Scratch::new(p.dk, p.dv),
+                || Scratch::new(p.dk, p.dv, fb),
                 |scr, t| {
                     task(scr.as_mut().map_err(|e| e.clone())?, t);
                     Ok(())
@@ -105,13 +107,14 @@ pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) 
     }
 }
 
-/// One task: query tiles `QT·(t mod groups) ..` (up to [`QT`] of them) of head `t / groups`.
+/// One task: query tiles `QT·(t mod groups) ..` (up to QT of them) of head `t / groups`.
 struct Task<'r, 'p, 'a> {
     p: &'r Problem<'a>,
     sink: &'r Sink<'p>,
     scr: &'r mut Scratch,
     t: usize,
     groups: usize,
+    fb: FlashBlocking,
 }
 
 impl Kernel for Task<'_, '_, '_> {
@@ -119,21 +122,22 @@ impl Kernel for Task<'_, '_, '_> {
 
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        let Task { p, sink, scr, t, groups } = self;
+        let Task { p, sink, scr, t, groups, fb } = self;
+        let (qt, bc) = (fb.qt, fb.bc);
         let qr = QV * S::LANES;
         debug_assert!(qr <= MAX_QR);
-        let (bh, g0) = (t / groups, (t % groups) * QT * qr);
+        let (bh, g0) = (t / groups, (t % groups) * qt * qr);
         if g0 >= p.nq {
             return; // only if the caller's tiling disagrees with this ISA; nothing to do
         }
         let (b, h) = (bh / p.hq, bh % p.hq);
         let (dk, dv) = (p.dk, p.dv);
-        let tiles = (p.nq - g0).min(QT * qr).div_ceil(qr);
+        let tiles = (p.nq - g0).min(qt * qr).div_ceil(qr);
         // Query rows `i0..i0 + rows` of tile u.
         let tile = |u: usize| (g0 + u * qr, (p.nq - g0 - u * qr).min(qr));
 
         // 1. Packed, pre-scaled query tiles; fresh online-softmax states.
-        let qps = scr.qp.get(QT * dk * qr);
+        let qps = scr.qp.get(qt * dk * qr);
         let qm = matrix(&p.q.layout, b, h);
         for u in 0..tiles {
             let ((i0, rows), qp) = (tile(u), &mut qps[u * dk * qr..(u + 1) * dk * qr]);
@@ -159,7 +163,7 @@ impl Kernel for Task<'_, '_, '_> {
         let kend_task = p.key_end(i_last + rows_last - 1);
         let mut j0 = 0;
         while j0 < kend_task {
-            let nb_task = (kend_task - j0).min(BC);
+            let nb_task = (kend_task - j0).min(bc);
             for u in 0..tiles {
                 let (i0, rows) = tile(u);
                 let kend = p.key_end(i0 + rows - 1);
