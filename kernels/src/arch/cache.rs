@@ -180,6 +180,23 @@ fn cpuid_caches() -> Option<CacheSizes> {
     None
 }
 
+/// Cache configurations every block-size derivation is tested on: the machine kinds the
+/// project meets, small, zero, odd and absurd sizes, and this machine's.
+#[cfg(test)]
+pub(crate) fn examples() -> [(&'static str, CacheSizes); 9] {
+    [
+        ("Zen 4", CacheSizes::new(32 << 10, 1 << 20, 32 << 20)),
+        ("Zen 5", CacheSizes::new(48 << 10, 1 << 20, 32 << 20)),
+        ("Ice Lake", CacheSizes::new(48 << 10, 1280 << 10, 48 << 20)),
+        ("small", CacheSizes::new(16 << 10, 256 << 10, 0)),
+        ("zero", CacheSizes::new(0, 0, 0)),
+        ("odd", CacheSizes::new(12345, 67891, 1_000_003)),
+        ("absurd", CacheSizes::new(usize::MAX, usize::MAX, usize::MAX)),
+        ("default", CacheSizes::DEFAULT),
+        ("detected", detected()),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -125,17 +125,7 @@ mod tests {
 
     #[test]
     fn flash_blocks_are_valid_for_any_caches() {
-        let configs = [
-            ("Zen 4", CacheSizes::new(32 << 10, 1 << 20, 32 << 20)),
-            ("Zen 5", CacheSizes::new(48 << 10, 1 << 20, 32 << 20)),
-            ("Ice Lake", CacheSizes::new(48 << 10, 1280 << 10, 48 << 20)),
-            ("small", CacheSizes::new(16 << 10, 256 << 10, 0)),
-            ("zero", CacheSizes::new(0, 0, 0)),
-            ("odd", CacheSizes::new(12345, 67891, 1_000_003)),
-            ("absurd", CacheSizes::new(usize::MAX, usize::MAX, usize::MAX)),
-            ("detected", crate::arch::cache::detected()),
-        ];
-        for (name, c) in configs {
+        for (name, c) in cache::examples() {
             for (mr, qr) in [(12, 32), (6, 16), (4, 16), (1, 1), (0, 0), (2000, 64)] {
                 let f = FlashBlocking::derive(&c, mr, qr);
                 let mr = mr.max(1);

@@ -103,18 +103,7 @@ mod tests {
 
     #[test]
     fn derived_blocks_are_valid_for_any_caches() {
-        let configs = [
-            ("Zen 4", CacheSizes::new(32 << 10, 1 << 20, 32 << 20)),
-            ("Zen 5", CacheSizes::new(48 << 10, 1 << 20, 32 << 20)),
-            ("Ice Lake", CacheSizes::new(48 << 10, 1280 << 10, 48 << 20)),
-            ("small", CacheSizes::new(16 << 10, 256 << 10, 0)),
-            ("zero", CacheSizes::new(0, 0, 0)),
-            ("odd", CacheSizes::new(12345, 67891, 1_000_003)),
-            ("absurd", CacheSizes::new(usize::MAX, usize::MAX, usize::MAX)),
-            ("default", CacheSizes::DEFAULT),
-            ("detected", cache::detected()),
-        ];
-        for (name, c) in configs {
+        for (name, c) in cache::examples() {
             for (mr, nr) in TILES {
                 let b = Blocking::derive(&c, mr, nr);
                 let (mr, nr) = (mr.max(1), nr.max(1));
