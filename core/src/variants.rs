@@ -1,4 +1,4 @@
-//! Attention variants of current models, set on top of any [`Mask`](crate::Mask): a sliding
+//! Attention variants of current models, set on top of any [`Mask`]: a sliding
 //! window (Mistral, Gemma 2/3, gpt-oss), a logit softcap (Gemma 2), per-head attention sinks
 //! (gpt-oss) and ALiBi slopes (BLOOM, MPT).
 //!

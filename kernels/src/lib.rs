@@ -17,6 +17,9 @@
 //! (`attn-reference`) takes the same types and runs the same checks, so a call that it rejects
 //! is rejected here with the same error. The product does not link the reference.
 #![deny(unsafe_op_in_unsafe_fn)]
+// Module docs describe the internals (the vector trait, the exp family) for maintainers, who
+// read them with `cargo doc --document-private-items`, where these links resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 #![warn(missing_docs)]
 
 pub mod arch;

@@ -36,7 +36,7 @@
 //! lie within 87 of the running max, the full-range 1-ULP exp elsewhere.
 //!
 //! Overflow (one convention for every path and the reference, see
-//! [`attn_reference::softmax::saturate_logit`]): a score `scale·q·k + mask` is an f32 value; one
+//! `attn_reference::softmax::saturate_logit`): a score `scale·q·k + mask` is an f32 value; one
 //! that overflows f32 is `±∞`, like a `±∞` bias. `−∞` scores get weight 0 (a row of only `−∞`
 //! is fully masked: zeros, logsumexp −∞); the `+∞` scores of a row share its weight evenly (the
 //! output row is the mean of their values, the logsumexp `+∞`); a NaN score gives a NaN row.

@@ -14,12 +14,12 @@
 //! - `|z| ≤ 1e30` is ordinary input: `z − m` never overflows to NaN; a logit whose f32 product
 //!   `scale·x` (or `scale·x + bias`) overflows becomes `±∞` and follows the rule above; the
 //!   f64 reference takes its logits beyond the f32 range as `±∞` too
-//!   ([`attn_reference::softmax::saturate_logit`]), so the two agree; only a logit whose
+//!   (`attn_reference::softmax::saturate_logit`), so the two agree; only a logit whose
 //!   product overflows while the sum with the bias would not (`|scale·x|`, `|bias|` near
 //!   `f32::MAX` with opposite signs) can differ beyond rounding.
 //!
 //! Accuracy, with `u = 2⁻²⁴`, `E` = [`SOFTMAX_EXP_MAX_ULP`] (1.5 ULP: the softmax passes use
-//! their own exp for arguments `z − m ≤ 0`, see [`exp`]), `n` visible positions:
+//! their own exp for arguments `z − m ≤ 0`, see [`crate::math::exp`]), `n` visible positions:
 //! `ŷ_j = p_j(z̃)·(1 + ε_j)`, `|ε_j| ≤ 2E·u + γ_n + 2u`, where `z̃_j` are the f32 logits and
 //! `z̃_j − m` is rounded once; each row sums to `1 ± (γ_n + 2u)`. The tests build their
 //! tolerances from exactly these terms.
