@@ -2,10 +2,11 @@
 //! bounds that more than one place needs. The tests, the fuzz decoders and the report's
 //! correctness check (`attn-bench`) all import these, so their bounds cannot disagree; the
 //! kernels' own accuracy enters only through the constants the kernels publish
-//! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `GELU_TANH_*`).
+//! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `TANH_MAX_ULP`, `GELU_TANH_*`).
 
 use attn_kernels::math::{
     EXP_MAX_ULP, GELU_TANH_ARG_ROUNDINGS, GELU_TANH_OUT_ROUNDINGS, SOFTMAX_EXP_MAX_ULP,
+    TANH_MAX_ULP,
 };
 
 /// Unit roundoff of f32, `u = 2⁻²⁴`: a correctly rounded operation is off by at most `u`
@@ -64,4 +65,13 @@ pub fn gelu_tanh_bound(x: f32, g: f64) -> f64 {
     let exp_ulps = 2.0 * EXP_MAX_ULP;
     let rel = ((GELU_TANH_ARG_ROUNDINGS * z.abs() + exp_ulps) * t + GELU_TANH_OUT_ROUNDINGS) * U;
     1.01 * rel * g.abs() + SUBNORMAL_ULP
+}
+
+/// Bound on the error of the kernels' tanh at `x` against the exact value `t`:
+/// [`TANH_MAX_ULP`] ULP of `t` (one ULP is at most `2u·|t|` in the normal range), plus
+/// `2⁻¹⁴⁹` for results in the subnormal range. `x` is unused today (the bound is relative
+/// everywhere) and kept so that a bound with an argument term needs no new signature.
+pub fn tanh_bound(x: f32, t: f64) -> f64 {
+    let _ = x;
+    TANH_MAX_ULP * ULP_REL * t.abs() + SUBNORMAL_ULP
 }

@@ -1,12 +1,13 @@
-//! The kernels' elementwise math against the f64 reference: GELU (tanh form) on every ISA this
-//! CPU runs, held to the bound built from its published constants
-//! (`attn_tests::numerics::gelu_tanh_bound`): special values exactly, a dense sweep of the range
-//! where it varies, random inputs over the whole f32 range, and position independence.
+//! The kernels' elementwise math against the f64 reference: GELU (tanh form) and tanh on every
+//! ISA this CPU runs, held to the bounds built from their published constants
+//! (`attn_tests::numerics::{gelu_tanh_bound, tanh_bound}`): special values exactly, a dense
+//! sweep of the range where they vary, random inputs over the whole f32 range, and position
+//! independence; an ignored exhaustive sweep measures `TANH_MAX_ULP`.
 
-use attn_kernels::math::gelu_tanh_with_isa;
+use attn_kernels::math::{gelu_tanh_with_isa, tanh_with_isa, TANH_MAX_ULP};
 use attn_kernels::{Activation, Isa};
 use attn_reference::activate;
-use attn_tests::numerics::gelu_tanh_bound;
+use attn_tests::numerics::{gelu_tanh_bound, tanh_bound};
 use attn_tests::supported_isas;
 use proptest::prelude::*;
 
@@ -97,4 +98,169 @@ proptest! {
             check(isa, &xs);
         }
     }
+}
+
+fn tanh(isa: Isa, xs: &[f32]) -> Vec<f32> {
+    let mut ys = xs.to_vec();
+    tanh_with_isa(isa, &mut ys).unwrap();
+    ys
+}
+
+/// ULP of the exact value `v` as an f32: `2^(e−23)` for `|v| ∈ [2^e, 2^(e+1))`, `2^−149` below
+/// `2^−126`.
+fn ulp(v: f64) -> f64 {
+    let v = v.abs();
+    if v < f64::from(f32::MIN_POSITIVE) {
+        return 2f64.powi(-149);
+    }
+    2f64.powi(v.log2().floor() as i32 - 23)
+}
+
+/// Asserts every tanh output within [`tanh_bound`] (NaN where f64 `tanh` is NaN) and returns the
+/// worst error in ULP of the exact result with the input where it occurs.
+fn check_tanh(isa: Isa, xs: &[f32]) -> (f64, f32) {
+    let ys = tanh(isa, xs);
+    let mut worst = (0.0f64, 0.0f32);
+    for (&x, &y) in xs.iter().zip(&ys) {
+        let want = f64::from(x).tanh();
+        if want.is_nan() {
+            assert!(y.is_nan(), "{isa}: tanh({x:e}) = {y:e}, want NaN");
+            continue;
+        }
+        let err = (f64::from(y) - want).abs();
+        let bound = tanh_bound(x, want);
+        assert!(
+            err <= bound,
+            "{isa}: tanh({x:e}) = {y:e}, want {want:e}: error {err:e} > {bound:e}"
+        );
+        let e = err / ulp(want);
+        if e > worst.0 {
+            worst = (e, x);
+        }
+    }
+    worst
+}
+
+#[test]
+fn tanh_special_values() {
+    for isa in supported_isas("math") {
+        let xs = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MAX,
+            f32::MIN,
+            10.0,
+            -10.0,
+            1e-40,
+            -1e-40,
+            f32::MIN_POSITIVE,
+        ];
+        let ys = tanh(isa, &xs);
+        assert_eq!(ys[0].to_bits(), 0.0f32.to_bits(), "{isa}: tanh(+0)");
+        assert_eq!(ys[1].to_bits(), (-0.0f32).to_bits(), "{isa}: tanh(−0)");
+        assert_eq!((ys[2], ys[3]), (1.0, -1.0), "{isa}: tanh(±∞)");
+        assert!(ys[4].is_nan(), "{isa}: tanh(NaN)");
+        assert_eq!((ys[5], ys[6]), (1.0, -1.0), "{isa}: tanh(±MAX)");
+        assert_eq!((ys[7], ys[8]), (1.0, -1.0), "{isa}: tanh(±10)");
+        // Subnormal and smallest normal inputs: tanh(x) rounds to x.
+        assert_eq!(&ys[9..], &xs[9..], "{isa}: tanh of tiny x");
+    }
+}
+
+#[test]
+fn tanh_dense_sweep() {
+    // Every 97th f32 in [1e-4, 10] and every 1009th below, both signs (about 4.8 M inputs per
+    // ISA): below 1e-4 tanh(x) is within 2⁻²⁸·|x| of x, above 9.011 it rounds to ±1 (the
+    // special values and the random test cover the rest of the range).
+    let (lo, hi) = (1e-4f32.to_bits(), 10f32.to_bits());
+    let xs: Vec<f32> = (0..lo)
+        .step_by(1009)
+        .chain((lo..=hi).step_by(97))
+        .flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)])
+        .collect();
+    for isa in supported_isas("math") {
+        let (worst, at) = check_tanh(isa, &xs);
+        eprintln!(
+            "tanh {isa}: worst error {worst:.3} ULP at {at:e} over {} inputs (bound {TANH_MAX_ULP})",
+            xs.len()
+        );
+    }
+}
+
+#[test]
+fn tanh_same_bits_wherever_a_value_sits() {
+    let xs: Vec<f32> = (0..67).map(|i| (i as f32 - 33.0) * 0.037).collect();
+    for isa in supported_isas("math") {
+        let all = tanh(isa, &xs);
+        for start in 0..xs.len() {
+            let part = tanh(isa, &xs[start..]);
+            for (a, b) in all[start..].iter().zip(&part) {
+                assert_eq!(a.to_bits(), b.to_bits(), "{isa}: from offset {start}");
+            }
+        }
+    }
+}
+
+proptest! {
+    #[test]
+    fn tanh_random_inputs_within_the_bound(
+        bits in proptest::collection::vec(any::<u32>(), 1..200),
+        near in proptest::collection::vec(-12.0f32..12.0, 0..200),
+    ) {
+        let mut xs: Vec<f32> = bits.into_iter().map(f32::from_bits).collect();
+        xs.extend(near);
+        for isa in supported_isas("math") {
+            check_tanh(isa, &xs);
+        }
+    }
+}
+
+/// Every non-negative f32 (tanh is odd lane by lane), on every ISA, against f64 `tanh`: the
+/// measurement behind `TANH_MAX_ULP`, reported separately for the polynomial branch
+/// (`x < 0.625`) and the exp branch. Two threads, under a minute per ISA in release:
+/// `cargo test --release -p attn-tests --test math -- --ignored exhaustive_tanh --nocapture`.
+#[test]
+#[ignore]
+fn exhaustive_tanh() {
+    let split = 0.625f32.to_bits();
+    let end = f32::INFINITY.to_bits() + 1; // every non-negative input up to +∞
+    for isa in supported_isas("math") {
+        let (poly, at_poly) = worst_over(isa, 0, split);
+        let (exp, at_exp) = worst_over(isa, split, end);
+        check_tanh(isa, &[f32::NAN]);
+        eprintln!(
+            "tanh {isa}: worst error {poly:.4} ULP at x = {at_poly:e} below 0.625, \
+             {exp:.4} ULP at x = {at_exp:e} above"
+        );
+    }
+}
+
+/// Worst [`check_tanh`] error over the f32 bit patterns `lo..hi`, on all cores.
+fn worst_over(isa: Isa, lo: u32, hi: u32) -> (f64, f32) {
+    const CHUNK: u32 = 1 << 16;
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
+    let per = (hi - lo).div_ceil(threads);
+    let pick = |a: (f64, f32), b: (f64, f32)| if b.0 > a.0 { b } else { a };
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                sc.spawn(move || {
+                    let (from, to) = (lo + t * per, (lo + (t + 1) * per).min(hi));
+                    let mut worst = (0.0f64, 0.0f32);
+                    let mut b = from;
+                    while b < to {
+                        let n = CHUNK.min(to - b);
+                        let xs: Vec<f32> = (b..b + n).map(f32::from_bits).collect();
+                        worst = pick(worst, check_tanh(isa, &xs));
+                        b += n;
+                    }
+                    worst
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).fold((0.0, 0.0), pick)
+    })
 }
