@@ -231,12 +231,12 @@ typedef struct AttnTensorMut {
 // not cover keeps its zero value), so a program built against an older header runs
 // unchanged on a newer library. Refused with `ATTN_STATUS_INVALID_PARAMETER` naming
 // `args.struct_size`: a size below the first version's (`struct_size` through `threads`,
-// 376 bytes on 64-bit targets) or above 4096, and a larger struct (from a newer header)
-// with a nonzero byte past the fields this library knows, since that would be a setting it
-// would ignore.
+// 376 bytes on 64-bit targets) or above 4096, one between two versions' sizes, and a larger
+// struct (from a newer header) with a nonzero byte past the fields this library knows, since
+// that would be a setting it would ignore.
 //
 // Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
-// `ATTN_PATH_AUTO`.
+// `ATTN_PATH_AUTO`, and (version 2) no window, softcap, sinks or ALiBi.
 typedef struct AttnAttentionArgs {
   // `sizeof(AttnAttentionArgs)` in the caller's header (see the versioning rule above).
   size_t struct_size;
@@ -271,6 +271,28 @@ typedef struct AttnAttentionArgs {
   // Threads: 0 = every available core, 1 = the calling thread, n = at most n (see
   // [`AttnStatus`]); the result is bitwise the same for every count.
   size_t threads;
+  // 1 = a sliding window of `window_left` keys before and `window_right` keys after the
+  // causal diagonal (key `j` visible to query `i` when
+  // `i + off − window_left ≤ j ≤ i + off + window_right`, `off` the causal offset: the
+  // causal mask's, else `nk − nq`; `SIZE_MAX` is unbounded); 0 = no window, the two
+  // fields ignored. Any other value is `ATTN_STATUS_INVALID_PARAMETER` naming
+  // `args.has_window`.
+  uint8_t has_window;
+  // Keys visible before the diagonal (when `has_window` is 1).
+  size_t window_left;
+  // Keys visible after the diagonal (when `has_window` is 1); 0 with a causal mask is
+  // Mistral's window of `window_left + 1` keys.
+  size_t window_right;
+  // Logit softcap `c`: scores become `c·tanh(s/c)` after scaling, before the mask. 0 = none;
+  // otherwise finite and `> 0` (`ATTN_STATUS_NON_FINITE` / `ATTN_STATUS_INVALID_PARAMETER`
+  // naming `softcap`).
+  float softcap;
+  // NULL, or `hq` finite sink logits (one per query head) that join each row's softmax
+  // denominator and its logsumexp, carrying no value; a row with no visible key is then
+  // zeros with logsumexp `sinks[h]`.
+  const float *sinks;
+  // NULL, or `hq` finite ALiBi slopes: `slope_h·(j − i − off)` is added to each score.
+  const float *alibi;
 } AttnAttentionArgs;
 
 // The shape of a multi-head attention layer (see the Rust `MhaConfig`).

@@ -15,18 +15,20 @@
 //! rows. A block is small (16 keys) so its K and V rows are still in L1 when the second pass
 //! reads them.
 //!
-//! The split into chunks depends on `nk` only ([`split`]), and the merge visits the chunks in
+//! The split into chunks depends on the visible key range only ([`split`]: all `nk` keys, or
+//! those a window or causal mask leaves to the queries), and the merge visits the chunks in
 //! order, so the result is bitwise identical whatever the thread count (threads only decide
 //! which chunks run where).
 
 use rayon::prelude::*;
 
-use attn_core::{Mask, Result, TensorMut};
+use attn_core::{Result, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK};
 use super::blocks::{
     axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, Strided,
 };
+use super::variants::softcap;
 use super::{zeros, Problem};
 use crate::arch::{vectorize, Isa, Kernel, Simd};
 use crate::math::exp::exp_rr2_p7_scalar;
@@ -54,11 +56,13 @@ pub(super) fn run(
     if heads == 0 || p.nq == 0 {
         return Ok(());
     }
-    let (chunks, chunk_len) = split(p.nk);
+    // The keys any query may see (all of them but for a causal mask or a window).
+    let (k0, k1) = (p.key_start(0), p.key_end(p.nq - 1).max(p.key_start(0)));
+    let (chunks, chunk_len) = split(k1 - k0);
     let task = |t: usize| {
         let (bk, c) = (t / chunks, t % chunks);
-        let c0 = (c * chunk_len).min(p.nk);
-        let c1 = c0.saturating_add(chunk_len).min(p.nk);
+        let c0 = k0.saturating_add(c * chunk_len).min(k1);
+        let c1 = c0.saturating_add(chunk_len).min(k1);
         vectorize(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
     };
     // Rows (batch·hq·nq) are bounded by the output or lse slice (the caller returned early
@@ -133,14 +137,13 @@ impl Kernel for Merge<'_, '_, '_> {
                 if parts.iter().any(|c| c.l[r].is_nan()) {
                     total = f32::NAN;
                 }
-                let inv = if total == 0.0 { 0.0 } else { 1.0 / total };
+                let (inv, row_lse) = p.finish(h, mx, total);
                 for (d, a) in acc.iter().enumerate() {
                     let idx = o.layout.index(b, h, i, d);
                     o.data[idx] = a * inv;
                 }
                 if let Some(out) = lse.as_deref_mut() {
-                    out[(b * p.hq + h) * p.nq + i] =
-                        if total == 0.0 { f32::NEG_INFINITY } else { mx + total.ln() };
+                    out[(b * p.hq + h) * p.nq + i] = row_lse;
                 }
             }
         }
@@ -183,7 +186,6 @@ impl Kernel for Chunk<'_, '_> {
         let gather = |n: usize, arg| zeros(arg, DECODE_BC.checked_mul(n));
         let mut kbuf = if keys.cs == 1 { Vec::new() } else { gather(dk, "k")? };
         let mut vbuf = if values.cs == 1 { Vec::new() } else { gather(dv, "v")? };
-        let c1 = c1.min(p.key_end(nq - 1));
         let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let mut j0 = c0;
         while j0 < c1 {
@@ -193,11 +195,15 @@ impl Kernel for Chunk<'_, '_> {
             // Value rows read in place are prefetched by the score pass.
             let pf = (values.cs == 1).then_some((values, j0, dv));
             decode_qk_block(s, &qs, rows, dk, kv, kj, nb, &mut sb, DECODE_BC, pf);
-            if !matches!(p.mask, Mask::None) {
+            if let Some(c) = p.variants.softcap {
+                softcap(s, &mut sb[..rows * DECODE_BC], c);
+            }
+            if p.masks_scores() {
                 for r in 0..rows {
                     let h = kh * p.group + r / nq;
                     let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
                     p.apply_mask(b, h, r % nq, 1, j0, nb, 1, srow);
+                    p.apply_variants(h, r % nq, 1, j0, nb, 1, srow);
                 }
             }
             // Online softmax per row; the output rows are rescaled before accumulating.

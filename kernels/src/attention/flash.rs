@@ -13,7 +13,10 @@
 //!    `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` (in place, which leaves
 //!    `P` as the B micro-panel of the next product), `l ← α·l + Σ_j P_j`, and
 //!    `Oᵀ ← α·Oᵀ + Vᵀ·P` on the micro-kernels (V read in place);
-//! 3. write `O/l` (zeros where `l = 0`: fully masked rows) and `lse = m + ln l`.
+//!    With variants, a softcap maps the block's scores before the mask, ALiBi and the window
+//!    after it, and blocks outside a tile's window are skipped like those past the diagonal;
+//! 3. write `O/l` (zeros where `l = 0`: fully masked rows) and `lse = m + ln l`, with a sink
+//!    in the denominator when there is one (`Problem::finish`).
 //!
 //! The running maximum starts at `f32::MIN` rather than −∞, so `m − m'` and `S_j − m'` are never
 //! `−∞ − (−∞)`: a block where everything so far is masked gives `α = 1` on an empty sum and
@@ -26,6 +29,7 @@ use attn_core::{Error, Result};
 use super::blocking::{FlashBlocking, QV};
 use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows};
 use super::sink::Sink;
+use super::variants::softcap;
 use super::{matrix, scale_query, zeros, Problem};
 use crate::arch::{load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
@@ -161,19 +165,24 @@ impl Kernel for Task<'_, '_, '_> {
         let (keys, values) = (p.keys(b, kh), p.values(b, kh));
         let (i_last, rows_last) = tile(tiles - 1);
         let kend_task = p.key_end(i_last + rows_last - 1);
-        let mut j0 = 0;
+        let mut j0 = p.key_start(g0);
         while j0 < kend_task {
             let nb_task = (kend_task - j0).min(bc);
             for u in 0..tiles {
                 let (i0, rows) = tile(u);
                 let kend = p.key_end(i0 + rows - 1);
-                if j0 >= kend {
+                // Blocks past the tile's causal diagonal or window, or before its window.
+                if j0 >= kend || j0 + nb_task <= p.key_start(i0) {
                     continue;
                 }
                 let nb = nb_task.min(kend - j0);
                 let sb = scr.s.get(nb * qr);
                 qk_block(s, &qps[u * dk * qr..(u + 1) * dk * qr], dk, keys, j0, nb, sb);
+                if let Some(c) = p.variants.softcap {
+                    softcap(s, sb, c);
+                }
                 p.apply_mask(b, h, i0, rows, j0, nb, qr, sb);
+                p.apply_variants(h, i0, rows, j0, nb, qr, sb);
                 let (m, lsum) =
                     (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);
                 let guard = softmax_step(s, sb, nb, m, lsum, &mut scr.alpha[..qr]);
@@ -188,9 +197,7 @@ impl Kernel for Task<'_, '_, '_> {
             let (i0, rows) = tile(u);
             let acc = &scr.o[u * dv * qr..(u + 1) * dv * qr];
             for r in 0..rows {
-                let (lr, mr) = (scr.l[u * qr + r], scr.m[u * qr + r]);
-                let (inv, lse) =
-                    if lr == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / lr, mr + lr.ln()) };
+                let (inv, lse) = p.finish(h, scr.m[u * qr + r], scr.l[u * qr + r]);
                 sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv);
             }
         }

@@ -60,10 +60,11 @@ mod decode;
 mod flash;
 mod sink;
 mod unfused;
+mod variants;
 
 use attn_core::attention::check_attention;
 use attn_core::{
-    default_scale, Error, Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef,
+    default_scale, Error, Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef, Variants,
 };
 
 use crate::arch::{self, Isa};
@@ -113,6 +114,7 @@ impl Path {
 /// | [`parallelism`](Self::parallelism) | [`Parallelism::Sequential`] (the calling thread) |
 /// | [`isa`](Self::isa) | [`arch::selected`] at [`run`](Self::run) |
 /// | [`path`](Self::path) | [`Path::Auto`] |
+/// | [`variants`](Self::variants) (or [`window`](Self::window), [`softcap`](Self::softcap), [`sinks`](Self::sinks), [`alibi`](Self::alibi)) | [`Variants::NONE`] |
 ///
 /// ```
 /// use attn_kernels::attention::Attention;
@@ -136,10 +138,18 @@ impl Path {
 /// # Ok::<(), attn_kernels::Error>(())
 /// ```
 ///
+/// **Variants** ([`Variants`]: sliding window, logit softcap, attention sinks, ALiBi) combine
+/// with every mask, GQA, both layouts and every path. For query `i` and key `j` of head `h`
+/// the logit is `softcap(scale·q·k) + mask_ij + slope_h·(j − i − off)`, visible when the mask
+/// and the window allow; a sink joins each row's denominator (and its logsumexp) and carries
+/// no value. `off` is the causal offset ([`Variants::offset`]). Key blocks outside a row
+/// tile's window are never visited: a window of width `w` costs `O(Nq·w)`. A row with no
+/// visible key is zero with logsumexp −∞, or with a sink, zero with logsumexp `sink_h`.
+/// The softcap's tanh adds its [`TANH_MAX_ULP`](crate::math::TANH_MAX_ULP) to each capped
+/// score; the ALiBi term is `slope·(j − i − off)` rounded once in f32.
+///
 /// **Growing.** New settings are new methods with a default that leaves every existing call as
-/// it is, never a new function per combination: the variants (sliding window, softcap,
-/// attention sinks, ALiBi slopes) as methods beside [`mask`](Self::mask) (`window(left,
-/// right)`, `softcap(c)`, `sinks(&[f32])`, `alibi(&[f32])`); varlen batches as a method taking
+/// it is, never a new function per combination; varlen batches as a method taking
 /// `cu_seqlens_q`/`cu_seqlens_k`; a paged KV cache as a method taking the block table, with
 /// `k`/`v` viewing the page pool; other element types as views of those types passed to
 /// [`new`](Self::new). The fields are private, so adding one breaks no caller. The C ABI
@@ -158,6 +168,7 @@ pub struct Attention<'a> {
     /// `None`: `arch::selected()` when the problem runs.
     isa: Option<Isa>,
     path: Path,
+    variants: Variants<'a>,
 }
 
 impl<'a> Attention<'a> {
@@ -174,6 +185,7 @@ impl<'a> Attention<'a> {
             par: Parallelism::Sequential,
             isa: None,
             path: Path::Auto,
+            variants: Variants::NONE,
         }
     }
 
@@ -218,13 +230,50 @@ impl<'a> Attention<'a> {
         self
     }
 
+    /// All the variants at once (default [`Variants::NONE`]); replaces any set before.
+    pub fn variants(mut self, variants: Variants<'a>) -> Self {
+        self.variants = variants;
+        self
+    }
+
+    /// A sliding window: key `j` is visible to query `i` when
+    /// `i + off − left ≤ j ≤ i + off + right` (see [`attn_core::Window`]; any values are valid,
+    /// `usize::MAX` meaning unbounded). `window(w − 1, 0)` with a causal mask is Mistral's
+    /// window of `w` keys.
+    pub fn window(mut self, left: usize, right: usize) -> Self {
+        self.variants = self.variants.window(left, right);
+        self
+    }
+
+    /// A logit softcap: scores become `c·tanh(s/c)` after scaling, before the mask (Gemma 2).
+    /// `c` must be finite and `> 0`, else `InvalidParameter`/`NonFinite { arg: "softcap" }`.
+    pub fn softcap(mut self, c: f32) -> Self {
+        self.variants = self.variants.softcap(c);
+        self
+    }
+
+    /// Attention sinks: one finite logit per query head (`hq` values) that joins the row's
+    /// softmax denominator and carries no value (gpt-oss).
+    pub fn sinks(mut self, sinks: &'a [f32]) -> Self {
+        self.variants = self.variants.sinks(sinks);
+        self
+    }
+
+    /// ALiBi: one finite slope per query head (`hq` values), adding `slope·(j − i − off)` to
+    /// each score; [`attn_core::alibi_slopes`] gives the standard ones.
+    pub fn alibi(mut self, slopes: &'a [f32]) -> Self {
+        self.variants = self.variants.alibi(slopes);
+        self
+    }
+
     /// Checks the problem against the output `o: [batch, hq, nq, dv]` and computes it into `o`
     /// (and the logsumexps, if asked). Nothing is written when a check fails.
     ///
     /// Errors: an unsupported [`isa`](Self::isa) first, then those of [`check_attention`]
     /// (shapes, bounds, aliasing output, zero heads, K/V heads not dividing query heads,
-    /// non-finite scale, `lse` length), the same errors as the reference's for the same
-    /// operands; and `InvalidParameter` when the per-thread scratch (a few query tiles of
+    /// non-finite scale, `lse` length), then those of [`Variants::check`] (softcap, the
+    /// length and finiteness of sinks and slopes), the same errors as the reference's for the
+    /// same operands; and `InvalidParameter` when the per-thread scratch (a few query tiles of
     /// `d_k` and `d_v` floats) cannot be allocated, which only a broadcast operand declaring an
     /// absurd head dimension can cause (the output is then unspecified).
     pub fn run(mut self, o: TensorMut<'_>) -> Result<()> {
@@ -260,6 +309,9 @@ pub(crate) struct Problem<'a> {
     hkv: usize,
     /// Query heads per K/V head.
     group: usize,
+    variants: Variants<'a>,
+    /// The causal offset the window and ALiBi measure from ([`Variants::offset`]).
+    off: i128,
     nq: usize,
     nk: usize,
     dk: usize,
@@ -273,7 +325,10 @@ impl<'a> Problem<'a> {
         let scale = a.scale.unwrap_or_else(|| default_scale(a.q.layout.dims[3]));
         let [batch, hq, hkv, nq, nk, dk, dv] =
             check_attention(&a.q, &a.k, &a.v, scale, &a.mask, o, lse)?;
+        a.variants.check(hq)?;
         Ok(Problem {
+            variants: a.variants,
+            off: Variants::offset(&a.mask, nq, nk) as i128,
             q: a.q,
             k: a.k,
             v: a.v,
@@ -292,12 +347,13 @@ impl<'a> Problem<'a> {
 
     /// Handles the calls whose answer needs no key or value element, and says whether it did:
     /// nothing to write (the output view is empty and there is no logsumexp entry), or
-    /// `d_k = d_v = 0` with logsumexp entries (every score is `scale·0 = 0` plus the mask, so
-    /// `lse = ln Σ_j e^(mask_ij)`, in closed form for no mask and a causal one). Such a call
-    /// may carry dimensions no slice bounds (`2⁴⁰` rows of width 0, `2⁵⁰` keys of width 0), so
-    /// nothing here allocates or loops in proportion to a dimension whose product with a zero
-    /// one is empty: the loop below runs over the `lse` slice, and over the keys only to read
-    /// a keep-mask or bias, which has that many (broadcast) elements.
+    /// `d_k = d_v = 0` with logsumexp entries (every score is `softcap(scale·0) = 0` plus the
+    /// mask and the ALiBi term, so `lse = ln(Σ_j e^(mask_ij + alibi_ij) + e^sink)`, in closed
+    /// form for no mask and a causal one). Such a call may carry dimensions no slice bounds
+    /// (`2⁴⁰` rows of width 0, `2⁵⁰` keys of width 0), so nothing here allocates or loops in
+    /// proportion to a dimension whose product with a zero one is empty: the loop below runs
+    /// over the `lse` slice, and over the keys only to read a keep-mask or bias, which has
+    /// that many (broadcast) elements.
     fn trivial(&self, o: &TensorMut<'_>, lse: Option<&mut [f32]>) -> bool {
         let lse = lse.filter(|l| !l.is_empty());
         if o.layout.is_empty() && lse.is_none() {
@@ -308,29 +364,32 @@ impl<'a> Problem<'a> {
             return false;
         }
         // `out.len() = batch·hq·nq` was checked, so row indices decompose without overflow.
-        let nk = self.nk;
         for (row, l) in out.iter_mut().enumerate() {
             let (bh, i) = (row / self.nq, row % self.nq);
             let (b, h) = (bh / self.hq, bh % self.hq);
-            let count = |n: usize| if n == 0 { f32::NEG_INFINITY } else { (n as f64).ln() as f32 };
-            *l = match self.mask {
-                Mask::None => count(nk),
-                Mask::Causal { .. } => count(self.key_end(i)),
-                Mask::Keep { keep, layout } => {
-                    count((0..nk).filter(|&j| keep[layout.index(b, h, i, j)]).count())
+            let (j0, j1) = (self.key_start(i), self.key_end(i));
+            let slope = self.variants.alibi.map_or(0.0, |a| f64::from(a[h]));
+            // ALiBi distance of key j, exact in f64 up to 2⁵³.
+            let dist = |j: usize| (j as i128 - i as i128 - self.off) as f64;
+            let keyed = |t: Option<f64>, j: usize| t.map(|t| t + slope * dist(j));
+            let lse_keys = match self.mask {
+                Mask::None | Mask::Causal { .. } => {
+                    lse_arithmetic(slope, dist(j0), j1.saturating_sub(j0) as f64)
                 }
-                Mask::Bias { bias, layout } => {
-                    let t = |j: usize| f64::from(bias[layout.index(b, h, i, j)]);
-                    // The reference's softmax row over the logits t_j, streamed in f64.
-                    let m = (0..nk).map(t).fold(f64::NEG_INFINITY, f64::max);
-                    if (0..nk).any(|j| t(j).is_nan()) {
-                        f32::NAN
-                    } else if m.is_infinite() {
-                        m as f32
-                    } else {
-                        (m + (0..nk).map(|j| (t(j) - m).exp()).sum::<f64>().ln()) as f32
-                    }
+                Mask::Keep { keep, layout } => lse_f64(
+                    (j0..j1).map(|j| keyed(keep[layout.index(b, h, i, j)].then_some(0.0), j)),
+                ),
+                Mask::Bias { bias, layout } => lse_f64(
+                    (j0..j1).map(|j| keyed(Some(f64::from(bias[layout.index(b, h, i, j)])), j)),
+                ),
+            };
+            let sink = self.variants.sinks.map(|s| f64::from(s[h]));
+            *l = match sink {
+                Some(s) if lse_keys.is_finite() || lse_keys == f64::NEG_INFINITY => {
+                    let m = lse_keys.max(s);
+                    (m + ((lse_keys - m).exp() + (s - m).exp()).ln()) as f32
                 }
+                _ => lse_keys as f32,
             };
         }
         true
@@ -348,15 +407,28 @@ impl<'a> Problem<'a> {
         Strided { data: self.v.data, offset: m.offset, rs: m.row_stride, cs: m.col_stride }
     }
 
-    /// Exclusive end of the keys any of the queries `0..=i_last` may see: `nk`, or for a causal
-    /// mask the first key past the diagonal of query `i_last` (keys beyond are never visited).
+    /// Exclusive end of the keys any of the queries `0..=i_last` may see: `nk`, cut at the
+    /// causal diagonal of query `i_last` for a causal mask and at its window's right edge
+    /// (keys beyond are never visited).
     fn key_end(&self, i_last: usize) -> usize {
-        match self.mask {
-            Mask::Causal { offset } => {
-                let off = Mask::causal_offset(*offset, self.nq, self.nk) as i128;
-                (i_last as i128 + off + 1).clamp(0, self.nk as i128) as usize
+        let mut end = self.nk as i128;
+        if let Mask::Causal { .. } = self.mask {
+            end = end.min(i_last as i128 + self.off + 1);
+        }
+        if let Some(w) = self.variants.window {
+            end = end.min(i_last as i128 + self.off + w.right as i128 + 1);
+        }
+        end.clamp(0, self.nk as i128) as usize
+    }
+
+    /// First key any of the queries `i_first..` may see: 0, or the left edge of the window of
+    /// query `i_first` (keys before are never visited).
+    fn key_start(&self, i_first: usize) -> usize {
+        match self.variants.window {
+            Some(w) => {
+                (i_first as i128 + self.off - w.left as i128).clamp(0, self.nk as i128) as usize
             }
-            _ => self.nk,
+            None => 0,
         }
     }
 
@@ -409,6 +481,90 @@ impl<'a> Problem<'a> {
         }
     }
 
+    /// Applies the ALiBi term and the window to a block of masked scores laid out as for
+    /// [`apply_mask`](Self::apply_mask): `s[j·stride + r] += slope·(j0 + j − i0 − r − off)`
+    /// (the distance rounded to f32, exact below 2²⁴, then one rounded product), and −∞
+    /// outside the window.
+    /// Nothing to do (and nothing read) without those variants.
+    #[allow(clippy::too_many_arguments)]
+    fn apply_variants(
+        &self,
+        h: usize,
+        i0: usize,
+        rows: usize,
+        j0: usize,
+        nb: usize,
+        stride: usize,
+        s: &mut [f32],
+    ) {
+        if let Some(slopes) = self.variants.alibi {
+            let slope = slopes[h];
+            // Distances of the block: d(j, r) = base + j − r, base = j0 − i0 − off.
+            let base = j0 as i128 - i0 as i128 - self.off;
+            let exact_f32 = (1i128 << 24) - (nb + rows) as i128;
+            if base.abs() < exact_f32 && rows <= RAMP.len() {
+                // Every distance and partial sum is an integer below 2²⁴: exact in f32, so
+                // this is the same value as below, vectorised along the rows.
+                let ramp = &RAMP[..rows];
+                for j in 0..nb {
+                    let dj = (base + j as i128) as f32;
+                    for (x, r) in s[j * stride..j * stride + rows].iter_mut().zip(ramp) {
+                        *x += slope * (dj - r);
+                    }
+                }
+            } else {
+                for j in 0..nb {
+                    for (r, x) in s[j * stride..j * stride + rows].iter_mut().enumerate() {
+                        *x += slope * ((base + j as i128 - r as i128) as f64) as f32;
+                    }
+                }
+            }
+        }
+        if let Some(w) = self.variants.window {
+            // Query i0 + r sees key j0 + j iff j0 + j − off − right ≤ i0 + r ≤ j0 + j − off + left.
+            for j in 0..nb {
+                let d = (j0 + j) as i128 - self.off - i0 as i128;
+                let lo = (d - w.right as i128).clamp(0, rows as i128) as usize;
+                let hi = (d + w.left as i128 + 1).clamp(0, rows as i128) as usize;
+                let row = &mut s[j * stride..j * stride + rows];
+                row[..lo].fill(f32::NEG_INFINITY);
+                row[hi.max(lo)..].fill(f32::NEG_INFINITY);
+            }
+        }
+    }
+
+    /// True when a block of scores needs [`apply_mask`](Self::apply_mask) or
+    /// [`apply_variants`](Self::apply_variants) at all.
+    fn masks_scores(&self) -> bool {
+        !matches!(self.mask, Mask::None)
+            || self.variants.alibi.is_some()
+            || self.variants.window.is_some()
+    }
+
+    /// The normalisation of output row `(·, h, ·)` from its online-softmax state, the maximum
+    /// `m` of its visible scores (`f32::MIN` when none) and `l = Σ_j e^(s_j − m)`: returns
+    /// `(inv, lse)` such that the row is `inv·Σ_j e^(s_j − m)·v_j`. Without a sink,
+    /// `inv = 1/l` and `lse = m + ln l` (0 and −∞ for an empty row). With a sink `σ` the
+    /// denominator is `l·e^(m − M) + e^(σ − M)` for `M = max(m, σ)`, evaluated in f64 so that
+    /// neither term overflows: `inv = e^(m − M)/denominator`, `lse = M + ln denominator`; an
+    /// empty row is zeros with logsumexp `σ`, and a row with a `+∞` or NaN state ignores the
+    /// sink (its `+∞` keys take all the weight, or it is NaN anyway).
+    fn finish(&self, h: usize, m: f32, l: f32) -> (f32, f32) {
+        let sink = self.variants.sinks.map(|s| s[h]);
+        match sink {
+            Some(sigma) if l == 0.0 => (0.0, sigma),
+            Some(sigma) if m.is_finite() && l.is_finite() => {
+                let (m, sigma) = (f64::from(m), f64::from(sigma));
+                let top = m.max(sigma);
+                let a = (m - top).exp();
+                let den = f64::from(l) * a + (sigma - top).exp();
+                ((a / den) as f32, (top + den.ln()) as f32)
+            }
+            _ if l == 0.0 => (0.0, f32::NEG_INFINITY),
+            _ => (1.0 / l, m + l.ln()),
+        }
+    }
+
     /// Query row `(b, h, i)` times `scale`, into `out[..dk]` (see [`scale_query`]).
     fn scaled_query(&self, b: usize, h: usize, i: usize, out: &mut [f32]) {
         for (d, x) in out[..self.dk].iter_mut().enumerate() {
@@ -416,6 +572,18 @@ impl<'a> Problem<'a> {
         }
     }
 }
+
+/// `0, 1, 2, …` as f32: the row offsets of a score block's ALiBi distances (a block has at
+/// most as many rows as the widest query tile).
+const RAMP: [f32; 64] = {
+    let mut r = [0.0f32; 64];
+    let mut i = 0;
+    while i < 64 {
+        r[i] = i as f32;
+        i += 1;
+    }
+    r
+};
 
 /// One query element pre-multiplied by the score scale, `x·scale` rounded to f32, except that a
 /// product of two nonzero factors that underflows to zero becomes the smallest subnormal of its
@@ -476,4 +644,35 @@ fn row_of<'t>(m: &Strided<'t>, row: usize, n: usize, tmp: &'t mut [f32]) -> &'t 
         }
         &tmp[..n]
     }
+}
+
+/// `ln Σ_{k<n} e^(slope·(a + k))` in f64: the logsumexp of `n` scores of 0 plus an ALiBi term
+/// over consecutive keys, in closed form (a geometric series), so that no loop runs over keys
+/// no slice bounds. −∞ for `n = 0`.
+fn lse_arithmetic(slope: f64, a: f64, n: f64) -> f64 {
+    if n == 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if slope == 0.0 {
+        return n.ln();
+    }
+    // Factor out the largest term, then Σ_{k<n} r^k = (1 − rⁿ)/(1 − r) with r = e^(−|slope|).
+    let top = if slope > 0.0 { slope * (a + n - 1.0) } else { slope * a };
+    let s = slope.abs();
+    top + (-(-s * n).exp_m1()).ln() - (-(-s).exp_m1()).ln()
+}
+
+/// The logsumexp of a row of optional (masked when `None`) f64 logits, as the reference's
+/// softmax row computes it: NaN when any is NaN, `±∞` when the maximum is, −∞ when none is
+/// visible.
+fn lse_f64(logits: impl Iterator<Item = Option<f64>> + Clone) -> f64 {
+    let visible = logits.flatten();
+    if visible.clone().any(f64::is_nan) {
+        return f64::NAN;
+    }
+    let m = visible.clone().fold(f64::NEG_INFINITY, f64::max);
+    if m.is_infinite() {
+        return m;
+    }
+    m + visible.map(|t| (t - m).exp()).sum::<f64>().ln()
 }

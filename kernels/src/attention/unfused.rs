@@ -10,6 +10,7 @@ use attn_core::{MatLayout, MatMut, MatRef, Result};
 
 use super::blocks::{axpy, exp_row, pos_inf_weights};
 use super::sink::Sink;
+use super::variants::softcap;
 use super::{matrix, row_of, zeros, Problem};
 use crate::arch::{vectorize, Isa, Kernel, Simd};
 use crate::gemm::sgemm_with_isa;
@@ -67,9 +68,7 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
         }
     }
     for i in 0..nq {
-        let l = sums[i];
-        let (inv, lse) =
-            if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, maxes[i] + l.ln()) };
+        let (inv, lse) = p.finish(h, maxes[i], sums[i]);
         let row = &o[i * dv..(i + 1) * dv];
         sink.write_row(b, h, i, lse, |d| row[d] * inv);
     }
@@ -100,7 +99,11 @@ impl Kernel for SoftmaxRows<'_, '_> {
             if p.scale2 != 1.0 {
                 row.iter_mut().for_each(|x| *x *= p.scale2);
             }
+            if let Some(c) = p.variants.softcap {
+                softcap(s, row, c);
+            }
             p.apply_mask(b, h, i, 1, 0, nk, 1, row);
+            p.apply_variants(h, i, 1, 0, nk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
             // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
             sums[i] = if m == f32::INFINITY {

@@ -309,12 +309,12 @@ impl AttnPath {
 /// not cover keeps its zero value), so a program built against an older header runs
 /// unchanged on a newer library. Refused with `ATTN_STATUS_INVALID_PARAMETER` naming
 /// `args.struct_size`: a size below the first version's (`struct_size` through `threads`,
-/// 376 bytes on 64-bit targets) or above 4096, and a larger struct (from a newer header)
-/// with a nonzero byte past the fields this library knows, since that would be a setting it
-/// would ignore.
+/// 376 bytes on 64-bit targets) or above 4096, one between two versions' sizes, and a larger
+/// struct (from a newer header) with a nonzero byte past the fields this library knows, since
+/// that would be a setting it would ignore.
 ///
 /// Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
-/// `ATTN_PATH_AUTO`.
+/// `ATTN_PATH_AUTO`, and (version 2) no window, softcap, sinks or ALiBi.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnAttentionArgs {
@@ -351,6 +351,29 @@ pub struct AttnAttentionArgs {
     /// Threads: 0 = every available core, 1 = the calling thread, n = at most n (see
     /// [`AttnStatus`]); the result is bitwise the same for every count.
     pub threads: usize,
+    // Version 2: the attention variants (see the Rust `Variants`). Zero: none of them.
+    /// 1 = a sliding window of `window_left` keys before and `window_right` keys after the
+    /// causal diagonal (key `j` visible to query `i` when
+    /// `i + off − window_left ≤ j ≤ i + off + window_right`, `off` the causal offset: the
+    /// causal mask's, else `nk − nq`; `SIZE_MAX` is unbounded); 0 = no window, the two
+    /// fields ignored. Any other value is `ATTN_STATUS_INVALID_PARAMETER` naming
+    /// `args.has_window`.
+    pub has_window: u8,
+    /// Keys visible before the diagonal (when `has_window` is 1).
+    pub window_left: usize,
+    /// Keys visible after the diagonal (when `has_window` is 1); 0 with a causal mask is
+    /// Mistral's window of `window_left + 1` keys.
+    pub window_right: usize,
+    /// Logit softcap `c`: scores become `c·tanh(s/c)` after scaling, before the mask. 0 = none;
+    /// otherwise finite and `> 0` (`ATTN_STATUS_NON_FINITE` / `ATTN_STATUS_INVALID_PARAMETER`
+    /// naming `softcap`).
+    pub softcap: f32,
+    /// NULL, or `hq` finite sink logits (one per query head) that join each row's softmax
+    /// denominator and its logsumexp, carrying no value; a row with no visible key is then
+    /// zeros with logsumexp `sinks[h]`.
+    pub sinks: *const f32,
+    /// NULL, or `hq` finite ALiBi slopes: `slope_h·(j − i − off)` is added to each score.
+    pub alibi: *const f32,
 }
 
 /// The smallest `struct_size` [`attn_attention_run`] accepts: the first version of
@@ -1037,7 +1060,7 @@ pub unsafe extern "C" fn attn_attention_run(args: *const AttnAttentionArgs) -> A
         // SAFETY: the caller's contract; `AttnAttentionArgs` is `repr(C)`, starts with its
         // `size_t struct_size`, and is valid when all-zero (integers, floats, raw pointers).
         let args = unsafe {
-            raw::read_sized(("args", "args.struct_size"), args, ATTENTION_ARGS_MIN_SIZE)?
+            raw::read_sized(("args", "args.struct_size"), args, &[ATTENTION_ARGS_MIN_SIZE])?
         };
         // SAFETY: forwarded from the caller.
         unsafe { attention_call(&args) }
@@ -1132,6 +1155,12 @@ impl AttnAttentionArgs {
             lse,
             lse_len,
             threads,
+            has_window: 0,
+            window_left: 0,
+            window_right: 0,
+            softcap: 0.0,
+            sinks: std::ptr::null(),
+            alibi: std::ptr::null(),
         }
     }
 }
@@ -1155,7 +1184,22 @@ unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
             })
         }
     };
+    let window = match a.has_window {
+        0 => None,
+        1 => Some((a.window_left, a.window_right)),
+        v => {
+            return Err(Failure::BadValue {
+                arg: "args.has_window",
+                value: i64::from(v),
+                allowed: "must be 0 (no window) or 1 (window_left, window_right)",
+            })
+        }
+    };
+    // Sinks and slopes: one per query head (the view's dims, checked against the other
+    // operands by the Rust problem).
+    let hq = a.q.dims[1];
     let mut inputs = vec![a.q.span("q")?, a.k.span("k")?, a.v.span("v")?];
+    inputs.extend([span("sinks", a.sinks, hq)?, span("alibi", a.alibi, hq)?]);
     // SAFETY: forwarded from the caller.
     inputs.extend(unsafe { mask_span(a.mask)? });
     disjoint(&[a.o.span("o")?, span("lse", a.lse, a.lse_len)?], &inputs)?;
@@ -1171,6 +1215,21 @@ unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
     }
     if let Some(lse) = lse {
         p = p.lse(lse);
+    }
+    if let Some((left, right)) = window {
+        p = p.window(left, right);
+    }
+    if a.softcap != 0.0 {
+        p = p.softcap(a.softcap);
+    }
+    // SAFETY: the caller's contract (`hq` floats at each non-null pointer); inputs only.
+    unsafe {
+        if !a.sinks.is_null() {
+            p = p.sinks(slice("sinks", a.sinks, hq)?);
+        }
+        if !a.alibi.is_null() {
+            p = p.alibi(slice("alibi", a.alibi, hq)?);
+        }
     }
     Ok(p.run(o)?)
 }

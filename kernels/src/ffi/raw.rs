@@ -165,22 +165,25 @@ pub(crate) const MAX_STRUCT_SIZE: usize = 4096;
 /// The caller's versioned struct at `ptr` (one that starts with `size_t struct_size` and grows
 /// only at its end) as the version `T` this library knows: the first
 /// `min(struct_size, size_of::<T>())` bytes copied over an all-zero `T`, so a field the
-/// caller's (older) version does not have reads as zero. Errors, in this order: a null `ptr`
-/// (`Null(arg)`), a `ptr` not aligned for `T`, a `struct_size` below `min_size` or above
-/// [`MAX_STRUCT_SIZE`], and a nonzero byte past `size_of::<T>()` (a field of a newer version
+/// caller's (older) version does not have reads as zero. `versions` lists the sizes of the
+/// earlier versions, the first one first. Errors, in this order: a null `ptr`
+/// (`Null(arg)`), a `ptr` not aligned for `T`, a `struct_size` below `versions[0]` or above
+/// [`MAX_STRUCT_SIZE`], one below `size_of::<T>()` that is no version's size (it would cut a
+/// field in two), and a nonzero byte past `size_of::<T>()` (a field of a newer version
 /// that this library would ignore), the last three naming `size_arg` (the field, e.g. `args.struct_size`).
 ///
 /// # Safety
 ///
 /// `T` is `repr(C)`, its first field is a `usize`, and every field is an integer, a float, a
 /// raw pointer or an array or `repr(C)` struct of those (so all-zero bytes, or any bytes, are a
-/// valid `T`); `min_size ≥ size_of::<usize>()`. A non-null, aligned `ptr` addresses
+/// valid `T`); `versions` is not empty and `versions[0] ≥ size_of::<usize>()`. A non-null, aligned `ptr` addresses
 /// `struct_size` readable, initialised bytes.
 pub(crate) unsafe fn read_sized<T: Copy>(
     (arg, size_arg): (&'static str, &'static str),
     ptr: *const T,
-    min_size: usize,
+    versions: &[usize],
 ) -> Result<T, Failure> {
+    let min_size = versions[0];
     if ptr.is_null() {
         return Err(Failure::Null(arg));
     }
@@ -209,6 +212,10 @@ pub(crate) unsafe fn read_sized<T: Copy>(
         return bad("must be sizeof the struct in the caller's header (at most 4096 bytes)");
     }
     let known = std::mem::size_of::<T>();
+    if size < known && !versions.contains(&size) {
+        return bad("must be sizeof the struct in the caller's header (this size is between two \
+                    versions of it)");
+    }
     let bytes = ptr.cast::<u8>();
     if size > known {
         // SAFETY: the caller guarantees `size` readable, initialised bytes at `ptr`.

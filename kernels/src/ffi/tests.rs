@@ -476,13 +476,19 @@ fn args(
         lse: lse.as_mut_ptr(),
         lse_len: lse.len(),
         threads: 0,
+        has_window: 0,
+        window_left: 0,
+        window_right: 0,
+        softcap: 0.0,
+        sinks: null(),
+        alibi: null(),
     }
 }
 
 #[test]
 fn attention_args_first_version_size() {
     // Fixed for good: a caller built against this header passes at least this much.
-    assert_eq!(ATTENTION_ARGS_MIN_SIZE, std::mem::size_of::<AttnAttentionArgs>());
+    assert_eq!(ATTENTION_ARGS_MIN_SIZE, std::mem::offset_of!(AttnAttentionArgs, has_window));
     #[cfg(target_pointer_width = "64")]
     assert_eq!(ATTENTION_ARGS_MIN_SIZE, 376);
 }
@@ -497,7 +503,8 @@ fn attention_args_struct_size_is_checked() {
     // SAFETY: null is refused.
     assert_eq!(unsafe { attn_attention_run(null()) }, AttnStatus::NullPointer);
     assert!(last_error().contains("`args`"), "{}", last_error());
-    for size in [0, 8, ATTENTION_ARGS_MIN_SIZE - 1, raw::MAX_STRUCT_SIZE + 1, usize::MAX] {
+    let between = std::mem::size_of::<AttnAttentionArgs>() - 1;
+    for size in [0, 8, ATTENTION_ARGS_MIN_SIZE - 1, between, raw::MAX_STRUCT_SIZE + 1, usize::MAX] {
         let small = AttnAttentionArgs { struct_size: size, ..a };
         // SAFETY: refused before any field past `struct_size` is read (and the struct is whole).
         let s = unsafe { attn_attention_run(&small) };
@@ -657,5 +664,79 @@ fn attention_run_equals_the_positional_entry_points() {
             });
             assert!(c == r, "nq {nq}, path {path}");
         }
+    }
+}
+
+/// Version 2 of `AttnAttentionArgs`: the variants give the bits of the Rust `Attention` with the
+/// same variants on every path; a caller of the first version (`struct_size` 376) gets plain
+/// attention whatever the bytes past it hold; bad values are refused by name.
+#[test]
+fn attention_args_variants() {
+    let (k, v) = (vals(11 * 8, 2), vals(11 * 8, 3));
+    let nq = 5;
+    let q = vals(2 * nq * 8, 1);
+    let (sinks, slopes) = ([0.5f32, -1.0], [0.25f32, 0.125]);
+    let run = |f: &dyn Fn(&mut [f32], &mut [f32]) -> AttnStatus| {
+        let (mut o, mut lse) = (vec![f32::NAN; 2 * nq * 8], vec![f32::NAN; 2 * nq]);
+        assert_eq!(f(&mut o, &mut lse), AttnStatus::Ok, "{}", last_error());
+        o.extend(lse);
+        o.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+    };
+    let with_variants = |a: AttnAttentionArgs| AttnAttentionArgs {
+        has_window: 1,
+        window_left: 3,
+        window_right: 1,
+        softcap: 2.0,
+        sinks: sinks.as_ptr(),
+        alibi: slopes.as_ptr(),
+        ..a
+    };
+    let rust = |o: &mut [f32], lse: &mut [f32], path: Path, variants: bool| {
+        let ql = Tensor4Layout::bhsd(1, 2, nq, 8);
+        let kl = Tensor4Layout::bhsd(1, 1, 11, 8);
+        let mut p =
+            Attention::new(TensorRef::new(&q, ql), TensorRef::new(&k, kl), TensorRef::new(&v, kl))
+                .lse(lse)
+                .path(path)
+                .parallelism(Parallelism::threads(0));
+        if variants {
+            p = p.window(3, 1).softcap(2.0).sinks(&sinks).alibi(&slopes);
+        }
+        match p.run(TensorMut::new(o, ql)) {
+            Ok(()) => AttnStatus::Ok,
+            Err(e) => AttnStatus::of(&e),
+        }
+    };
+    for (path, rpath) in [(1, Path::Flash), (2, Path::Decode), (3, Path::Unfused)] {
+        let c = run(&|o, lse| {
+            let a = with_variants(AttnAttentionArgs { path, ..args((&q, &k, &v), nq, o, lse) });
+            // SAFETY: views address their buffers, sinks and slopes 2 floats each.
+            unsafe { attn_attention_run(&a) }
+        });
+        assert!(c == run(&|o, lse| rust(o, lse, rpath, true)), "path {path}");
+        // A first-version caller: the variant fields are past its struct and are not read.
+        let old = run(&|o, lse| {
+            let a = with_variants(AttnAttentionArgs { path, ..args((&q, &k, &v), nq, o, lse) });
+            let a = AttnAttentionArgs { struct_size: ATTENTION_ARGS_MIN_SIZE, ..a };
+            // SAFETY: as above (the struct is whole; only its first 376 bytes are read).
+            unsafe { attn_attention_run(&a) }
+        });
+        assert!(old == run(&|o, lse| rust(o, lse, rpath, false)), "path {path}");
+        assert!(old != c, "the variants change the result");
+    }
+    let (mut o, mut lse) = (vec![0.0f32; 2 * nq * 8], vec![0.0f32; 2 * nq]);
+    let a = args((&q, &k, &v), nq, &mut o, &mut lse);
+    let nan = [f32::NAN, 0.0];
+    let bad: [(AttnAttentionArgs, AttnStatus, &str); 5] = [
+        (AttnAttentionArgs { has_window: 2, ..a }, AttnStatus::InvalidParameter, "args.has_window"),
+        (AttnAttentionArgs { softcap: -1.0, ..a }, AttnStatus::InvalidParameter, "softcap"),
+        (AttnAttentionArgs { softcap: f32::NAN, ..a }, AttnStatus::NonFinite, "softcap"),
+        (AttnAttentionArgs { sinks: nan.as_ptr(), ..a }, AttnStatus::NonFinite, "sinks"),
+        (AttnAttentionArgs { alibi: nan.as_ptr(), ..a }, AttnStatus::NonFinite, "alibi"),
+    ];
+    for (args, status, name) in bad {
+        // SAFETY: views address their buffers, the per-head arrays 2 floats.
+        assert_eq!(unsafe { attn_attention_run(&args) }, status, "{name}");
+        assert!(last_error().contains(name), "{name}: {}", last_error());
     }
 }
