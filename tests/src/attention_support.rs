@@ -23,11 +23,11 @@
 //! γ·(nk + 8)·u + u·|lse_i|`. Two kernels compared with each other get the sum of their bounds.
 
 use attn_kernels::attention::Attention;
-use attn_kernels::{Mask, Parallelism, Tensor4Layout};
+use attn_kernels::{Mask, Parallelism, Tensor4Layout, Variants};
 use attn_reference::softmax::saturate_logit;
 use attn_reference::{TensorMut, TensorRef};
 
-pub use crate::numerics::{GAMMA, U};
+pub use crate::numerics::{softcap_error, GAMMA, U};
 
 /// How a mask is built for a case.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -114,6 +114,14 @@ pub struct Case {
     pub bias: Vec<f32>,
     /// Layout of the keep-mask or bias.
     pub mask_layout: Tensor4Layout,
+    /// Sliding window `(left, right)`, if any.
+    pub window: Option<(usize, usize)>,
+    /// Logit softcap, if any.
+    pub softcap: Option<f32>,
+    /// One sink logit per query head, if any.
+    pub sinks: Option<Vec<f32>>,
+    /// One ALiBi slope per query head, if any.
+    pub alibi: Option<Vec<f32>>,
 }
 
 /// Storage layout of a `[batch, heads, seq, dim]` tensor, with `pad` unused elements after
@@ -231,7 +239,29 @@ impl Case {
             keep,
             bias,
             mask_layout,
+            window: None,
+            softcap: None,
+            sinks: None,
+            alibi: None,
         }
+    }
+
+    /// The variants of this case as the kernels and the reference take them.
+    pub fn variants(&self) -> Variants<'_> {
+        let mut v = Variants::NONE;
+        if let Some((left, right)) = self.window {
+            v = v.window(left, right);
+        }
+        if let Some(c) = self.softcap {
+            v = v.softcap(c);
+        }
+        if let Some(s) = &self.sinks {
+            v = v.sinks(s);
+        }
+        if let Some(a) = &self.alibi {
+            v = v.alibi(a);
+        }
+        v
     }
 
     /// The mask view of this case.
@@ -288,33 +318,48 @@ impl Case {
         F: FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
     {
         self.run(|q, k, v, s, m, o, l| {
-            let a = Attention::new(q, k, v).scale(s).mask(*m).parallelism(par);
+            let a = Attention::new(q, k, v)
+                .scale(s)
+                .mask(*m)
+                .variants(self.variants())
+                .parallelism(par);
             f(with_lse(a, l), o)
         })
     }
 
-    /// The reference result.
+    /// The reference result (with the case's variants).
     pub fn reference(&self) -> (Vec<f32>, Vec<f32>) {
-        self.run(attn_reference::attention::attention)
+        let variants = self.variants();
+        self.run(|q, k, v, s, m, o, l| {
+            attn_reference::attention::attention_with_variants(q, k, v, s, m, &variants, o, l)
+        })
     }
 
     /// Per-element bounds `(output bound for each (b, h, i, d) in o_layout order, lse bound for
-    /// each (b, h, i))`, from the module docs' analysis.
+    /// each (b, h, i))`, from the module docs' analysis. With variants, each visible logit is
+    /// `softcap(scale·q·k) + mask + alibi` as the reference computes it; the ALiBi term's two
+    /// roundings (distance to f32, product) are covered by counting `|alibi|` in the
+    /// magnitude, and a softcap `c` adds [`softcap_error`] to `δ_i`.
     pub fn bounds(&self) -> (Vec<f64>, Vec<f64>) {
         let (q, k, v) = self.qkv();
         let mask = self.mask();
+        let var = self.variants();
         let group = self.hq / self.hkv;
         let scale = f64::from(self.scale);
+        let off = Variants::offset(&mask, self.nq, self.nk);
+        let cap = |s: f64| self.softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh());
         let mut ob = vec![0.0; self.batch * self.hq * self.nq * self.dv];
         let mut lb = vec![0.0; self.batch * self.hq * self.nq];
         for b in 0..self.batch {
             for h in 0..self.hq {
                 let kh = h / group;
+                let slope = var.alibi.map_or(0.0, |a| f64::from(a[h]));
                 for i in 0..self.nq {
-                    let mut logits = Vec::with_capacity(self.nk);
+                    let mut logits = Vec::with_capacity(self.nk + 1);
                     let mut mag: f64 = 0.0;
                     for j in 0..self.nk {
-                        let t = mask.term(b, h, i, j, self.nq, self.nk);
+                        let in_window = var.window.is_none_or(|w| w.contains(i, j, off));
+                        let t = mask.term(b, h, i, j, self.nq, self.nk).filter(|_| in_window);
                         let (mut dot, mut abs) = (0.0f64, 0.0f64);
                         for d in 0..self.dk {
                             let (x, y) =
@@ -322,17 +367,24 @@ impl Case {
                             dot += x * y;
                             abs += (x * y).abs();
                         }
-                        let logit = |t: f32| saturate_logit(scale * dot + f64::from(t));
+                        let alibi = slope * (j as f64 - i as f64 - off as f64);
+                        let logit =
+                            |t: f32| saturate_logit(cap(scale * dot) + f64::from(t) + alibi);
                         logits.push(t.map(logit));
                         if let Some(t) = t {
                             let s = logit(t);
                             if s.is_finite() {
-                                mag = mag.max(scale * abs + f64::from(t).abs() + s.abs());
+                                mag = mag
+                                    .max(scale * abs + f64::from(t).abs() + s.abs() + alibi.abs());
                             }
                         }
                     }
+                    if let Some(s) = var.sinks {
+                        logits.push(Some(f64::from(s[h])));
+                    }
                     let (p, lse) = attn_reference::softmax::softmax_row(&logits);
-                    let delta = GAMMA * (self.dk as f64 + 4.0) * U * mag;
+                    let delta = GAMMA * (self.dk as f64 + 4.0) * U * mag
+                        + self.softcap.map_or(0.0, |c| softcap_error(f64::from(c)));
                     let rel =
                         2.0 * delta + GAMMA * (2.0 * self.nk as f64 + self.dk as f64 + 16.0) * U;
                     let row = (b * self.hq + h) * self.nq + i;

@@ -27,7 +27,7 @@
 //! reads outside its views turns the result into NaN and fails the bound.
 
 use attn_kernels::attention::Attention;
-use attn_kernels::Parallelism;
+use attn_kernels::{Parallelism, Variants};
 
 use crate::attention_support::with_lse;
 use attn_reference::softmax::{saturate_logit, softmax_row};
@@ -50,7 +50,7 @@ const MAX_SLICE: usize = 1 << 18;
 /// the f64 reference stays fast.
 const MAX_WORK: usize = 1 << 18;
 
-use crate::numerics::{EXP_REL, GAMMA, SUBNORMAL_ULP as TINY};
+use crate::numerics::{softcap_error, EXP_REL, GAMMA, SUBNORMAL_ULP as TINY};
 
 /// Magnitude above which an f32 intermediate may overflow (half of `f32::MAX`, leaving room for
 /// the rounding of the value itself and one more addition).
@@ -1040,6 +1040,71 @@ pub struct AttentionCase {
     pub lse: Option<usize>,
     /// Threads.
     pub par: Parallelism,
+    /// Attention variants (decoded from the bytes after everything else, so inputs of
+    /// earlier corpora decode to plain attention).
+    pub variants: VariantSpec,
+}
+
+/// Owned attention variants of a decoded case (see `attn_kernels::Variants`).
+#[derive(Clone, Debug, Default)]
+pub struct VariantSpec {
+    /// Sliding window `(left, right)`.
+    pub window: Option<(usize, usize)>,
+    /// Logit softcap (any value: bad ones must be refused by both sides).
+    pub softcap: Option<f32>,
+    /// Sink logits (any length and values).
+    pub sinks: Option<Vec<f32>>,
+    /// ALiBi slopes (any length and values).
+    pub alibi: Option<Vec<f32>>,
+}
+
+impl VariantSpec {
+    /// Decodes variants for `hq` query heads: a flags byte, then each variant it sets, from
+    /// edge values (windows of 0, 1 and unbounded sides, softcaps that are invalid, tiny or
+    /// huge, slopes and sinks of every magnitude) and, for the per-head values, a wrong length
+    /// now and then.
+    pub fn decode(bytes: &mut Bytes<'_>, hq: usize) -> Self {
+        const SIDES: [usize; 8] = [0, 1, 3, 17, 64, 200, usize::MAX / 2, usize::MAX];
+        const CAPS: [f32; 9] = [0.5, 5.0, 50.0, 1e-30, 1e30, 0.0, -1.0, f32::NAN, f32::INFINITY];
+        const PER_HEAD: [f32; 9] =
+            [0.0, 0.5, -0.25, 0.00390625, 3.0, -80.0, 1e30, f32::NAN, f32::NEG_INFINITY];
+        let flags = bytes.u8();
+        let pick = |set: &[f32], bytes: &mut Bytes<'_>| set[usize::from(bytes.u8()) % set.len()];
+        let window = (flags & 1 != 0)
+            .then(|| (SIDES[usize::from(bytes.u8()) % 8], SIDES[usize::from(bytes.u8()) % 8]));
+        let softcap = (flags & 2 != 0).then(|| pick(&CAPS, bytes));
+        let per_head = |bytes: &mut Bytes<'_>| {
+            let n = if bytes.u8() == 255 { hq + 1 } else { hq };
+            // Mostly sane values; one hostile value in a head when the byte says so.
+            let sane = pick(&PER_HEAD[..5], bytes);
+            let mut v = vec![sane; n];
+            if let Some(x) = v.first_mut() {
+                *x = pick(&PER_HEAD, bytes);
+            }
+            v
+        };
+        let sinks = (flags & 4 != 0).then(|| per_head(bytes));
+        let alibi = (flags & 8 != 0).then(|| per_head(bytes));
+        VariantSpec { window, softcap, sinks, alibi }
+    }
+
+    /// The variants as the kernels and the reference take them.
+    pub fn variants(&self) -> Variants<'_> {
+        let mut v = Variants::NONE;
+        if let Some((l, r)) = self.window {
+            v = v.window(l, r);
+        }
+        if let Some(c) = self.softcap {
+            v = v.softcap(c);
+        }
+        if let Some(s) = &self.sinks {
+            v = v.sinks(s);
+        }
+        if let Some(a) = &self.alibi {
+            v = v.alibi(a);
+        }
+        v
+    }
 }
 
 impl AttentionCase {
@@ -1097,7 +1162,8 @@ impl AttentionCase {
         let k = decode_tensor(&mut bytes, kd);
         let v = decode_tensor(&mut bytes, vd);
         let o = decode_tensor(&mut bytes, od);
-        AttentionCase { q, k, v, scale, mask, o, lse, par }
+        let variants = VariantSpec::decode(&mut bytes, hq);
+        AttentionCase { q, k, v, scale, mask, o, lse, par, variants }
     }
 
     /// Runs the reference and `kernel` (given the kernels' [`Attention`] problem of the case,
@@ -1119,13 +1185,22 @@ impl AttentionCase {
         let q = TensorRef::new(&self.q.data, self.q.layout);
         let k = TensorRef::new(&self.k.data, self.k.layout);
         let v = TensorRef::new(&self.v.data, self.v.layout);
+        let var = self.variants.variants();
         let runs = run_pair(
             ("attention", "o"),
             &self.o,
             self.lse,
-            |o, l| attn_reference::attention::attention(q, k, v, self.scale, &mask, o, l),
             |o, l| {
-                let a = Attention::new(q, k, v).scale(self.scale).mask(mask).parallelism(self.par);
+                attn_reference::attention::attention_with_variants(
+                    q, k, v, self.scale, &mask, &var, o, l,
+                )
+            },
+            |o, l| {
+                let a = Attention::new(q, k, v)
+                    .scale(self.scale)
+                    .mask(mask)
+                    .variants(var)
+                    .parallelism(self.par);
                 kernel(with_lse(a, l), o)
             },
         )?;
@@ -1139,17 +1214,23 @@ impl AttentionCase {
         let group = hq / hkv;
         let sc = f64::from(self.scale);
         let nkf = nk as f64;
+        let off = Variants::offset(&mask, nq, nk);
+        let cap = |s: f64| var.softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh());
+        // The softcap's error as an ingredient magnitude (δ = γ·u·a, see `softcap_error`).
+        let cap_mag = var.softcap.map_or(0.0, |c| softcap_error(f64::from(c)) / (GAMMA * U));
         for b in 0..batch {
             for h in 0..hq {
                 let kh = h / group;
+                let slope = var.alibi.map_or(0.0, |a| f64::from(a[h]));
                 for i in 0..nq {
                     let mut qmax = 0.0f64;
                     for d in 0..dk {
                         qmax = qmax.max(f64::from(q.at(b, h, i, d)).abs());
                     }
-                    let logits: Vec<Logit> = (0..nk)
+                    let mut logits: Vec<Logit> = (0..nk)
                         .map(|j| {
-                            mask.term(b, h, i, j, nq, nk).map(|t| {
+                            let in_window = var.window.is_none_or(|w| w.contains(i, j, off));
+                            mask.term(b, h, i, j, nq, nk).filter(|_| in_window).map(|t| {
                                 let (mut dot, mut mag, mut ksum) = (0.0f64, 0.0f64, 0.0f64);
                                 for d in 0..dk {
                                     let (x, y) =
@@ -1166,14 +1247,25 @@ impl AttentionCase {
                                 // spacing per element (underflow, or the kept 2⁻¹⁴⁹ of a
                                 // product that would flush to 0): Σ|k|·2⁻¹⁴⁹ on the logit,
                                 // written as an ingredient magnitude (δ = γ·u·a).
+                                // ALiBi: the distance and the product round once each.
+                                let dist = j as i128 - i as i128 - off as i128;
+                                let alibi = if slope == 0.0 { 0.0 } else { slope * dist as f64 };
                                 let a = (dk as f64 + 2.0) * sc.abs() * mag
                                     + finite_abs(t)
                                     + (dk as f64) * TINY
-                                    + ksum * TINY / U;
-                                (saturate_logit(sc * dot + t), if fits { a } else { f64::INFINITY })
+                                    + ksum * TINY / U
+                                    + finite_abs(alibi)
+                                    + cap_mag;
+                                let fits = fits && alibi.abs() <= OVERFLOW;
+                                let value = saturate_logit(cap(sc * dot) + t + alibi);
+                                (value, if fits { a } else { f64::INFINITY })
                             })
                         })
                         .collect();
+                    // A sink is one more logit, exact, with no value.
+                    if let Some(s) = var.sinks {
+                        logits.push(Some((f64::from(s[h]), f64::from(s[h]).abs())));
+                    }
                     let rb = softmax_row_bound(&logits);
                     let lse_at = (b * hq + h) * nq + i;
                     for d in 0..dv {
@@ -1181,7 +1273,7 @@ impl AttentionCase {
                         let (mut w, mut werr, mut vsum, mut vmax) =
                             (0.0f64, 0.0f64, 0.0f64, 0.0f64);
                         let mut tiny_weight_nonfinite = false;
-                        for (j, logit) in logits.iter().enumerate() {
+                        for (j, logit) in logits.iter().enumerate().take(nk) {
                             let x = f64::from(v.at(b, kh, j, d)).abs();
                             if logit.is_some() {
                                 vsum += x;

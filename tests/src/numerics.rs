@@ -75,3 +75,12 @@ pub fn tanh_bound(x: f32, t: f64) -> f64 {
     let _ = x;
     TANH_MAX_ULP * ULP_REL * t.abs() + SUBNORMAL_ULP
 }
+
+/// The error a softcap `c` adds to a capped score `c·tanh(s/c)`: the tanh's
+/// [`TANH_MAX_ULP`] ulp (`2u` each, relative to a result at most `c`), one
+/// rounding each for the quotient `s/c` (through tanh's slope `sech² ≤ 1`, at most `u·|s|·sech²(s/c) ≤ 0.45·u·c`)
+/// and the product by `c`, with `γ` for the second-order terms. The error of `s` itself
+/// reaches the capped score damped by `sech²`, so the uncapped term of `δ` still covers it.
+pub fn softcap_error(c: f64) -> f64 {
+    GAMMA * (2.0 * TANH_MAX_ULP + 2.0) * U * c
+}

@@ -35,6 +35,7 @@ fn case(nq: usize, q: f32, k: Vec<f32>, v: Vec<f32>, scale: f32, mask: MaskSpec)
         o: t(vec![0.0; nq], [1, 1, nq, 1]),
         lse: Some(nq),
         par: Parallelism::Sequential,
+        variants: Default::default(),
     }
 }
 
@@ -181,6 +182,7 @@ fn zero_width_keys_do_not_panic() {
             o: t(vec![0.0; nq], [1, 1, nq, 1]),
             lse: Some(nq),
             par: Parallelism::Sequential,
+            variants: Default::default(),
         };
         let (o, lse) = run(&c, path);
         assert!(o.iter().all(|&x| x == 2.0), "{path}: {o:?}");
@@ -202,6 +204,7 @@ fn no_keys_give_minus_infinity_lse() {
             o: t(vec![7.0; 20 * dv], [1, 1, 20, dv]),
             lse: Some(20),
             par: Parallelism::Sequential,
+            variants: Default::default(),
         };
         for path in ["flash", "attention", "decode"] {
             let (o, lse) = run(&c, path);
@@ -277,6 +280,7 @@ fn zero_width_keys_with_huge_stride() {
             o: t(vec![], [1, 1, 17, 0]),
             lse: Some(17),
             par: Parallelism::Sequential,
+            variants: Default::default(),
         };
         let (_, lse) = run(&c, path);
         assert!(lse.iter().all(|&l| (l - 5f32.ln()).abs() < 1e-6), "{path}: {lse:?}");

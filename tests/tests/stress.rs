@@ -180,6 +180,7 @@ fn big_cases() -> (GemmCase, AttentionCase, AttentionCase) {
         o: t(vec![0.0; h * nq * d], [1, h, nq, d]),
         lse: Some(h * nq),
         par: Parallelism::Sequential,
+        variants: Default::default(),
     };
     let (h, nk) = (8, 8192);
     let dec = AttentionCase {
@@ -191,6 +192,7 @@ fn big_cases() -> (GemmCase, AttentionCase, AttentionCase) {
         o: t(vec![0.0; h * d], [1, h, 1, d]),
         lse: Some(h),
         par: Parallelism::Sequential,
+        variants: Default::default(),
     };
     (g, flash, dec)
 }
