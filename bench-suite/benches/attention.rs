@@ -10,5 +10,5 @@
 use attn_bench::cli::SectionId;
 
 fn main() {
-    attn_bench::criterion_main(&[SectionId::Attention, SectionId::Decode]);
+    attn_bench::criterion_main(&[SectionId::Attention, SectionId::Decode, SectionId::Variants]);
 }

@@ -51,16 +51,19 @@ pub enum SectionId {
     Decode,
     /// Multi-head attention and encoder layers.
     Layers,
+    /// Attention variants: sliding window, softcap, sinks, ALiBi, windowed decode.
+    Variants,
 }
 
 impl SectionId {
     /// Every section, in report order.
-    pub const ALL: [SectionId; 5] = [
+    pub const ALL: [SectionId; 6] = [
         SectionId::Gemm,
         SectionId::Softmax,
         SectionId::Attention,
         SectionId::Decode,
         SectionId::Layers,
+        SectionId::Variants,
     ];
 
     /// Lower-case name, as on the command line and in the `op` field of records.
@@ -71,6 +74,7 @@ impl SectionId {
             SectionId::Attention => "attention",
             SectionId::Decode => "decode",
             SectionId::Layers => "layers",
+            SectionId::Variants => "variants",
         }
     }
 }

@@ -5,7 +5,7 @@
 //! figure is in useful FLOP/s. Also home of the attention check shared with `decode`.
 
 use attn_kernels::attention::{Attention, Path};
-use attn_kernels::Parallelism;
+use attn_kernels::{Parallelism, Variants};
 use attn_reference::attention::default_scale;
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
 
@@ -84,7 +84,8 @@ pub struct Problem {
 
 impl Problem {
     /// Random operands in [−1, 1) for a shape (which must be [`Shape::Attn`]); the mask is
-    /// causal with the default (bottom-right) offset when the shape says "causal".
+    /// causal with the default (bottom-right) offset when the shape's mask starts with
+    /// "causal" (the variants section names its variants after it).
     pub fn new(shape: Shape, seed: u64) -> Problem {
         let Shape::Attn { batch, heads, kv_heads, nq, nk, dk, dv, mask } = shape else {
             unreachable!("attention problems have attention shapes")
@@ -102,7 +103,11 @@ impl Problem {
             lk,
             lv,
             lo,
-            mask: if mask == "causal" { Mask::Causal { offset: None } } else { Mask::None },
+            mask: if mask.starts_with("causal") {
+                Mask::Causal { offset: None }
+            } else {
+                Mask::None
+            },
             scale: default_scale(dk),
             shape,
         }
@@ -126,6 +131,27 @@ impl Problem {
         )
     }
 
+    /// Runs our kernel on `path` with `variants` into `o`.
+    pub fn run_variants(
+        &self,
+        variants: &Variants<'_>,
+        path: Path,
+        o: &mut [f32],
+        threads: usize,
+    ) -> Result<()> {
+        Attention::new(
+            TensorRef::new(&self.q, self.lq),
+            TensorRef::new(&self.k, self.lk),
+            TensorRef::new(&self.v, self.lv),
+        )
+        .scale(self.scale)
+        .mask(self.mask)
+        .variants(*variants)
+        .path(path)
+        .parallelism(Parallelism::threads(threads))
+        .run(TensorMut::new(o, self.lo))
+    }
+
     /// FLOPs of one call: see [`flops`].
     pub fn flops(&self) -> f64 {
         let [batch, heads, nq, dk] = self.lq.dims;
@@ -135,6 +161,11 @@ impl Problem {
     /// Bytes of K and V (what a decode step must stream).
     pub fn kv_bytes(&self) -> f64 {
         4.0 * (self.lk.len() + self.lv.len()) as f64
+    }
+
+    /// The Q, K and V buffers.
+    pub fn qkv(&self) -> (&[f32], &[f32], &[f32]) {
+        (&self.q, &self.k, &self.v)
     }
 
     /// The K and V buffers (the bytes [`Problem::kv_bytes`] counts).

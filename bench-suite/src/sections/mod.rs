@@ -10,6 +10,7 @@ pub mod decode;
 pub mod gemm;
 pub mod layers;
 pub mod softmax;
+pub mod variants;
 
 use std::time::Instant;
 
@@ -30,6 +31,7 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Decode => Some(decode::run),
         SectionId::Softmax => Some(softmax::run),
         SectionId::Layers => Some(layers::run),
+        SectionId::Variants => Some(variants::run),
     }
 }
 
