@@ -11,15 +11,17 @@ use crate::math::tanh::tanh_simd;
 /// rounding through tanh's slope). `±∞` become `±c`, NaN stays NaN.
 #[inline(always)]
 pub(crate) fn softcap<S: Simd>(s: S, x: &mut [f32], c: f32) {
+    // No closure for the vector body: a closure does not inherit the caller's target
+    // features, and its intrinsics would become calls.
     let cv = s.splat(c);
-    let cap = |v: S::V| s.mul(cv, tanh_simd(s, s.div(v, cv)));
     let mut chunks = x.chunks_exact_mut(S::LANES);
     for v in &mut chunks {
-        store(s, v, cap(load(s, v)));
+        let y = s.mul(cv, tanh_simd(s, s.div(load(s, v), cv)));
+        store(s, v, y);
     }
     let tail = chunks.into_remainder();
     if !tail.is_empty() {
-        let y = cap(load_tail(s, tail));
+        let y = s.mul(cv, tanh_simd(s, s.div(load_tail(s, tail), cv)));
         store_tail(s, tail, y);
     }
 }
