@@ -84,3 +84,57 @@ pub fn tanh_bound(x: f32, t: f64) -> f64 {
 pub fn softcap_error(c: f64) -> f64 {
     GAMMA * (2.0 * TANH_MAX_ULP + 2.0) * U * c
 }
+
+/// Bound on `|ŝ − s|` for one additive score `s = Σ_a w_a·tanh(x_a)`, `x_a = A_a + B_a` with
+/// the projections `A_a = q·Wq[:, a]` (inner length `dq`) and `B_a = k·Wk[:, a]` (length `dk`),
+/// as the kernels compute it (GEMM projections, f32 add, the vectorised tanh, an FMA chain over
+/// `a`). Arguments per hidden unit `a`: `w_a`, the exact `x_a`, and the magnitudes
+/// `mq_a = Σ_p |q_p·Wq_pa|`, `mk_a = Σ_p |k_p·Wk_pa|`.
+///
+/// Derivation (`T` = [`TANH_MAX_ULP`], one ULP ≤ `2u` relative):
+/// 1. the projections are dot products: `|Â_a − A_a| ≤ γ(dq + 3)·u·mq_a` ([`dot_bound`]), the
+///    same for `B_a` with `dk`, `mk_a`; the add rounds once: `ε_a = dot_bound(dq, mq_a) +
+///    dot_bound(dk, mk_a) + u·(|x_a| + …)`;
+/// 2. tanh is 1-Lipschitz and bounded by 1, so `|t̂_a − tanh x_a| ≤ ε_a + 2T·u`;
+/// 3. the sum of `da` products `w_a·t̂_a` adds `γ(da + 1)·u·Σ_a |w_a|·|t̂_a|`.
+///
+/// So `δ = Σ_a |w_a|·(ε_a + 2Tu) + γ(da + 1)·u·Σ_a |w_a|·(|tanh x_a| + ε_a + 2Tu)`, with 1 %
+/// added for second-order terms.
+pub fn additive_score_bound(
+    w: &[f32],
+    x: &[f64],
+    mq: &[f64],
+    mk: &[f64],
+    dq: usize,
+    dk: usize,
+) -> f64 {
+    let tanh_err = 2.0 * TANH_MAX_ULP * U;
+    let (mut first, mut mag) = (0.0, 0.0);
+    for a in 0..w.len() {
+        let eps = dot_bound(dq, mq[a]) + dot_bound(dk, mk[a]) + U * (x[a].abs() + mq[a] + mk[a]);
+        let wa = f64::from(w[a]).abs();
+        first += wa * (eps + tanh_err);
+        mag += wa * (x[a].tanh().abs() + eps + tanh_err);
+    }
+    1.01 * (first + gamma(w.len() + 1) * mag)
+}
+
+/// Relative bound, against `Σ_j p_j·|v_jd|`, on one output element of a streamed attention row
+/// over `nk` keys whose scores are each off by at most `delta` (natural-log units): a
+/// perturbation `δ` of every logit moves each `p_j` by a relative `e^(2δ) − 1 ≈ 2δ` (numerator
+/// and normaliser); each `P_j` carries the exp's error ([`EXP_REL`]) in both; the rescale
+/// factors `α` multiply the running sum and the accumulator alike (their own error cancels in
+/// `o/l`, the two products round once each per block, at most `nk` blocks); the sums of `nk`
+/// positive terms and the `P·V` sums add `γ·nk·u` each; the final division and product `2u`.
+/// Total `2δ + 2·EXP_REL + γ·(2·nk + 8)·u`, doubled at the first order for the `e^(2δ)`
+/// curvature when `δ` is not small (`δ ≤ 0.1` in the tests).
+pub fn streamed_row_rel_bound(delta: f64, nk: usize) -> f64 {
+    2.0 * delta * (1.0 + 2.0 * delta) + 2.0 * EXP_REL + gamma(2 * nk + 8)
+}
+
+/// Absolute bound on the logsumexp `m + ln l` of the same row: `δ` from the scores, the
+/// relative error of `l` (`EXP_REL + γ·(nk + 8)·u`, through `ln`), and the final rounding
+/// `u·|lse|`.
+pub fn streamed_lse_bound(delta: f64, nk: usize, lse: f64) -> f64 {
+    delta + EXP_REL + gamma(nk + 8) + U * lse.abs()
+}

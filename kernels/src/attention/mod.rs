@@ -54,6 +54,7 @@
 //! parallel loops, which claims each output row once), `flash`, `decode`, `unfused` (the
 //! three algorithms, each written once over the vector trait, in safe code).
 
+mod additive;
 mod blocking;
 mod blocks;
 mod decode;
@@ -70,6 +71,8 @@ use attn_core::{
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 use blocks::Strided;
+
+pub use additive::{AdditiveAttention, AdditiveWeights};
 
 /// Which algorithm runs an [`Attention`] problem. Every path has the same contract, checks and
 /// errors; they differ in speed and memory, and in rounding within the stated bounds.

@@ -15,7 +15,8 @@
 //!   `2/∞ = 0` and the result is exactly `±1` (no `∞/∞`).
 //!
 //! Edges, exactly: `tanh(±0) = ±0`, `tanh(±∞) = ±1`, NaN gives NaN; the result is exactly `±1`
-//! once `|x| ≥ 9.011` (where `1 − tanh|x| < 2⁻²⁵`).
+//! for `|x| ≥ 9.1` (there `2/(e^(2|x|) + 1) < 0.85·2⁻²⁵`, so `1 −` it rounds to 1 whatever the
+//! exp's error; exact `tanh` rounds to 1 from 9.011).
 
 use super::exp::exp_rr2_p7;
 use crate::arch::Isa;

@@ -1,0 +1,522 @@
+//! Additive (Bahdanau) attention `O = softmax(S + mask)·V` with the scores
+//! `S_ij = wᵀ·tanh(q_i·Wq + k_j·Wk)` (row vectors, as in
+//! `attn_reference::scores::additive_scores`), streamed: no `Nq × Nk` buffer.
+//!
+//! 1. Project once with the SGEMM: `A = Q·Wq` (`[Nq, da]` per query head, row-major) and
+//!    `B = K·Wk` (per K/V head, stored transposed as `[da, Nk']`, `Nk'` = `Nk` rounded up to
+//!    16 with zero padding, so that a vector of keys is one load per hidden unit).
+//! 2. One task per `(batch, query head, tile of TILE_Q queries)`; for each block of
+//!    `BLOCK_K` keys (stopping at the causal diagonal of the tile's last query, and per row at
+//!    its own), per query row and per vector of keys on the lanes:
+//!    `S_j = Σ_a w_a·tanh(A_ia + B_aj)` with [`tanh_simd`] (its bound:
+//!    [`TANH_MAX_ULP`](crate::math::TANH_MAX_ULP)), then the mask, then the online softmax of
+//!    the flash path: running maximum `m` from `f32::MIN` (so `m − m'` is never `−∞ − (−∞)`),
+//!    `α = e^(m − m')`, `P_j = e^(S_j − m')` with the 1-ULP exp, `l ← α·l + Σ P_j`,
+//!    `O ← α·O + Σ_j P_j·V_j` (keys of weight 0 are skipped, so an `±∞`/NaN value there does
+//!    not leak).
+//! 3. Write `O/l` (zeros and logsumexp −∞ where `l = 0`: fully masked rows).
+//!
+//! `+∞` scores (only from a `+∞` bias: a finite `w` bounds `|S_ij| ≤ Σ|w_a|`) share their row's
+//! weight evenly, a NaN score gives a NaN row, as in `attn_reference::softmax::softmax_row`.
+//! Memory beyond the operands: the projections (`(batch·hq·Nq + batch·hkv·Nk')·da` floats) and
+//! per-thread scratch of a tile. The P·V product is a plain vector loop, not the GEMM
+//! micro-kernel of the flash path.
+
+use rayon::prelude::*;
+
+use attn_core::{
+    expect_dim, expect_finite, Error, Mask, MatLayout, MatMut, MatRef, Result, TensorMut, TensorRef,
+};
+
+use super::sink::Sink;
+use crate::arch::{self, load, store, vectorize, Isa, Kernel, Simd};
+use crate::gemm::sgemm_with_isa;
+use crate::math::exp::{exp_rr2_p7, exp_rr2_p7_scalar};
+use crate::math::tanh::tanh_simd;
+use crate::par::Parallelism;
+
+/// Queries per task: the key block's projections (`da × BLOCK_K` floats) are reused by this
+/// many rows while in cache.
+const TILE_Q: usize = 8;
+/// Keys per block: with `da ≤ 128` the block's projections (`da × 256 × 4` bytes ≤ 128 KiB)
+/// stay in L2 across the tile's rows. A multiple of every ISA's lane count.
+const BLOCK_K: usize = 256;
+/// The key projections are padded to a multiple of this (the widest vector), so that a vector
+/// load at any lane-aligned key index below `Nk` stays inside the buffer.
+const KEY_PAD: usize = 16;
+
+/// The weights of additive scoring: `wq: [dq, da]`, `wk: [dk, da]`, `w: [da]`, shared by every
+/// batch and head (the kernels' twin of `attn_reference::scores::AdditiveWeights`).
+#[derive(Clone, Copy, Debug)]
+pub struct AdditiveWeights<'a> {
+    /// Query projection `[dq, da]`.
+    pub wq: MatRef<'a>,
+    /// Key projection `[dk, da]`.
+    pub wk: MatRef<'a>,
+    /// Output vector `[da]`.
+    pub w: &'a [f32],
+}
+
+/// One additive-attention call `O = softmax(wᵀ·tanh(Q·Wq + K·Wk) + mask)·V` (module docs),
+/// with every other setting named and defaulted, run by [`run`](Self::run).
+///
+/// `q: [batch, hq, nq, dq]`, `k: [batch, hkv, nk, dk]`, `v: [batch, hkv, nk, dv]`, output
+/// `o: [batch, hq, nq, dv]`, strided views; `dq` and `dk` may differ; GQA/MQA when `hkv < hq`
+/// (`hkv` divides `hq`, query head `h` reads K/V head `h / (hq / hkv)`). There is no score
+/// scale (fold one into `w`). Settings and defaults:
+///
+/// | method | default |
+/// | --- | --- |
+/// | [`mask`](Self::mask) | [`Mask::None`] |
+/// | [`lse`](Self::lse) | no logsumexp output |
+/// | [`parallelism`](Self::parallelism) | [`Parallelism::Sequential`] |
+/// | [`isa`](Self::isa) | [`arch::selected`] at [`run`](Self::run) |
+///
+/// ```
+/// use attn_kernels::attention::{AdditiveAttention, AdditiveWeights};
+/// use attn_kernels::{MatLayout, MatRef, Tensor4Layout, TensorMut, TensorRef};
+///
+/// // One head, 2 queries and 3 keys of width 2, hidden width 1, values all 1.
+/// let (q, k, v) = (vec![0.5f32; 4], vec![0.25f32; 6], vec![1.0f32; 6]);
+/// let (wq, wk, w) = ([1.0f32, -1.0], [0.5f32, 0.5], [2.0f32]);
+/// let weights = AdditiveWeights {
+///     wq: MatRef::new(&wq, MatLayout::row_major(2, 1)),
+///     wk: MatRef::new(&wk, MatLayout::row_major(2, 1)),
+///     w: &w,
+/// };
+/// let mut o = vec![0.0f32; 4];
+/// AdditiveAttention::new(
+///     TensorRef::new(&q, Tensor4Layout::bhsd(1, 1, 2, 2)),
+///     TensorRef::new(&k, Tensor4Layout::bhsd(1, 1, 3, 2)),
+///     TensorRef::new(&v, Tensor4Layout::bhsd(1, 1, 3, 2)),
+///     weights,
+/// )
+/// .run(TensorMut::new(&mut o, Tensor4Layout::bhsd(1, 1, 2, 2)))?;
+/// assert!(o.iter().all(|x| (x - 1.0).abs() < 1e-6));
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "an attention problem computes nothing until `run`"]
+pub struct AdditiveAttention<'a> {
+    q: TensorRef<'a>,
+    k: TensorRef<'a>,
+    v: TensorRef<'a>,
+    weights: AdditiveWeights<'a>,
+    mask: Mask<'a>,
+    lse: Option<&'a mut [f32]>,
+    par: Parallelism,
+    isa: Option<Isa>,
+}
+
+impl<'a> AdditiveAttention<'a> {
+    /// The problem over these operands, every setting at its default. Nothing is checked until
+    /// [`run`](Self::run).
+    pub fn new(
+        q: TensorRef<'a>,
+        k: TensorRef<'a>,
+        v: TensorRef<'a>,
+        weights: AdditiveWeights<'a>,
+    ) -> Self {
+        AdditiveAttention {
+            q,
+            k,
+            v,
+            weights,
+            mask: Mask::None,
+            lse: None,
+            par: Parallelism::Sequential,
+            isa: None,
+        }
+    }
+
+    /// The mask over `[batch, hq, nq, nk]` (default [`Mask::None`]).
+    pub fn mask(mut self, mask: Mask<'a>) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// Where to write the logsumexp of every query row: `batch·hq·nq` floats, row-major over
+    /// `[batch, hq, nq]` (−∞ for a fully masked row); another length is
+    /// `Error::ShapeMismatch { arg: "lse", .. }` at [`run`](Self::run).
+    pub fn lse(mut self, lse: &'a mut [f32]) -> Self {
+        self.lse = Some(lse);
+        self
+    }
+
+    /// How many threads the call may use (default [`Parallelism::Sequential`]). The result is
+    /// bitwise the same for every thread count.
+    pub fn parallelism(mut self, par: Parallelism) -> Self {
+        self.par = par;
+        self
+    }
+
+    /// The ISA to run on (default [`arch::selected`]); one this CPU does not support is
+    /// `Error::InvalidParameter { arg: "isa", .. }` at [`run`](Self::run).
+    pub fn isa(mut self, isa: Isa) -> Self {
+        self.isa = Some(isa);
+        self
+    }
+
+    /// Checks the problem against the output `o: [batch, hq, nq, dv]` and computes it into `o`
+    /// (and the logsumexps, if asked). Nothing is written when a check fails.
+    ///
+    /// Errors: an unsupported ISA; `ZeroHeads`, `KvHeadsNotDividing`; `ShapeMismatch` for `k`,
+    /// `v`, `o` against `q`'s batch and heads and each other's sequence lengths, `wq` ≠
+    /// `[dq, da]`, `wk` ≠ `[dk, da]`, `w` length ≠ `da` (with `da` = `wq`'s columns), the mask
+    /// and `lse`; `OutOfBounds` and friends for views overrunning their slices; `AliasedOutput`;
+    /// `NonFinite { arg: "wq" | "wk" | "w" }` for a non-finite weight; `InvalidParameter` when
+    /// the projections cannot be allocated.
+    pub fn run(mut self, o: TensorMut<'_>) -> Result<()> {
+        let isa = self.isa.unwrap_or_else(arch::selected).require()?;
+        let p = self.check(&o)?;
+        let lse = self.lse.take().filter(|l| !l.is_empty());
+        if (o.layout.is_empty() && lse.is_none()) || p.nq == 0 {
+            return Ok(());
+        }
+        let (a, bt) = self.project(isa, &p)?;
+        let sink = Sink::new(o.data, o.layout, lse);
+        let tiles = p.nq.div_ceil(TILE_Q);
+        // Bounded by the rows of the output or lse slice, which are non-empty here.
+        let tasks = p.batch.saturating_mul(p.hq).saturating_mul(tiles);
+        let ctx = Ctx { p: &p, a: &a, bt: &bt, v: self.v, w: self.weights.w, mask: &self.mask };
+        let task = |scr: &mut Scratch, t: usize| {
+            vectorize(isa, Task { ctx: &ctx, sink: &sink, scr, t, tiles });
+        };
+        if self.par.count() == 1 || tasks == 1 {
+            let mut scr = Scratch::new(p.dv)?;
+            (0..tasks).for_each(|t| task(&mut scr, t));
+            Ok(())
+        } else {
+            self.par.install(|| {
+                (0..tasks).into_par_iter().with_min_len(1).try_for_each_init(
+                    || Scratch::new(p.dv),
+                    |scr, t| {
+                        task(scr.as_mut().map_err(|e| e.clone())?, t);
+                        Ok(())
+                    },
+                )
+            })
+        }
+    }
+
+    /// The checks of [`run`](Self::run), returning the sizes.
+    fn check(&self, o: &TensorMut<'_>) -> Result<Sizes> {
+        let [batch, hq, nq, dq] = self.q.layout.dims;
+        let [_, hkv, nk, dk] = self.k.layout.dims;
+        let dv = self.v.layout.dims[3];
+        let AdditiveWeights { wq, wk, w } = self.weights;
+        let da = wq.layout.cols;
+        if hq == 0 {
+            return Err(Error::ZeroHeads { arg: "q" });
+        }
+        if hkv == 0 {
+            return Err(Error::ZeroHeads { arg: "k" });
+        }
+        if hq % hkv != 0 {
+            return Err(Error::KvHeadsNotDividing { q_heads: hq, kv_heads: hkv });
+        }
+        self.k.layout.expect_dims("k", [batch, hkv, nk, dk])?;
+        self.v.layout.expect_dims("v", [batch, hkv, nk, dv])?;
+        o.layout.expect_dims("o", [batch, hq, nq, dv])?;
+        wq.layout.expect_shape("wq", dq, da)?;
+        wk.layout.expect_shape("wk", dk, da)?;
+        expect_dim("w", "len", da, w.len())?;
+        self.q.check("q")?;
+        self.k.check("k")?;
+        self.v.check("v")?;
+        o.check("o")?;
+        wq.check("wq")?;
+        wk.check("wk")?;
+        self.mask.check(batch, hq, nq, nk)?;
+        if let Some(l) = self.lse.as_deref() {
+            expect_dim("lse", "len", batch.saturating_mul(hq).saturating_mul(nq), l.len())?;
+        }
+        for (arg, m) in [("wq", wq), ("wk", wk)] {
+            for r in 0..m.layout.rows {
+                for c in 0..m.layout.cols {
+                    expect_finite(arg, m.at(r, c))?;
+                }
+            }
+        }
+        for &x in w {
+            expect_finite("w", x)?;
+        }
+        Ok(Sizes { batch, hq, hkv, nq, nk, dq, dk, dv, da, nkp: nk.div_ceil(KEY_PAD) * KEY_PAD })
+    }
+
+    /// `A = Q·Wq` per `(batch, query head)` as `[nq, da]` row-major, and `Bᵀ = (K·Wk)ᵀ` per
+    /// `(batch, K/V head)` as `[da, nkp]` (padding keys 0), on the SGEMM.
+    fn project(&self, isa: Isa, p: &Sizes) -> Result<(Vec<f32>, Vec<f32>)> {
+        let qn = [p.batch, p.hq, p.nq, p.da];
+        let kn = [p.batch, p.hkv, p.nkp, p.da];
+        let mut a = try_zeros(qn.iter().try_fold(1usize, |x, &y| x.checked_mul(y)))?;
+        let mut bt = try_zeros(kn.iter().try_fold(1usize, |x, &y| x.checked_mul(y)))?;
+        let (w, par) = (self.weights, self.par);
+        for b in 0..p.batch {
+            // An empty inner dimension leaves the zeros (and the view may have any strides).
+            if p.dq > 0 && p.da > 0 {
+                for h in 0..p.hq {
+                    let at = (b * p.hq + h) * p.nq * p.da;
+                    let c = MatMut::row_major(&mut a[at..at + p.nq * p.da], p.nq, p.da);
+                    sgemm_with_isa(isa, 1.0, self.q.matrix(b, h), w.wq, 0.0, c, par)?;
+                }
+            }
+            if p.dk > 0 && p.da > 0 && p.nk > 0 {
+                for kh in 0..p.hkv {
+                    let at = (b * p.hkv + kh) * p.da * p.nkp;
+                    let layout = MatLayout::strided(p.nk, p.da, 1, p.nkp, 0);
+                    let c = MatMut::new(&mut bt[at..at + p.da * p.nkp], layout);
+                    sgemm_with_isa(isa, 1.0, self.k.matrix(b, kh), w.wk, 0.0, c, par)?;
+                }
+            }
+        }
+        Ok((a, bt))
+    }
+}
+
+/// The checked sizes of a problem; `nkp` is `nk` rounded up to [`KEY_PAD`].
+struct Sizes {
+    batch: usize,
+    hq: usize,
+    hkv: usize,
+    nq: usize,
+    nk: usize,
+    dq: usize,
+    dk: usize,
+    dv: usize,
+    da: usize,
+    nkp: usize,
+}
+
+impl Sizes {
+    /// Exclusive end of the keys query `i` may see (`nk`, or the causal diagonal).
+    fn key_end(&self, mask: &Mask<'_>, i: usize) -> usize {
+        match mask {
+            Mask::Causal { offset } => {
+                let off = Mask::causal_offset(*offset, self.nq, self.nk) as i128;
+                (i as i128 + off + 1).clamp(0, self.nk as i128) as usize
+            }
+            _ => self.nk,
+        }
+    }
+}
+
+/// A zeroed buffer of `n` floats, or `InvalidParameter` when `n` overflowed or cannot be
+/// allocated.
+fn try_zeros(n: Option<usize>) -> Result<Vec<f32>> {
+    let err = Error::InvalidParameter {
+        arg: "k",
+        requirement: "the sizes imply projections that cannot be allocated",
+    };
+    let n = n.ok_or(err.clone())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| err)?;
+    v.resize(n, 0.0);
+    Ok(v)
+}
+
+/// What every task reads.
+struct Ctx<'r, 'a> {
+    p: &'r Sizes,
+    /// Query projections, `[batch, hq, nq, da]`.
+    a: &'r [f32],
+    /// Transposed key projections, `[batch, hkv, da, nkp]`.
+    bt: &'r [f32],
+    v: TensorRef<'a>,
+    w: &'a [f32],
+    mask: &'r Mask<'a>,
+}
+
+/// Per-thread scratch: one row of scores, and the running state of a tile.
+struct Scratch {
+    s: Vec<f32>,
+    o: Vec<f32>,
+    vrow: Vec<f32>,
+    m: [f32; TILE_Q],
+    l: [f32; TILE_Q],
+}
+
+impl Scratch {
+    fn new(dv: usize) -> Result<Self> {
+        Ok(Scratch {
+            s: vec![0.0; BLOCK_K],
+            o: try_zeros(dv.checked_mul(TILE_Q))?,
+            vrow: try_zeros(Some(dv))?,
+            m: [f32::MIN; TILE_Q],
+            l: [0.0; TILE_Q],
+        })
+    }
+}
+
+/// One task: query tile `t mod tiles` of head `t / tiles`.
+struct Task<'r, 'a> {
+    ctx: &'r Ctx<'r, 'a>,
+    sink: &'r Sink<'r>,
+    scr: &'r mut Scratch,
+    t: usize,
+    tiles: usize,
+}
+
+impl Kernel for Task<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let Task { ctx, sink, scr, t, tiles } = self;
+        let p = ctx.p;
+        let (bh, i0) = (t / tiles, (t % tiles) * TILE_Q);
+        let (b, h) = (bh / p.hq, bh % p.hq);
+        let kh = h / (p.hq / p.hkv);
+        let rows = (p.nq - i0).min(TILE_Q);
+        let (da, dv, nkp) = (p.da, p.dv, p.nkp);
+        let bt = &ctx.bt[(b * p.hkv + kh) * da * nkp..][..da * nkp];
+        scr.m = [f32::MIN; TILE_Q];
+        scr.l = [0.0; TILE_Q];
+        scr.o.fill(0.0);
+        let kend_tile = p.key_end(ctx.mask, i0 + rows - 1);
+        let mut j0 = 0;
+        while j0 < kend_tile {
+            let nb_tile = (kend_tile - j0).min(BLOCK_K);
+            for r in 0..rows {
+                let i = i0 + r;
+                let nb = nb_tile.min(p.key_end(ctx.mask, i).saturating_sub(j0));
+                if nb == 0 {
+                    continue;
+                }
+                let arow = &ctx.a[((b * p.hq + h) * p.nq + i) * da..][..da];
+                let sc = &mut scr.s[..nb.div_ceil(S::LANES) * S::LANES];
+                scores(s, arow, ctx.w, bt, nkp, j0, sc);
+                let sc = &mut sc[..nb];
+                mask_row(ctx, b, h, i, j0, sc);
+                let alpha = online_step(s, sc, &mut scr.m[r], &mut scr.l[r]);
+                let o = &mut scr.o[r * dv..(r + 1) * dv];
+                if alpha == 0.0 {
+                    o.fill(0.0); // no 0·∞ from an earlier block
+                } else if alpha != 1.0 {
+                    o.iter_mut().for_each(|x| *x *= alpha);
+                }
+                // Keys of weight 0 are skipped: an ±∞/NaN value there contributes nothing.
+                for (j, &pj) in sc.iter().enumerate() {
+                    if pj != 0.0 {
+                        let vrow = value_row(&ctx.v, dv, b, kh, j0 + j, &mut scr.vrow);
+                        for (x, &y) in o.iter_mut().zip(vrow) {
+                            *x += pj * y;
+                        }
+                    }
+                }
+            }
+            j0 += nb_tile;
+        }
+        for r in 0..rows {
+            let (l, m) = (scr.l[r], scr.m[r]);
+            let (inv, lse) =
+                if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, m + l.ln()) };
+            let o = &scr.o[r * dv..(r + 1) * dv];
+            sink.write_row(b, h, i0 + r, lse, |d| o[d] * inv);
+        }
+    }
+}
+
+/// Scores of one query against the keys `j0..j0 + out.len()` (a multiple of `LANES`, keys past
+/// `nk` read the zero padding): `out_j = Σ_a w_a·tanh(arow_a + bt[a·nkp + j0 + j])`.
+#[inline(always)]
+fn scores<S: Simd>(
+    s: S,
+    arow: &[f32],
+    w: &[f32],
+    bt: &[f32],
+    nkp: usize,
+    j0: usize,
+    out: &mut [f32],
+) {
+    for (jv, chunk) in out.chunks_exact_mut(S::LANES).enumerate() {
+        let col = j0 + jv * S::LANES;
+        let mut acc = s.splat(0.0);
+        for (a, (&x, &wa)) in arow.iter().zip(w).enumerate() {
+            let pre = s.add(s.splat(x), load(s, &bt[a * nkp + col..]));
+            acc = s.fma(s.splat(wa), tanh_simd(s, pre), acc);
+        }
+        store(s, chunk, acc);
+    }
+}
+
+/// Applies the mask to the scores of query `i` against keys `j0..`: masked → −∞ (dropping any
+/// NaN there), a bias added.
+fn mask_row(ctx: &Ctx<'_, '_>, b: usize, h: usize, i: usize, j0: usize, sc: &mut [f32]) {
+    let p = ctx.p;
+    match ctx.mask {
+        Mask::None => {}
+        m => {
+            for (j, x) in sc.iter_mut().enumerate() {
+                match m.term(b, h, i, j0 + j, p.nq, p.nk) {
+                    None => *x = f32::NEG_INFINITY,
+                    Some(t) => *x += t,
+                }
+            }
+        }
+    }
+}
+
+/// Value row `j` of K/V head `kh` of batch `b` (`dv` floats), borrowed when contiguous,
+/// else gathered into `buf`.
+fn value_row<'x>(
+    v: &'x TensorRef<'_>,
+    dv: usize,
+    b: usize,
+    kh: usize,
+    j: usize,
+    buf: &'x mut [f32],
+) -> &'x [f32] {
+    if dv == 0 {
+        return &[];
+    }
+    let l = &v.layout;
+    let start = l.index(b, kh, j, 0);
+    if l.strides[3] == 1 {
+        &v.data[start..start + dv]
+    } else {
+        for (d, x) in buf[..dv].iter_mut().enumerate() {
+            *x = v.data[l.index(b, kh, j, d)];
+        }
+        &buf[..dv]
+    }
+}
+
+/// One online-softmax step of one query row over the masked scores `sc` of a key block, in
+/// place: `m' = max(m, max_j S_j)`, `P_j = e^(S_j − m')`, `l ← α·l + Σ P_j`, `m ← m'`; returns
+/// `α = e^(m − m')` for the caller's `o ← α·o + Σ_j P_j·V_j`. A `+∞` maximum gives its `+∞`
+/// keys weight 1 and the rest 0 (`α = 0`, or 1 when the maximum was already `+∞`); a NaN score
+/// makes `l` NaN.
+#[inline(always)]
+fn online_step<S: Simd>(s: S, sc: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
+    let m_old = *m;
+    let m_new = sc.iter().fold(m_old, |a, &x| if x > a { x } else { a });
+    let alpha = if m_new == f32::INFINITY {
+        for x in sc.iter_mut() {
+            *x = if *x == f32::INFINITY {
+                1.0
+            } else if x.is_nan() {
+                f32::NAN
+            } else {
+                0.0
+            };
+        }
+        if m_old == f32::INFINITY {
+            1.0
+        } else {
+            0.0
+        }
+    } else {
+        let mut chunks = sc.chunks_exact_mut(S::LANES);
+        for c in &mut chunks {
+            store(s, c, exp_rr2_p7(s, s.sub(load(s, c), s.splat(m_new))));
+        }
+        for x in chunks.into_remainder() {
+            *x = exp_rr2_p7_scalar(s, *x - m_new);
+        }
+        exp_rr2_p7_scalar(s, m_old - m_new)
+    };
+    *m = m_new;
+    *l = alpha * *l + sc.iter().sum::<f32>();
+    alpha
+}
