@@ -264,8 +264,15 @@ fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
 ) {
     debug_assert!(R >= 1 && C >= 1);
     let l = S::LANES;
-    let qs: [&[f32]; R] = core::array::from_fn(|r| &q[r * dk..][..dk]);
-    let ks: [&[f32]; C] = core::array::from_fn(|c| &k[c * k_rs..][..dk]);
+    // Plain loops, not `array::from_fn`: through its closure the compiler lost the lengths.
+    let mut qs = [&[][..]; R];
+    for (r, x) in qs.iter_mut().enumerate() {
+        *x = &q[r * dk..][..dk];
+    }
+    let mut ks = [&[][..]; C];
+    for (c, x) in ks.iter_mut().enumerate() {
+        *x = &k[c * k_rs..][..dk];
+    }
     let mut acc = [[s.splat(0.0); C]; R];
     // Windows of U vectors per row: one bounds check per row and window, none per load.
     const U: usize = 4;
@@ -356,7 +363,10 @@ fn dec_pv_tile<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
 ) {
     let l = S::LANES;
     let w = CT * l;
-    let pr: [&[f32]; R] = core::array::from_fn(|r| &p[r * ps..][..nb]);
+    let mut pr = [&[][..]; R];
+    for (r, x) in pr.iter_mut().enumerate() {
+        *x = &p[r * ps..][..nb];
+    }
     let mut acc = [[s.splat(0.0); CT]; R];
     for (r, ar) in acc.iter_mut().enumerate() {
         let orow = &o[r * o_rs..][..w];
