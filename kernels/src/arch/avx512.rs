@@ -171,8 +171,17 @@ impl Simd for Avx512 {
     }
     #[inline(always)]
     fn reduce_add4(self, v: [__m512; 4]) -> [f32; 4] {
+        // No closure (`v.map`): a closure does not inherit `#[target_feature]`, so when the
+        // compiler leaves one out of line the intrinsic in it becomes a call.
         // SAFETY: see the impl.
-        v.map(|x| unsafe { _mm512_reduce_add_ps(x) })
+        unsafe {
+            [
+                _mm512_reduce_add_ps(v[0]),
+                _mm512_reduce_add_ps(v[1]),
+                _mm512_reduce_add_ps(v[2]),
+                _mm512_reduce_add_ps(v[3]),
+            ]
+        }
     }
     #[inline(always)]
     fn reduce_max(self, v: __m512) -> f32 {

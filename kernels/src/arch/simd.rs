@@ -11,6 +11,9 @@
 //! Generic bodies must be `#[inline(always)]` and reached from a `#[target_feature]` function
 //! ([`vectorize`] or a GEMM micro-kernel wrapper): only then do the intrinsics inline.
 
+use std::cell::Cell;
+use std::marker::PhantomData;
+
 use super::Isa;
 use super::Portable;
 
@@ -229,6 +232,177 @@ pub(crate) fn store_tail<S: Simd>(s: S, x: &mut [f32], v: S::V) {
     unsafe { s.store_tail(x.as_mut_ptr(), x.len(), v) }
 }
 
+/// Loads `LANES` floats from the start of the cells `x` (at least that many; panics otherwise).
+#[inline(always)]
+pub(crate) fn load_cells<S: Simd>(s: S, x: &[Cell<f32>]) -> S::V {
+    Floats::from(x).load(s, 0)
+}
+
+/// Loads the `x.len() < LANES` cells of `x`; the other lanes are 0.0.
+#[inline(always)]
+pub(crate) fn load_tail_cells<S: Simd>(s: S, x: &[Cell<f32>]) -> S::V {
+    Floats::from(x).load_tail(s, 0, x.len())
+}
+
+/// Stores `LANES` floats into the first cells of `x` (at least that many; panics otherwise).
+#[inline(always)]
+pub(crate) fn store_cells<S: Simd>(s: S, x: &[Cell<f32>], v: S::V) {
+    let x = &x[..S::LANES];
+    // SAFETY: `x` has exactly LANES cells; a shared reference to cells permits writes through
+    // it, and cells are not `Sync`, so no other thread reads them meanwhile.
+    unsafe { s.store(x.as_ptr().cast::<f32>().cast_mut(), v) }
+}
+
+/// Stores the first `x.len() < LANES` lanes of `v` into the cells `x`.
+#[inline(always)]
+pub(crate) fn store_tail_cells<S: Simd>(s: S, x: &[Cell<f32>], v: S::V) {
+    assert!(x.len() < S::LANES);
+    // SAFETY: as in `store_cells`, for `x.len()` cells.
+    unsafe { s.store_tail(x.as_ptr().cast::<f32>().cast_mut(), x.len(), v) }
+}
+
+/// Stores `LANES` floats into the first cells of `x` by a non-temporal store ([`Simd::stream`])
+/// when they start on a `LANES × 4`-byte boundary, by an ordinary store otherwise (callers align
+/// their stream, so that is the rare head of a row). Needs [`store_fence`] as `stream` does.
+#[inline(always)]
+pub(crate) fn stream_cells<S: Simd>(s: S, x: &[Cell<f32>], v: S::V) {
+    let x = &x[..S::LANES];
+    let p = x.as_ptr().cast::<f32>().cast_mut();
+    if (p as usize).is_multiple_of(S::LANES * 4) {
+        // SAFETY: as in `store_cells`; aligned as `stream` requires.
+        unsafe { s.stream(p, v) }
+    } else {
+        // SAFETY: as in `store_cells`.
+        unsafe { s.store(p, v) }
+    }
+}
+
+/// The lanes where the first `LANES` bools of `keep` are true (panics if there are fewer).
+#[inline(always)]
+pub(crate) fn keep<S: Simd>(s: S, keep: &[bool]) -> S::M {
+    let keep = &keep[..S::LANES];
+    // SAFETY: `keep` has exactly LANES bools.
+    unsafe { s.keep(keep.as_ptr()) }
+}
+
+/// The lanes `< keep.len() < LANES` where `keep` is true.
+#[inline(always)]
+pub(crate) fn keep_tail<S: Simd>(s: S, keep: &[bool]) -> S::M {
+    assert!(keep.len() < S::LANES);
+    // SAFETY: `keep` has `keep.len()` readable bools.
+    unsafe { s.keep_tail(keep.as_ptr(), keep.len()) }
+}
+
+/// The address of `x`'s first element, for alignment and page-phase arithmetic only.
+#[inline(always)]
+pub(crate) fn addr<T>(x: &[T]) -> usize {
+    x.as_ptr() as usize
+}
+
+/// How many of `x`'s elements come before its first `LANES × 4`-byte boundary (`< LANES`, and
+/// at most `x.len()`).
+#[inline(always)]
+pub(crate) fn lanes_to_boundary<S: Simd, T>(x: &[T]) -> usize {
+    debug_assert_eq!(std::mem::size_of::<T>(), 4);
+    let l = S::LANES;
+    ((l - (addr(x) / 4) % l) % l).min(x.len())
+}
+
+/// A run of f32 read by a kernel while it may also be written through cells: an input row
+/// that is the output row too (in place), or a buffer that one pass reads behind another
+/// pass's writes. Made from a `&[f32]` (then nothing writes it) or a `&[Cell<f32>]` (then only
+/// this thread does: neither is `Send` or `Sync`), so a read never races a write; every read
+/// is bounds-checked (and the checks hoisted where the loop bounds imply them).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Floats<'a> {
+    ptr: *const f32,
+    len: usize,
+    _cells: PhantomData<&'a [Cell<f32>]>,
+}
+
+impl<'a> From<&'a [f32]> for Floats<'a> {
+    #[inline(always)]
+    fn from(x: &'a [f32]) -> Self {
+        Floats { ptr: x.as_ptr(), len: x.len(), _cells: PhantomData }
+    }
+}
+
+impl<'a> From<&'a [Cell<f32>]> for Floats<'a> {
+    #[inline(always)]
+    fn from(x: &'a [Cell<f32>]) -> Self {
+        // `Cell<f32>` has the layout of `f32`.
+        Floats { ptr: x.as_ptr().cast(), len: x.len(), _cells: PhantomData }
+    }
+}
+
+impl<'a> Floats<'a> {
+    /// No elements.
+    #[inline(always)]
+    pub(crate) fn empty() -> Self {
+        let none: &[f32] = &[];
+        Floats::from(none)
+    }
+
+    /// The number of elements.
+    #[inline(always)]
+    pub(crate) fn len(self) -> usize {
+        self.len
+    }
+
+    /// Elements `start..start + len` (panics unless inside).
+    #[inline(always)]
+    pub(crate) fn slice(self, start: usize, len: usize) -> Floats<'a> {
+        assert!(start <= self.len && len <= self.len - start);
+        // SAFETY: `start ≤ self.len`: inside the run (or one past its end).
+        Floats { ptr: unsafe { self.ptr.add(start) }, len, _cells: PhantomData }
+    }
+
+    /// Elements `start..start + len`, or `None` when they are not all inside. As a loop
+    /// condition (`while let Some(w) = x.window(j, W)`) it is the loop's only bounds check:
+    /// loads at constant offsets below a constant `W` inside the window need none.
+    #[inline(always)]
+    pub(crate) fn window(self, start: usize, len: usize) -> Option<Floats<'a>> {
+        (start <= self.len && len <= self.len - start).then(|| self.slice(start, len))
+    }
+
+    /// Elements `j .. j + LANES` (panics unless inside).
+    #[inline(always)]
+    pub(crate) fn load<S: Simd>(self, s: S, j: usize) -> S::V {
+        assert!(j <= self.len && S::LANES <= self.len - j);
+        // SAFETY: checked: LANES readable floats at `j`.
+        unsafe { s.load(self.ptr.add(j)) }
+    }
+
+    /// Elements `j .. j + k`, `k < LANES`, the other lanes 0.0 (panics unless inside).
+    #[inline(always)]
+    pub(crate) fn load_tail<S: Simd>(self, s: S, j: usize, k: usize) -> S::V {
+        assert!(k < S::LANES && j <= self.len && k <= self.len - j);
+        // SAFETY: checked: `k` readable floats at `j`.
+        unsafe { s.load_tail(self.ptr.add(j), k) }
+    }
+
+    /// Hints that the line holding element `j` will be read soon (into L1). Any `j` is
+    /// allowed, past the end too: a prefetch reads nothing and never faults.
+    #[inline(always)]
+    pub(crate) fn prefetch<S: Simd>(self, s: S, j: usize) {
+        s.prefetch(self.ptr.wrapping_add(j));
+    }
+
+    /// As [`prefetch`](Self::prefetch), into L2 ([`Simd::prefetch_far`]).
+    #[inline(always)]
+    pub(crate) fn prefetch_far<S: Simd>(self, s: S, j: usize) {
+        s.prefetch_far(self.ptr.wrapping_add(j));
+    }
+
+    /// How many elements come before the first `LANES × 4`-byte boundary (`< LANES`, and at
+    /// most `len`).
+    #[inline(always)]
+    pub(crate) fn lanes_to_boundary<S: Simd>(self) -> usize {
+        let l = S::LANES;
+        ((l - (self.ptr as usize / 4) % l) % l).min(self.len)
+    }
+}
+
 /// Orders this thread's earlier non-temporal stores ([`Simd::stream`]) before its later
 /// stores, so that another thread that synchronises with this one afterwards (a rayon join, a
 /// return to the caller) sees them. A no-op where `stream` is an ordinary store.
@@ -238,6 +412,13 @@ pub(crate) fn store_fence() {
     unsafe {
         std::arch::x86_64::_mm_sfence()
     };
+}
+
+/// Hints the cache to fetch the line holding `x[i]` into L1 whatever the token (as
+/// [`prefetch_l1`]). Any `i` is allowed, past the end of `x` too: a prefetch reads nothing.
+#[inline(always)]
+pub(crate) fn prefetch_l1_at(x: &[f32], i: usize) {
+    prefetch_l1(x.as_ptr().wrapping_add(i));
 }
 
 /// Hints the cache to fetch the line holding `p` into L1 whatever the token (no fault, no

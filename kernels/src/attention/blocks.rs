@@ -1,8 +1,9 @@
 //! The vector building blocks of the attention kernels, written once over the one vector
 //! trait ([`Simd`]): the two block products of the flash loop, which run on the GEMM
-//! micro-kernels, the decode tiles, and the row helpers of the decode and unfused paths. The
-//! attention module's `unsafe` that touches raw pointers lives here, behind safe wrappers that
-//! check the bounds of each block once before entering the hot loops.
+//! micro-kernels, the decode tiles, and the row helpers of the decode and unfused paths. All of
+//! it is safe code over slices: the block products call the GEMM layer's checked
+//! [`panel_product`], and the decode tiles slice their rows once per tile (exactly the length
+//! they read), so that the loop bounds imply each index and the per-load checks fold away.
 //!
 //! The block products are computed **transposed**, so that queries run along the vector
 //! lanes: `Sᵀ = K·Q̃ᵀ` and `Oᵀ += Vᵀ·P̃ᵀ`. In GEMM terms the query tile (`NR` queries: the
@@ -20,8 +21,8 @@
 //!   factors of `QR` queries are `QV` vectors.
 
 use super::blocking::QV;
-use crate::arch::{load, prefetch_l1, store, Isa, Simd};
-use crate::gemm::ukernel::{kernel_for, macro_kernel, ABlock, Kernel as GemmKernel};
+use crate::arch::{load, prefetch_l1_at, store, Isa, Simd};
+use crate::gemm::ukernel::{kernel_for, panel_product, Kernel as GemmKernel};
 use crate::math::exp::exp_rr2_p7;
 
 // ---------------------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ pub(crate) fn tile_rows(isa: Isa) -> usize {
 /// e.g. so large that `j·rs` overflows).
 #[inline(always)]
 pub(crate) fn qk_block<S: Simd>(
-    _s: S,
+    s: S,
     qp: &[f32],
     dk: usize,
     k: Strided<'_>,
@@ -94,15 +95,8 @@ pub(crate) fn qk_block<S: Simd>(
         out[..nb * qr].fill(0.0);
         return;
     }
-    // SAFETY: `kern` is the kernel of S's ISA, which the token proves supported. Checked above:
-    // K rows j0..j0+nb × dk columns through the strides (A, `nb × dk`), the one packed panel of
-    // `dk·QR` floats (B), and the `nb × QR` output tile (C, row stride QR, unit column stride),
-    // which nothing else touches during the call.
-    unsafe {
-        let a =
-            ABlock::Strided { ptr: k.data.as_ptr().add(k.offset + j0 * k.rs), rs: k.rs, cs: k.cs };
-        macro_kernel(kern, nb, qr, dk, 1.0, a, qp.as_ptr(), 0.0, out.as_mut_ptr(), qr, 1);
-    }
+    let a = (k.data, k.offset + j0 * k.rs, k.rs, k.cs);
+    panel_product(s, kern, nb, dk, a, qp, 0.0, out);
 }
 
 /// `o[c·QR + r] = alpha[r]·o[c·QR + r] + Σ_j p[j·QR + r] · v(j0 + j, c)` for all `dv` columns:
@@ -154,15 +148,8 @@ pub(crate) fn pv_block<S: Simd>(
     if guard {
         save.copy_from_slice(o);
     }
-    // SAFETY: `kern` is the kernel of S's ISA, which the token proves supported. Checked above:
-    // V rows j0..j0+nb × dv columns through the strides (A = Vᵀ, `dv × nb`), the one packed
-    // panel of `nb·QR` floats (B), and the `dv × QR` accumulator (C), which nothing else
-    // touches during the call.
-    unsafe {
-        let a =
-            ABlock::Strided { ptr: v.data.as_ptr().add(v.offset + j0 * v.rs), rs: v.cs, cs: v.rs };
-        macro_kernel(kern, dv, qr, nb, 1.0, a, p.as_ptr(), 1.0, o.as_mut_ptr(), qr, 1);
-    }
+    // A = Vᵀ: V with its strides swapped.
+    panel_product(s, kern, dv, nb, (v.data, v.offset + j0 * v.rs, v.cs, v.rs), p, 1.0, o);
     if guard && o.iter().any(|x| !x.is_finite()) {
         o.copy_from_slice(save);
         for j in 0..nb {
@@ -257,45 +244,76 @@ pub(crate) fn pos_inf_weights(x: &mut [f32], n: usize, stride: usize, lane: usiz
 // row once. Its tiles keep `R` rows by `C` keys (or `CT` value vectors) of accumulators in
 // registers, so each key/value vector loaded feeds `R` FMAs and each query vector `C`; the
 // scores of four (row, key) pairs are finished by one transposed reduction
-// ([`Simd::reduce_add4`]) instead of a horizontal sum each.
+// ([`Simd::reduce_add4`]) instead of a horizontal sum each. Each tile slices its rows once,
+// to exactly the length it reads, so that the loop bounds imply every index inside them and
+// the compiler drops the per-load checks.
 
 /// Decode score tile: `out[r·os + c] = Σ_d q[r·dk + d] · k[c·k_rs + d]` for `r < R`, `c < C`,
 /// `d < dk`: vectors along `d`, one accumulator per (row, key), a scalar tail for
-/// `dk mod LANES`.
-///
-/// # Safety
-/// `q` readable for `R·dk` floats; `k` readable at `c·k_rs + d` for `c < C`, `d < dk`; `out`
-/// writable at `r·os + c` for `r < R`, `c < C`.
+/// `dk mod LANES`. Panics unless `q` holds the `R` rows, `k` the `C` key rows and `out` the
+/// tile.
 #[inline(always)]
-unsafe fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
+fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
     s: S,
     dk: usize,
-    q: *const f32,
-    k: *const f32,
+    q: &[f32],
+    k: &[f32],
     k_rs: usize,
-    out: *mut f32,
+    out: &mut [f32],
     os: usize,
 ) {
     debug_assert!(R >= 1 && C >= 1);
     let l = S::LANES;
-    let nv = dk / l;
+    // Plain loops, not `array::from_fn`: through its closure the compiler lost the lengths.
+    let mut qs = [&[][..]; R];
+    for (r, x) in qs.iter_mut().enumerate() {
+        *x = &q[r * dk..][..dk];
+    }
+    let mut ks = [&[][..]; C];
+    for (c, x) in ks.iter_mut().enumerate() {
+        *x = &k[c * k_rs..][..dk];
+    }
     let mut acc = [[s.splat(0.0); C]; R];
-    for i in 0..nv {
-        let d = i * l;
-        // SAFETY: d + LANES ≤ dk: inside the C key rows and R query rows.
-        unsafe {
+    // Windows of U vectors per row: one bounds check per row and window, none per load.
+    const U: usize = 4;
+    let mut d = 0;
+    while d + U * l <= dk {
+        let mut kw = [&[][..]; C];
+        for (w, kc) in kw.iter_mut().zip(&ks) {
+            *w = &kc[d..d + U * l];
+        }
+        let mut qw = [&[][..]; R];
+        for (w, qr) in qw.iter_mut().zip(&qs) {
+            *w = &qr[d..d + U * l];
+        }
+        for u in 0..U {
             let mut kv = [s.splat(0.0); C];
-            for (c, x) in kv.iter_mut().enumerate() {
-                *x = s.load(k.add(c * k_rs + d));
+            for (x, kc) in kv.iter_mut().zip(&kw) {
+                *x = load(s, &kc[u * l..]);
             }
-            for (r, ar) in acc.iter_mut().enumerate() {
-                let qv = s.load(q.add(r * dk + d));
+            for (ar, qr) in acc.iter_mut().zip(&qw) {
+                let qv = load(s, &qr[u * l..]);
                 for (a, x) in ar.iter_mut().zip(&kv) {
                     *a = s.fma(qv, *x, *a);
                 }
             }
         }
+        d += U * l;
     }
+    while d + l <= dk {
+        let mut kv = [s.splat(0.0); C];
+        for (x, kc) in kv.iter_mut().zip(&ks) {
+            *x = load(s, &kc[d..]);
+        }
+        for (ar, qr) in acc.iter_mut().zip(&qs) {
+            let qv = load(s, &qr[d..]);
+            for (a, x) in ar.iter_mut().zip(&kv) {
+                *a = s.fma(qv, *x, *a);
+            }
+        }
+        d += l;
+    }
+    let tail = d;
     // Transposed reduction of the R·C accumulators, four at a time (zero-padded).
     let mut sums = [[0.0f32; C]; R];
     let n = R * C;
@@ -315,15 +333,13 @@ unsafe fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
         }
         f += 4;
     }
-    for (r, sr) in sums.iter_mut().enumerate() {
-        for (c, x) in sr.iter_mut().enumerate() {
-            // SAFETY: d < dk inside the rows; (r, c) inside the output tile.
-            unsafe {
-                for d in nv * l..dk {
-                    *x = (*q.add(r * dk + d)).mul_add(*k.add(c * k_rs + d), *x);
-                }
-                *out.add(r * os + c) = *x;
+    for ((sr, qr), r) in sums.iter_mut().zip(&qs).zip(0..) {
+        let orow = &mut out[r * os..][..C];
+        for ((x, kc), o) in sr.iter_mut().zip(&ks).zip(orow) {
+            for (qd, kd) in qr[tail..].iter().zip(&kc[tail..]) {
+                *x = qd.mul_add(*kd, *x);
             }
+            *o = *x;
         }
     }
 }
@@ -331,108 +347,106 @@ unsafe fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
 /// Decode P·V tile: `o[r·o_rs + c·LANES + e] += Σ_j p[r·ps + j] · v[j·v_rs + c·LANES + e]` for
 /// `r < R`, `c < CT`, `e < LANES`, `j < nb`. With `GUARD` a zero weight contributes exactly
 /// nothing even when the value is `±∞`/NaN (a masked key over an unwritten cache slot);
-/// without it (no zero weight in the block) the loop is the plain FMA chain.
-///
-/// # Safety
-/// `p` readable at `r·ps + j`; `v` readable at `j·v_rs + c·LANES + e`; `o` readable and
-/// writable at `r·o_rs + c·LANES + e` (all for the ranges above).
+/// without it (no zero weight in the block) the loop is the plain FMA chain. Panics unless
+/// `p`, `v` and `o` hold those ranges.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dec_pv_tile<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
+fn dec_pv_tile<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
     s: S,
     nb: usize,
-    p: *const f32,
+    p: &[f32],
     ps: usize,
-    v: *const f32,
+    v: &[f32],
     v_rs: usize,
-    o: *mut f32,
+    o: &mut [f32],
     o_rs: usize,
 ) {
     let l = S::LANES;
+    let w = CT * l;
+    let mut pr = [&[][..]; R];
+    for (r, x) in pr.iter_mut().enumerate() {
+        *x = &p[r * ps..][..nb];
+    }
     let mut acc = [[s.splat(0.0); CT]; R];
-    // SAFETY: inside the R × CT·LANES output tile.
-    unsafe {
-        for (r, ar) in acc.iter_mut().enumerate() {
-            for (c, a) in ar.iter_mut().enumerate() {
-                *a = s.load(o.add(r * o_rs + c * l));
-            }
+    for (r, ar) in acc.iter_mut().enumerate() {
+        let orow = &o[r * o_rs..][..w];
+        for (c, a) in ar.iter_mut().enumerate() {
+            *a = load(s, &orow[c * l..]);
         }
     }
     for j in 0..nb {
-        // SAFETY: j < nb: the value vectors and the R weights are in bounds.
-        unsafe {
-            let mut vv = [s.splat(0.0); CT];
-            for (c, x) in vv.iter_mut().enumerate() {
-                *x = s.load(v.add(j * v_rs + c * l));
-            }
-            for (r, ar) in acc.iter_mut().enumerate() {
-                let w = s.splat(*p.add(r * ps + j));
-                if GUARD {
-                    let m = s.nonzero(w);
-                    for (a, x) in ar.iter_mut().zip(&vv) {
-                        *a = s.fma_where(m, w, *x, *a);
-                    }
-                } else {
-                    for (a, x) in ar.iter_mut().zip(&vv) {
-                        *a = s.fma(w, *x, *a);
-                    }
+        let vrow = &v[j * v_rs..][..w];
+        let mut vv = [s.splat(0.0); CT];
+        for (c, x) in vv.iter_mut().enumerate() {
+            *x = load(s, &vrow[c * l..]);
+        }
+        for (ar, prow) in acc.iter_mut().zip(&pr) {
+            let w = s.splat(prow[j]);
+            if GUARD {
+                let m = s.nonzero(w);
+                for (a, x) in ar.iter_mut().zip(&vv) {
+                    *a = s.fma_where(m, w, *x, *a);
+                }
+            } else {
+                for (a, x) in ar.iter_mut().zip(&vv) {
+                    *a = s.fma(w, *x, *a);
                 }
             }
         }
     }
-    // SAFETY: inside the output tile.
-    unsafe {
-        for (r, ar) in acc.iter().enumerate() {
-            for (c, a) in ar.iter().enumerate() {
-                s.store(o.add(r * o_rs + c * l), *a);
-            }
+    for (r, ar) in acc.iter().enumerate() {
+        let orow = &mut o[r * o_rs..][..w];
+        for (c, a) in ar.iter().enumerate() {
+            store(s, &mut orow[c * l..], *a);
         }
     }
 }
 
-/// All keys of one row tile of [`decode_qk_block`]: tiles of `C` keys, then single keys.
-/// Ahead of each tile it prefetches the key rows [`DECODE_PREFETCH_KEYS`] further on and, when
-/// `pv` is not null, the value rows `pv + j·pv_rs` (`dv` floats each) of the same keys, which
-/// the P·V pass of the block reads next.
+/// The value rows that [`dec_qk_rows`] prefetches for the P·V pass that follows: key `j` of
+/// the block has its row at `data[at + j·rs ..]`, `dv` floats.
+#[derive(Clone, Copy)]
+struct PrefetchV<'a> {
+    data: &'a [f32],
+    at: usize,
+    rs: usize,
+    dv: usize,
+}
+
+/// All keys of one row tile of [`decode_qk_block`]: tiles of `C` keys, then single keys
+/// (`k` from the block's first key row, `out` from the tile's first row). Ahead of each tile
+/// it prefetches the key rows [`DECODE_PREFETCH_KEYS`] further on and, when `pv` is given, the
+/// value rows of the same keys, which the P·V pass of the block reads next.
 ///
 /// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
-///
-/// # Safety
-/// As [`dec_qk_tile`] for every key `j < nb` (`k` at `j·k_rs + d`, `out` at `r·os + j`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dec_qk_rows<S: Simd, const R: usize, const C: usize>(
+fn dec_qk_rows<S: Simd, const R: usize, const C: usize>(
     s: S,
     dk: usize,
-    q: *const f32,
-    k: *const f32,
+    q: &[f32],
+    k: &[f32],
     k_rs: usize,
     nb: usize,
-    out: *mut f32,
+    out: &mut [f32],
     os: usize,
-    pv: *const f32,
-    pv_rs: usize,
-    dv: usize,
+    pv: Option<PrefetchV<'_>>,
 ) {
     use super::blocking::DECODE_PREFETCH_KEYS as PF;
     let mut j = 0;
-    // SAFETY: every tile stays inside keys 0..nb, which the caller vouched for; the prefetched
-    // addresses are only hints (formed with wrapping arithmetic, never dereferenced).
-    unsafe {
-        while j + C <= nb {
-            for c in 0..C {
-                prefetch_row(k.wrapping_add((j + PF + c).wrapping_mul(k_rs)), dk);
-                if !pv.is_null() {
-                    prefetch_row(pv.wrapping_add((j + c).wrapping_mul(pv_rs)), dv);
-                }
+    while j + C <= nb {
+        for c in 0..C {
+            // Hints only: the addresses may lie past the block or the tensor.
+            prefetch_row(k, (j + PF + c).wrapping_mul(k_rs), dk);
+            if let Some(v) = pv {
+                prefetch_row(v.data, v.at.wrapping_add((j + c).wrapping_mul(v.rs)), v.dv);
             }
-            dec_qk_tile::<S, R, C>(s, dk, q, k.add(j * k_rs), k_rs, out.add(j), os);
-            j += C;
         }
-        while j < nb {
-            dec_qk_tile::<S, R, 1>(s, dk, q, k.add(j * k_rs), k_rs, out.add(j), os);
-            j += 1;
-        }
+        dec_qk_tile::<S, R, C>(s, dk, q, &k[j * k_rs..], k_rs, &mut out[j..], os);
+        j += C;
+    }
+    while j < nb {
+        dec_qk_tile::<S, R, 1>(s, dk, q, &k[j * k_rs..], k_rs, &mut out[j..], os);
+        j += 1;
     }
 }
 
@@ -442,47 +456,42 @@ const GUARDED: bool = true;
 const PLAIN: bool = false;
 
 /// All value columns of one row tile of [`decode_pv_block`]: tiles of `CT` vectors, single
-/// vectors, then the `dv mod LANES` scalar columns.
-///
-/// # Safety
-/// As [`dec_pv_tile`] for every column `< dv` (`v` at `j·v_rs + col`, `o` at `r·o_rs + col`).
+/// vectors, then the `dv mod LANES` scalar columns (`p`, `o` from the tile's first row, `v`
+/// from the block's first value row).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dec_pv_rows<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
+fn dec_pv_rows<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
     s: S,
     dv: usize,
     nb: usize,
-    p: *const f32,
+    p: &[f32],
     ps: usize,
-    v: *const f32,
+    v: &[f32],
     v_rs: usize,
-    o: *mut f32,
+    o: &mut [f32],
     o_rs: usize,
 ) {
     let l = S::LANES;
     let mut c = 0;
-    // SAFETY: every tile stays inside columns 0..dv, which the caller vouched for.
-    unsafe {
-        while c + CT * l <= dv {
-            dec_pv_tile::<S, R, CT, GUARD>(s, nb, p, ps, v.add(c), v_rs, o.add(c), o_rs);
-            c += CT * l;
-        }
-        while c + l <= dv {
-            dec_pv_tile::<S, R, 1, GUARD>(s, nb, p, ps, v.add(c), v_rs, o.add(c), o_rs);
-            c += l;
-        }
-        for col in c..dv {
-            for r in 0..R {
-                let mut x = *o.add(r * o_rs + col);
-                for j in 0..nb {
-                    let w = *p.add(r * ps + j);
-                    // A zero weight is skipped, whatever the value (see dec_pv_tile).
-                    if w != 0.0 {
-                        x = w.mul_add(*v.add(j * v_rs + col), x);
-                    }
+    while c + CT * l <= dv {
+        dec_pv_tile::<S, R, CT, GUARD>(s, nb, p, ps, &v[c..], v_rs, &mut o[c..], o_rs);
+        c += CT * l;
+    }
+    while c + l <= dv {
+        dec_pv_tile::<S, R, 1, GUARD>(s, nb, p, ps, &v[c..], v_rs, &mut o[c..], o_rs);
+        c += l;
+    }
+    for col in c..dv {
+        for r in 0..R {
+            let prow = &p[r * ps..][..nb];
+            let mut x = o[r * o_rs + col];
+            for (j, &w) in prow.iter().enumerate() {
+                // A zero weight is skipped, whatever the value (see dec_pv_tile).
+                if w != 0.0 {
+                    x = w.mul_add(v[j * v_rs + col], x);
                 }
-                *o.add(r * o_rs + col) = x;
             }
+            o[r * o_rs + col] = x;
         }
     }
 }
@@ -491,10 +500,10 @@ unsafe fn dec_pv_rows<S: Simd, const R: usize, const CT: usize, const GUARD: boo
 /// `r < rows`, `j < nb`, where `q` holds `rows` pre-scaled query rows of `dk` floats and `k`
 /// has contiguous columns (`cs = 1`; gather otherwise). `prefetch_v = Some((v, vj0, dv))`
 /// also prefetches value rows `vj0..vj0 + nb` of `v` (contiguous, `dv` columns) while the
-/// scores are computed, so the P·V pass that follows finds them in cache. Rows go in tiles of up to four, keys in
-/// tiles of [`DECODE_QK_KEYS`]`[R − 1]`. Panics (never UB) if a buffer is too small or
-/// `k.cs ≠ 1`, which the caller rules out. With `dk = 0` the scores are 0 and no key pointer is
-/// formed.
+/// scores are computed, so the P·V pass that follows finds them in cache. Rows go in tiles of
+/// up to four, keys in tiles of [`DECODE_QK_KEYS`]`[R − 1]`. Panics if a buffer is too small
+/// or `k.cs ≠ 1`, which the caller rules out. With `dk = 0` the scores are 0 and K is not
+/// indexed.
 ///
 /// [`DECODE_QK_KEYS`]: super::blocking::DECODE_QK_KEYS
 #[inline(always)]
@@ -523,29 +532,26 @@ pub(crate) fn decode_qk_block<S: Simd>(
         return;
     }
     assert!((k.cs == 1 || dk == 1) && k.covers(j0, nb, dk));
+    let kb = &k.data[k.offset + j0 * k.rs..];
     let mut r0 = 0;
     while r0 < rows {
         let rt = (rows - r0).min(4);
-        // SAFETY: checked above: rows r0..r0+rt of q and out, keys j0..j0+nb of k (dk
-        // contiguous columns each).
-        unsafe {
-            let (qp, kp) = (q.as_ptr().add(r0 * dk), k.data.as_ptr().add(k.offset + j0 * k.rs));
-            let op = out.as_mut_ptr().add(r0 * os);
-            // The value rows are prefetched once, with the first row tile.
-            let (vp, v_rs, dv) = match prefetch_v {
-                Some((v, vj0, dv)) if r0 == 0 => (
-                    v.data.as_ptr().wrapping_add(v.offset.wrapping_add(vj0.wrapping_mul(v.rs))),
-                    v.rs,
-                    dv,
-                ),
-                _ => (std::ptr::null(), 0, 0),
-            };
-            match rt {
-                1 => dec_qk_rows::<S, 1, { W[0] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
-                2 => dec_qk_rows::<S, 2, { W[1] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
-                3 => dec_qk_rows::<S, 3, { W[2] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
-                _ => dec_qk_rows::<S, 4, { W[3] }>(s, dk, qp, kp, k.rs, nb, op, os, vp, v_rs, dv),
-            }
+        let (qt, ot) = (&q[r0 * dk..], &mut out[r0 * os..]);
+        // The value rows are prefetched once, with the first row tile.
+        let pv = match prefetch_v {
+            Some((v, vj0, dv)) if r0 == 0 => Some(PrefetchV {
+                data: v.data,
+                at: v.offset.wrapping_add(vj0.wrapping_mul(v.rs)),
+                rs: v.rs,
+                dv,
+            }),
+            _ => None,
+        };
+        match rt {
+            1 => dec_qk_rows::<S, 1, { W[0] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
+            2 => dec_qk_rows::<S, 2, { W[1] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
+            3 => dec_qk_rows::<S, 3, { W[2] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
+            _ => dec_qk_rows::<S, 4, { W[3] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
         }
         r0 += rt;
     }
@@ -555,8 +561,7 @@ pub(crate) fn decode_qk_block<S: Simd>(
 /// `r < rows`, `c < dv`, `j < nb`; `v` has contiguous columns (`cs = 1`; gather otherwise).
 /// `guard` must be set when some weight of the block may be 0: those then contribute exactly
 /// 0 whatever the value (see [`dec_pv_tile`]). Rows go in tiles of up to four, columns in tiles
-/// of [`DECODE_PV_VECS`]`[R − 1]` vectors. Panics (never UB) if a buffer is too small or
-/// `v.cs ≠ 1`.
+/// of [`DECODE_PV_VECS`]`[R − 1]` vectors. Panics if a buffer is too small or `v.cs ≠ 1`.
 ///
 /// [`DECODE_PV_VECS`]: super::blocking::DECODE_PV_VECS
 #[inline(always)]
@@ -579,44 +584,39 @@ pub(crate) fn decode_pv_block<S: Simd>(
     }
     assert!(ps >= nb && p.len() >= (rows - 1) * ps + nb && o.len() >= rows * dv);
     assert!((v.cs == 1 || dv == 1) && v.covers(j0, nb, dv));
+    let vb = &v.data[v.offset + j0 * v.rs..];
     let mut r0 = 0;
     while r0 < rows {
         let rt = (rows - r0).min(4);
-        // SAFETY: checked above: rows r0..r0+rt of p and o, value rows j0..j0+nb (dv
-        // contiguous columns each).
-        unsafe {
-            let (pp, vp) = (p.as_ptr().add(r0 * ps), v.data.as_ptr().add(v.offset + j0 * v.rs));
-            let op = o.as_mut_ptr().add(r0 * dv);
-            macro_rules! rows {
-                ($r:literal, $g:expr) => {
-                    if $g {
-                        dec_pv_rows::<S, $r, { W[$r - 1] }, GUARDED>(
-                            s, dv, nb, pp, ps, vp, v.rs, op, dv,
-                        )
-                    } else {
-                        dec_pv_rows::<S, $r, { W[$r - 1] }, PLAIN>(
-                            s, dv, nb, pp, ps, vp, v.rs, op, dv,
-                        )
-                    }
-                };
-            }
-            match rt {
-                1 => rows!(1, guard),
-                2 => rows!(2, guard),
-                3 => rows!(3, guard),
-                _ => rows!(4, guard),
-            }
+        let (pt, ot) = (&p[r0 * ps..], &mut o[r0 * dv..]);
+        macro_rules! rows {
+            ($r:literal) => {
+                if guard {
+                    dec_pv_rows::<S, $r, { W[$r - 1] }, GUARDED>(
+                        s, dv, nb, pt, ps, vb, v.rs, ot, dv,
+                    )
+                } else {
+                    dec_pv_rows::<S, $r, { W[$r - 1] }, PLAIN>(s, dv, nb, pt, ps, vb, v.rs, ot, dv)
+                }
+            };
+        }
+        match rt {
+            1 => rows!(1),
+            2 => rows!(2),
+            3 => rows!(3),
+            _ => rows!(4),
         }
         r0 += rt;
     }
 }
 
-/// Prefetches the cache lines of one row of `n` floats starting at `row`.
+/// Prefetches the cache lines of the row of `n` floats at `data[at..]` (a hint: `at` may lie
+/// past the end).
 #[inline(always)]
-fn prefetch_row(row: *const f32, n: usize) {
+fn prefetch_row(data: &[f32], at: usize, n: usize) {
     let mut d = 0;
     while d < n {
-        prefetch_l1(row.wrapping_add(d));
+        prefetch_l1_at(data, at.wrapping_add(d));
         d += LINE_FLOATS;
     }
 }

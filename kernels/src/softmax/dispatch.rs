@@ -5,7 +5,11 @@
 
 use super::passes::{range_pass, softmax_row_body, softmax_sum, Bias, Keep, Logits, Plain};
 use super::stream::{phase_skip, stage_len, Drain, PREFETCH_ROWS};
-use crate::arch::{store_fence, vectorize, Isa, Kernel, Simd};
+use std::cell::Cell;
+
+use crate::arch::{
+    load, load_tail, store, store_fence, store_tail, vectorize, Floats, Isa, Kernel, Simd,
+};
 
 /// The mask of one row, as contiguous slices (the caller gathers strided masks first).
 #[derive(Clone, Copy, Debug)]
@@ -101,97 +105,82 @@ pub(crate) fn causal_visible(i: usize, off: isize, cols: usize) -> usize {
     }
 }
 
+/// The cells of `y`, and the rows' input: `src`, or the cells themselves (in place).
+#[inline(always)]
+fn cells<'a>(src: Option<&'a [f32]>, y: &'a mut [f32]) -> (Floats<'a>, &'a [Cell<f32>]) {
+    let y = Cell::from_mut(y).as_slice_of_cells();
+    (src.map_or(Floats::from(y), Floats::from), y)
+}
+
 /// Builds the [`Logits`] for a job and runs the fused row by itself: [`softmax_row_body`],
 /// streamed when the job has a stage and the ISA has non-temporal stores (the test of
 /// `S::HAS_STREAM` comes first so that the portable ISA does not compile the streamed body at
-/// all), its pass C then written at once.
-///
-/// # Safety
-/// The job's lengths validated by [`softmax_row`].
+/// all), its pass C then written at once. The job's lengths are those [`softmax_row`] checked.
 #[inline(always)]
-unsafe fn softmax_job<S: Simd>(s: S, job: RowJob<'_>) -> f32 {
+fn softmax_job<S: Simd>(s: S, job: RowJob<'_>) -> f32 {
     let RowJob { src, y, visible: n, mask, scale, stage, next, want_lse } = job;
-    let next = next.unwrap_or(&[]);
-    let total = y.len();
-    let yp = y.as_mut_ptr();
-    let x = src.map_or(yp as *const f32, <[f32]>::as_ptr);
-    let stage = stage.map_or(std::ptr::null_mut(), <[f32]>::as_mut_ptr);
-    // SAFETY: forwarded contract; lengths checked by the caller; the drain is finished
-    // before returning.
-    unsafe {
-        let sc = s.splat(scale);
-        let mut drain = Drain::none(s);
-        macro_rules! body {
-            ($z:expr, $stream:literal) => {
-                softmax_row_body::<S, _, $stream>(
-                    s, &$z, scale, n, yp, total, stage, next, want_lse, &mut drain,
-                )
-            };
-        }
-        macro_rules! once {
-            ($z:expr) => {
-                if S::HAS_STREAM && !stage.is_null() {
-                    let v = body!($z, true);
+    let next = Floats::from(next.unwrap_or(&[]));
+    let (x, y) = cells(src, y);
+    let x = x.slice(0, n);
+    let stage = stage.map(|st| Cell::from_mut(st).as_slice_of_cells());
+    let sc = s.splat(scale);
+    let mut drain = Drain::none(s);
+    macro_rules! body {
+        ($z:expr, $stage:expr, $stream:literal) => {
+            softmax_row_body::<S, _, $stream>(
+                s,
+                &$z,
+                scale,
+                y,
+                ($stage, 0),
+                next,
+                want_lse,
+                &mut drain,
+            )
+        };
+    }
+    macro_rules! once {
+        ($z:expr) => {
+            match stage {
+                Some(st) if S::HAS_STREAM => {
+                    let v = body!($z, st, true);
                     drain.finish();
                     v
-                } else {
-                    body!($z, false)
                 }
-            };
-        }
-        match mask {
-            RowMask::None => once!(Plain::<S> { s, x, scale: sc }),
-            RowMask::Keep(k) => once!(Keep::<S> { s, x, keep: k.as_ptr(), scale: sc }),
-            RowMask::Bias(b) => once!(Bias::<S> { s, x, bias: b.as_ptr(), scale: sc }),
-        }
+                _ => body!($z, &[], false),
+            }
+        };
+    }
+    match mask {
+        RowMask::None => once!(Plain::new(s, x, sc)),
+        RowMask::Keep(k) => once!(Keep::new(s, x, k, sc)),
+        RowMask::Bias(b) => once!(Bias::new(s, x, b, sc)),
     }
 }
 
 /// The rows of a [`RowsJob`] with no mask or a causal one, each by [`softmax_row_body`],
 /// prefetching the next row's input (so that its pass A reads L1). The loop is written out
 /// rather than run through [`rows_loop`]: with the logits formed by a closure the compiler
-/// allocated registers differently, one more instruction per exp group.
-///
-/// # Safety
-/// The job's lengths validated by [`softmax_rows`].
+/// allocated registers differently, one more instruction per exp group. The job's lengths are
+/// those [`softmax_rows`] checked.
 #[inline(always)]
-unsafe fn softmax_rows_body<S: Simd>(s: S, job: RowsJob<'_>) {
+fn softmax_rows_body<S: Simd>(s: S, job: RowsJob<'_>) {
     let RowsJob { src, y, cols, mask, scale, mut lse, .. } = job;
     let RowsMask::Causal(causal) = mask else { return };
     let rows = y.len() / cols;
-    let yp = y.as_mut_ptr();
-    let xp = src.map_or(yp as *const f32, <[f32]>::as_ptr);
-    // SAFETY: every row `r < rows` spans `[r·cols, (r + 1)·cols)` of both buffers. In place
-    // (`xp == yp`), `next` views row `r + 1` while row `r` is written: disjoint ranges, and
-    // `next` is only prefetched.
-    unsafe {
-        let sc = s.splat(scale);
-        let mut none = Drain::none(s);
-        for r in 0..rows {
-            let visible =
-                causal.map_or(cols, |(off, q, i0)| causal_visible((i0 + r) % q, off, cols));
-            let next = if r + 1 < rows {
-                std::slice::from_raw_parts(xp.add((r + 1) * cols), cols)
-            } else {
-                &[]
-            };
-            let z = Plain::<S> { s, x: xp.add(r * cols), scale: sc };
-            let want_lse = lse.is_some();
-            let v = softmax_row_body::<S, _, false>(
-                s,
-                &z,
-                scale,
-                visible,
-                yp.add(r * cols),
-                cols,
-                std::ptr::null_mut(),
-                next,
-                want_lse,
-                &mut none,
-            );
-            if let Some(l) = lse.as_deref_mut() {
-                l[r] = v;
-            }
+    let (x, y) = cells(src, y);
+    let sc = s.splat(scale);
+    let mut none = Drain::none(s);
+    for (r, yr) in y.chunks_exact(cols).enumerate() {
+        let visible = causal.map_or(cols, |(off, q, i0)| causal_visible((i0 + r) % q, off, cols));
+        // In place, `next` is row `r + 1` of `y`: only prefetched.
+        let next = if r + 1 < rows { x.slice((r + 1) * cols, cols) } else { Floats::empty() };
+        let z = Plain::new(s, x.slice(r * cols, visible), sc);
+        let want_lse = lse.is_some();
+        let v =
+            softmax_row_body::<S, _, false>(s, &z, scale, yr, (&[], 0), next, want_lse, &mut none);
+        if let Some(l) = lse.as_deref_mut() {
+            l[r] = v;
         }
     }
 }
@@ -200,35 +189,17 @@ unsafe fn softmax_rows_body<S: Simd>(s: S, job: RowsJob<'_>) {
 /// own `#[target_feature]` function, apart from [`softmax_rows_body`], so that the unmasked
 /// rows' code is compiled as it was measured. Its loop, [`rows_loop`], repeats the one
 /// written out in [`softmax_rows_body`] on purpose (see there; a macro shared by both cost the
-/// unmasked rows instructions too).
-///
-/// # Safety
-/// The job's lengths validated by [`softmax_rows`].
+/// unmasked rows instructions too). `softmax_rows` checked every mask row against its slice.
 #[inline(always)]
-unsafe fn masked_rows_body<S: Simd>(s: S, job: RowsJob<'_>) {
-    // SAFETY: forwarded contract; `softmax_rows` checked every mask row against its slice.
-    unsafe {
-        let sc = s.splat(job.scale);
-        match job.mask {
-            RowsMask::Causal(_) => {}
-            RowsMask::Keep { keep, starts } => {
-                let keep = keep.as_ptr();
-                rows_loop::<S, _>(s, job, |r, x| Keep::<S> {
-                    s,
-                    x,
-                    keep: keep.add(starts[r]),
-                    scale: sc,
-                })
-            }
-            RowsMask::Bias { bias, starts } => {
-                let bias = bias.as_ptr();
-                rows_loop::<S, _>(s, job, |r, x| Bias::<S> {
-                    s,
-                    x,
-                    bias: bias.add(starts[r]),
-                    scale: sc,
-                })
-            }
+fn masked_rows_body<S: Simd>(s: S, job: RowsJob<'_>) {
+    let sc = s.splat(job.scale);
+    match job.mask {
+        RowsMask::Causal(_) => {}
+        RowsMask::Keep { keep, starts } => {
+            rows_loop::<S, _>(s, job, |r, x| Keep::new(s, x, &keep[starts[r]..], sc))
+        }
+        RowsMask::Bias { bias, starts } => {
+            rows_loop::<S, _>(s, job, |r, x| Bias::new(s, x, &bias[starts[r]..], sc))
         }
     }
 }
@@ -236,48 +207,25 @@ unsafe fn masked_rows_body<S: Simd>(s: S, job: RowsJob<'_>) {
 /// The loop over a masked [`RowsJob`]'s rows: row `r` forms its logits by
 /// `logits(r, input row)` over all `cols` columns; the next row's input is prefetched
 /// meanwhile.
-///
-/// # Safety
-/// The job's lengths validated by [`softmax_rows`]; the `L` of each row
-/// valid for `cols` logits.
 #[inline(always)]
-unsafe fn rows_loop<S: Simd, L: Logits<S>>(
+fn rows_loop<'a, S: Simd, L: Logits<S>>(
     s: S,
-    job: RowsJob<'_>,
-    logits: impl Fn(usize, *const f32) -> L,
+    job: RowsJob<'a>,
+    logits: impl Fn(usize, Floats<'a>) -> L,
 ) {
     let RowsJob { src, y, cols, scale, mut lse, .. } = job;
     let rows = y.len() / cols;
-    let yp = y.as_mut_ptr();
-    let xp = src.map_or(yp as *const f32, <[f32]>::as_ptr);
-    // SAFETY: every row `r < rows` spans `[r·cols, (r + 1)·cols)` of both buffers. In place
-    // (`xp == yp`), `next` views row `r + 1` while row `r` is written: disjoint ranges, and
-    // `next` is only prefetched.
-    unsafe {
-        let mut none = Drain::none(s);
-        for r in 0..rows {
-            let next = if r + 1 < rows {
-                std::slice::from_raw_parts(xp.add((r + 1) * cols), cols)
-            } else {
-                &[]
-            };
-            let z = logits(r, xp.add(r * cols));
-            let want_lse = lse.is_some();
-            let v = softmax_row_body::<S, _, false>(
-                s,
-                &z,
-                scale,
-                cols,
-                yp.add(r * cols),
-                cols,
-                std::ptr::null_mut(),
-                next,
-                want_lse,
-                &mut none,
-            );
-            if let Some(l) = lse.as_deref_mut() {
-                l[r] = v;
-            }
+    let (x, y) = cells(src, y);
+    let mut none = Drain::none(s);
+    for (r, yr) in y.chunks_exact(cols).enumerate() {
+        // In place, `next` is row `r + 1` of `y`: only prefetched.
+        let next = if r + 1 < rows { x.slice((r + 1) * cols, cols) } else { Floats::empty() };
+        let z = logits(r, x.slice(r * cols, cols));
+        let want_lse = lse.is_some();
+        let v =
+            softmax_row_body::<S, _, false>(s, &z, scale, yr, (&[], 0), next, want_lse, &mut none);
+        if let Some(l) = lse.as_deref_mut() {
+            l[r] = v;
         }
     }
 }
@@ -287,137 +235,108 @@ unsafe fn rows_loop<S: Simd, L: Logits<S>>(
 /// ahead prefetched into L2 meanwhile. Every row stages its terms in the same buffer, in phase
 /// with its output row, behind the previous row's drain ([`stage_len`]). The last row's pass C
 /// is written at the end and the stores fenced: the job's output is complete and ordered when
-/// it returns.
-///
-/// # Safety
-/// The job's lengths validated by [`softmax_rows`]; `stage` valid for
-/// [`stage_len`]`(cols)` writes and reads and disjoint from the rows; the `L` of row `r` valid
-/// for its `visible(r) ≤ cols` logits.
+/// it returns. The drain pending on entry to row `r` writes row `r − 1`, never row `r`'s input
+/// or output (in place, row `r − 1`'s input was consumed by its pass B). `stage` holds
+/// [`stage_len`]`(cols)` cells; `logits(r, x)` forms row `r`'s logits from its visible input
+/// `x` (`visible(r) ≤ cols` elements).
 #[inline(always)]
-unsafe fn streamed_rows_loop<S: Simd, L: Logits<S>>(
+fn streamed_rows_loop<'a, S: Simd, L: Logits<S>>(
     s: S,
-    job: RowsJob<'_>,
-    stage: *mut f32,
-    logits: impl Fn(usize, *const f32) -> L,
+    job: RowsJob<'a>,
+    stage: &'a [Cell<f32>],
+    logits: impl Fn(usize, Floats<'a>) -> L,
     visible: impl Fn(usize) -> usize,
 ) {
     let RowsJob { src, y, cols, scale, mut lse, .. } = job;
     let rows = y.len() / cols;
-    let yp = y.as_mut_ptr();
-    let xp = src.map_or(yp as *const f32, <[f32]>::as_ptr);
-    // SAFETY: row `r < rows` spans `[r·cols, (r + 1)·cols)` of both buffers; its stage, at a
-    // skip below `PAGE_BYTES / 4` into `stage`, holds `cols` floats. The drain pending on
-    // entry to row `r` reads the stage and writes row `r − 1`: disjoint from row `r`'s input
-    // and output (in place, row `r − 1`'s input was consumed by its pass B); row `r`'s pass B
-    // writes the stage only behind it (`Drain::clear`). `next` is only prefetched.
-    unsafe {
-        let mut drain = Drain::<S>::none(s);
-        for r in 0..rows {
-            let ahead = (r + PREFETCH_ROWS).min(rows - 1);
-            let next = if ahead > r {
-                std::slice::from_raw_parts(xp.add(ahead * cols), cols)
-            } else {
-                &[]
-            };
-            let yr = yp.add(r * cols);
-            let w = stage.add(phase_skip(stage, yr));
-            let v = softmax_row_body::<S, _, true>(
-                s,
-                &logits(r, xp.add(r * cols)),
-                scale,
-                visible(r),
-                yr,
-                cols,
-                w,
-                next,
-                lse.is_some(),
-                &mut drain,
-            );
-            if let Some(l) = lse.as_deref_mut() {
-                l[r] = v;
-            }
+    let (x, y) = cells(src, y);
+    let mut drain = Drain::<S>::none(s);
+    for (r, yr) in y.chunks_exact(cols).enumerate() {
+        let ahead = (r + PREFETCH_ROWS).min(rows - 1);
+        let next = if ahead > r { x.slice(ahead * cols, cols) } else { Floats::empty() };
+        let w0 = phase_skip(stage, yr);
+        let v = softmax_row_body::<S, _, true>(
+            s,
+            &logits(r, x.slice(r * cols, visible(r))),
+            scale,
+            yr,
+            (stage, w0),
+            next,
+            lse.is_some(),
+            &mut drain,
+        );
+        if let Some(l) = lse.as_deref_mut() {
+            l[r] = v;
         }
-        drain.finish();
     }
+    drain.finish();
     store_fence();
 }
 
 /// A streamed [`RowsJob`] (`stage` given), every mask kind, by [`streamed_rows_loop`].
-///
-/// # Safety
-/// The job's lengths validated by [`softmax_rows`].
+/// `softmax_rows` checked the stage and every mask row.
 #[inline(always)]
-unsafe fn streamed_rows_body<S: Simd>(s: S, mut job: RowsJob<'_>) {
+fn streamed_rows_body<S: Simd>(s: S, mut job: RowsJob<'_>) {
     let Some(stage) = job.stage.take() else { return };
-    let stage = stage.as_mut_ptr();
+    let stage = Cell::from_mut(stage).as_slice_of_cells();
     let cols = job.cols;
-    // SAFETY: forwarded contract; `softmax_rows` checked the stage and every mask row.
-    unsafe {
-        let sc = s.splat(job.scale);
-        match job.mask {
-            RowsMask::Causal(causal) => {
-                let visible =
-                    |r| causal.map_or(cols, |(off, q, i0)| causal_visible((i0 + r) % q, off, cols));
-                streamed_rows_loop::<S, _>(
-                    s,
-                    job,
-                    stage,
-                    |_, x| Plain::<S> { s, x, scale: sc },
-                    visible,
-                )
-            }
-            RowsMask::Keep { keep, starts } => {
-                let keep = keep.as_ptr();
-                let z = |r: usize, x| Keep::<S> { s, x, keep: keep.add(starts[r]), scale: sc };
-                streamed_rows_loop::<S, _>(s, job, stage, z, |_| cols)
-            }
-            RowsMask::Bias { bias, starts } => {
-                let bias = bias.as_ptr();
-                let z = |r: usize, x| Bias::<S> { s, x, bias: bias.add(starts[r]), scale: sc };
-                streamed_rows_loop::<S, _>(s, job, stage, z, |_| cols)
-            }
+    let sc = s.splat(job.scale);
+    match job.mask {
+        RowsMask::Causal(causal) => {
+            let visible =
+                |r| causal.map_or(cols, |(off, q, i0)| causal_visible((i0 + r) % q, off, cols));
+            streamed_rows_loop::<S, _>(s, job, stage, |_, x| Plain::new(s, x, sc), visible)
+        }
+        RowsMask::Keep { keep, starts } => {
+            let z = |r: usize, x| Keep::new(s, x, &keep[starts[r]..], sc);
+            streamed_rows_loop::<S, _>(s, job, stage, z, |_| cols)
+        }
+        RowsMask::Bias { bias, starts } => {
+            let z = |r: usize, x| Bias::new(s, x, &bias[starts[r]..], sc);
+            streamed_rows_loop::<S, _>(s, job, stage, z, |_| cols)
         }
     }
 }
 
-/// Logsumexp of a row (`x` unscaled, unmasked); writes `y_j = x_j − lse` when `y` is given.
-///
-/// # Safety
-/// `y`, when given, has `x.len()` elements.
+/// Logsumexp of a row (`x` unscaled, unmasked); writes `y_j = x_j − lse` when `y` is given
+/// (`x.len()` elements).
 #[inline(always)]
-unsafe fn lse_row_body<S: Simd>(s: S, x: &[f32], y: Option<&mut [f32]>) -> f32 {
+fn lse_row_body<S: Simd>(s: S, x: &[f32], y: Option<&mut [f32]>) -> f32 {
     let n = x.len();
-    // SAFETY: forwarded contract; indices below `n`.
-    unsafe {
-        let z = Plain::<S> { s, x: x.as_ptr(), scale: s.splat(1.0) };
-        let none = &mut Drain::none(s);
-        let (m, lo) = range_pass::<S, _, false>(s, &z, n, none);
-        let lse = if m.is_finite() {
-            let w = std::ptr::null_mut();
-            let sum =
-                softmax_sum::<S, _, false, false>(s, &z, n, (m, lo), (None, 1.0), w, (&[], none));
-            (f64::from(m) + f64::from(sum).ln()) as f32
-        } else if x.iter().any(|v| v.is_nan()) {
-            f32::NAN
-        } else {
-            m // −∞ (empty or all −∞) or +∞
-        };
-        if let Some(y) = y {
-            debug_assert_eq!(y.len(), n);
-            let l = S::LANES;
-            let (xp, yp, lv) = (x.as_ptr(), y.as_mut_ptr(), s.splat(lse));
-            let n = n.min(y.len());
-            let mut j = 0;
-            while j + l <= n {
-                s.store(yp.add(j), s.sub(s.load(xp.add(j)), lv));
-                j += l;
-            }
-            if j < n {
-                s.store_tail(yp.add(j), n - j, s.sub(s.load_tail(xp.add(j), n - j), lv));
-            }
+    let z = Plain::new(s, Floats::from(x), s.splat(1.0));
+    let none = &mut Drain::none(s);
+    let (m, lo) = range_pass::<S, _, false>(s, &z, none);
+    let lse = if m.is_finite() {
+        let nothing = Floats::empty();
+        let sum = softmax_sum::<S, _, false, false>(
+            s,
+            &z,
+            (m, lo),
+            (None, 1.0),
+            (&[], 0),
+            (nothing, none),
+        );
+        (f64::from(m) + f64::from(sum).ln()) as f32
+    } else if x.iter().any(|v| v.is_nan()) {
+        f32::NAN
+    } else {
+        m // −∞ (empty or all −∞) or +∞
+    };
+    if let Some(y) = y {
+        debug_assert_eq!(y.len(), n);
+        let l = S::LANES;
+        let n = n.min(y.len());
+        let (x, y, lv) = (&x[..n], &mut y[..n], s.splat(lse));
+        let mut j = 0;
+        while j + l <= n {
+            store(s, &mut y[j..], s.sub(load(s, &x[j..]), lv));
+            j += l;
         }
-        lse
+        if j < n {
+            store_tail(s, &mut y[j..], s.sub(load_tail(s, &x[j..]), lv));
+        }
     }
+    lse
 }
 
 /// The entry points as [`Kernel`]s, run by [`vectorize`] on the caller's ISA.
@@ -431,16 +350,14 @@ impl Kernel for SoftmaxRows<'_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        // SAFETY: `softmax_rows` validated the job's lengths.
-        unsafe { softmax_rows_body(s, self.0) }
+        softmax_rows_body(s, self.0)
     }
 }
 impl Kernel for MaskedRows<'_> {
     type Output = ();
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        // SAFETY: `softmax_rows` validated the job's lengths and mask rows.
-        unsafe { masked_rows_body(s, self.0) }
+        masked_rows_body(s, self.0)
     }
 }
 impl Kernel for StreamedRows<'_> {
@@ -450,8 +367,7 @@ impl Kernel for StreamedRows<'_> {
         // Only ISAs with non-temporal stores stream (the test is on a constant, so the portable
         // instance compiles nothing).
         if S::HAS_STREAM {
-            // SAFETY: `softmax_rows` validated the job's lengths, mask rows and stage.
-            unsafe { streamed_rows_body(s, self.0) }
+            streamed_rows_body(s, self.0)
         }
     }
 }
@@ -459,16 +375,14 @@ impl Kernel for SoftmaxRow<'_> {
     type Output = f32;
     #[inline(always)]
     fn run<S: Simd>(self, s: S) -> f32 {
-        // SAFETY: `softmax_row` validated the job's lengths.
-        unsafe { softmax_job(s, self.0) }
+        softmax_job(s, self.0)
     }
 }
 impl Kernel for LseRow<'_> {
     type Output = f32;
     #[inline(always)]
     fn run<S: Simd>(self, s: S) -> f32 {
-        // SAFETY: `lse_row` checked `y.len() == x.len()`.
-        unsafe { lse_row_body(s, self.0, self.1) }
+        lse_row_body(s, self.0, self.1)
     }
 }
 

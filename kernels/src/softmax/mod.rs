@@ -39,6 +39,13 @@
 //! [`crate::arch::Simd`]), `stream.rs` (deferred pass C, far prefetch order, staging). The exps are [`crate::math::exp`]'s; the ISA is
 //! chosen by [`crate::arch`] (the one place for every kernel).
 //!
+//! The passes are safe code over slices. Output rows and the stage are slices of `Cell<f32>`,
+//! because they are shared on purpose: a row may be its own input (in place: each vector is
+//! read before it is written), and a streamed row's pass B stages its terms in the buffer the
+//! previous row's drain still reads, behind it. Inputs are read through `arch::Floats` (made
+//! from a `&[f32]` or from those cells); every load and store is one of `crate::arch`'s
+//! bounds-checked helpers, and the loops are bounded so that the checks fold away.
+//!
 //! The dispatched functions take an [`Isa`] that the caller obtained from
 //! [`crate::arch::selected`] or checked with [`Isa::require`]; an unsupported
 //! ISA falls back to the portable code (never undefined behaviour). None of them allocates.
@@ -263,12 +270,12 @@ fn min_rows_per_task(cols: usize) -> usize {
 /// output elements `j ± 1024·k`, a page away, instead of wherever the allocator's placement
 /// puts them. 8192×4096, one thread, the same binary switching per call: 1.5–3 % faster
 /// (medians of 40 calls, four runs).
-fn same_page_phase(buf: &mut Vec<f32>, len: usize, like: *const f32) -> &mut [f32] {
+fn same_page_phase<'b>(buf: &'b mut Vec<f32>, len: usize, like: &[f32]) -> &'b mut [f32] {
     let room = len + stream::PAGE_BYTES / 4;
     if buf.len() < room {
         buf.resize(room, 0.0);
     }
-    let skip = stream::phase_skip(buf.as_ptr(), like);
+    let skip = stream::phase_skip(buf, like);
     &mut buf[skip..skip + len]
 }
 
@@ -614,7 +621,7 @@ impl Ctx<'_, '_> {
             }
         };
         let src = self.x.as_ref().map(|x| gather(x, pos, xbuf));
-        let stage = stream.then(|| same_page_phase(stage, visible, y.as_ptr()));
+        let stage = stream.then(|| same_page_phase(stage, visible, &*y));
         // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last row)
         // is prefetched meanwhile (see stream::PREFETCH_ROWS); in cache, the next row, so that
         // its pass A reads L1 (64×1024 from L2: 2.77 → 2.83 G elem/s, best of 2000 calls).

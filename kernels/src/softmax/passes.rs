@@ -29,199 +29,229 @@
 //! bit for bit. Rows whose max is not finite, or whose sum is NaN, take a slow scalar path that
 //! implements the reference's conventions (see `softmax/mod.rs`).
 
+use std::cell::Cell;
+
 use super::stream::{Drain, FarOrder, DRAIN_PER_A, DRAIN_PER_B};
-use crate::arch::Simd;
+use crate::arch::{
+    keep, keep_tail, load, load_cells, load_tail, load_tail_cells, store, store_cells,
+    store_tail_cells, Floats, Simd,
+};
 use crate::math::exp::{exp_neg_lut8_p3_folded, exp_neg_rr2_p6, Lut8Consts, EXP_UNROLL, LUT8_MIN};
 
-/// How the logits `z_j` of a row are formed from the input and the mask, one vector at a time.
+/// How the logits `z_j` of a row are formed from the input and the mask, one vector at a time,
+/// for `j <` [`len`](Self::len) (the row's visible length; indices beyond it panic).
 /// Implementations are the only place the mask kinds differ.
-pub(super) trait Logits<S: Simd> {
+pub(super) trait Logits<S: Simd>: Copy {
+    /// The row's visible length `n`.
+    fn len(&self) -> usize;
+    /// The logits `j..j + len` of the row, or `None` when they are not all inside. Loops take
+    /// a window per iteration (its test is the loop condition) and index it at constant
+    /// offsets, so that no load needs a bounds check of its own.
+    fn window(&self, j: usize, len: usize) -> Option<Self>;
     /// `z[j .. j + LANES]`.
-    ///
-    /// # Safety
-    /// `j + LANES ≤` the row's visible length.
-    unsafe fn vec(&self, j: usize) -> S::V;
-    /// `z[j .. j + k]`, lanes `≥ k` set to `−∞`.
-    ///
-    /// # Safety
-    /// `k < LANES`; `j + k ≤` the row's visible length.
-    unsafe fn tail(&self, j: usize, k: usize) -> S::V;
+    fn vec(&self, j: usize) -> S::V;
+    /// `z[j .. j + k]`, `k < LANES`, lanes `≥ k` set to `−∞`.
+    fn tail(&self, j: usize, k: usize) -> S::V;
     /// True when `z_j = scale·u_j` with `u_j` what [`raw`](Self::raw) returns (masked lanes
     /// `−∞`): then for `scale > 0` the row max is `scale·max_j u_j`, bit for bit (rounding is
     /// monotone), and pass A needs no multiply.
     const SCALE_AFTER: bool;
     /// `u[j .. j + LANES]` (only called when [`SCALE_AFTER`](Self::SCALE_AFTER)).
-    ///
-    /// # Safety
-    /// As [`vec`](Self::vec).
-    unsafe fn raw(&self, j: usize) -> S::V;
+    fn raw(&self, j: usize) -> S::V;
     /// `u[j .. j + k]`, lanes `≥ k` set to `−∞`.
-    ///
-    /// # Safety
-    /// As [`tail`](Self::tail).
-    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V;
+    fn raw_tail(&self, j: usize, k: usize) -> S::V;
     /// The input row (`x`), for its alignment.
-    fn input(&self) -> *const f32;
+    fn input(&self) -> Floats<'_>;
 }
 
 /// The unscaled values of a [`Logits::SCALE_AFTER`] row, as logits of their own.
-struct Raw<'a, L>(&'a L);
+#[derive(Clone, Copy)]
+struct Raw<L>(L);
 
-// SAFETY: forwards the caller's contract.
-impl<S: Simd, L: Logits<S>> Logits<S> for Raw<'_, L> {
+impl<S: Simd, L: Logits<S>> Logits<S> for Raw<L> {
     const SCALE_AFTER: bool = false;
     #[inline(always)]
-    unsafe fn vec(&self, j: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.0.raw(j) }
+    fn len(&self) -> usize {
+        self.0.len()
     }
     #[inline(always)]
-    unsafe fn tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.0.raw_tail(j, k) }
+    fn window(&self, j: usize, len: usize) -> Option<Self> {
+        Some(Raw(self.0.window(j, len)?))
     }
     #[inline(always)]
-    unsafe fn raw(&self, j: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.0.raw(j) }
+    fn vec(&self, j: usize) -> S::V {
+        self.0.raw(j)
     }
     #[inline(always)]
-    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.0.raw_tail(j, k) }
+    fn tail(&self, j: usize, k: usize) -> S::V {
+        self.0.raw_tail(j, k)
     }
     #[inline(always)]
-    fn input(&self) -> *const f32 {
+    fn raw(&self, j: usize) -> S::V {
+        self.0.raw(j)
+    }
+    #[inline(always)]
+    fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        self.0.raw_tail(j, k)
+    }
+    #[inline(always)]
+    fn input(&self) -> Floats<'_> {
         self.0.input()
     }
 }
 
-pub(super) struct Plain<S: Simd> {
-    pub(super) s: S,
-    pub(super) x: *const f32,
-    pub(super) scale: S::V,
+/// Unmasked logits `z_j = scale·x_j` (a causal mask is a shorter row).
+#[derive(Clone, Copy)]
+pub(super) struct Plain<'a, S: Simd> {
+    s: S,
+    x: Floats<'a>,
+    scale: S::V,
 }
-pub(super) struct Keep<S: Simd> {
-    pub(super) s: S,
-    pub(super) x: *const f32,
-    pub(super) keep: *const bool,
-    pub(super) scale: S::V,
+/// Keep-masked logits: `z_j = scale·x_j` where `keep_j`, `−∞` elsewhere.
+#[derive(Clone, Copy)]
+pub(super) struct Keep<'a, S: Simd> {
+    s: S,
+    x: Floats<'a>,
+    keep: &'a [bool],
+    scale: S::V,
 }
-pub(super) struct Bias<S: Simd> {
-    pub(super) s: S,
-    pub(super) x: *const f32,
-    pub(super) bias: *const f32,
-    pub(super) scale: S::V,
+/// Biased logits: `z_j = fma(scale, x_j, bias_j)`.
+#[derive(Clone, Copy)]
+pub(super) struct Bias<'a, S: Simd> {
+    s: S,
+    x: Floats<'a>,
+    bias: &'a [f32],
+    scale: S::V,
 }
 
-// SAFETY (the three impls): pointers valid for the visible length, per the trait contract.
-impl<S: Simd> Logits<S> for Plain<S> {
+impl<'a, S: Simd> Plain<'a, S> {
+    /// The logits of the row `x` (its length is the row's).
+    #[inline(always)]
+    pub(super) fn new(s: S, x: Floats<'a>, scale: S::V) -> Self {
+        Plain { s, x, scale }
+    }
+}
+impl<'a, S: Simd> Keep<'a, S> {
+    /// The logits of the row `x` under the mask row `keep` (at least as long; panics otherwise).
+    #[inline(always)]
+    pub(super) fn new(s: S, x: Floats<'a>, keep: &'a [bool], scale: S::V) -> Self {
+        Keep { s, x, keep: &keep[..x.len()], scale }
+    }
+}
+impl<'a, S: Simd> Bias<'a, S> {
+    /// The logits of the row `x` plus the bias row `bias` (at least as long; panics otherwise).
+    #[inline(always)]
+    pub(super) fn new(s: S, x: Floats<'a>, bias: &'a [f32], scale: S::V) -> Self {
+        Bias { s, x, bias: &bias[..x.len()], scale }
+    }
+}
+
+impl<S: Simd> Logits<S> for Plain<'_, S> {
     const SCALE_AFTER: bool = true;
     #[inline(always)]
-    unsafe fn vec(&self, j: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.s.mul(self.scale, self.s.load(self.x.add(j))) }
+    fn len(&self) -> usize {
+        self.x.len()
     }
     #[inline(always)]
-    unsafe fn tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe {
-            let z = self.s.mul(self.scale, self.s.load_tail(self.x.add(j), k));
-            self.s.select(self.s.first(k), z, self.s.splat(f32::NEG_INFINITY))
-        }
+    fn window(&self, j: usize, len: usize) -> Option<Self> {
+        Some(Plain { x: self.x.window(j, len)?, ..*self })
     }
     #[inline(always)]
-    unsafe fn raw(&self, j: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.s.load(self.x.add(j)) }
+    fn vec(&self, j: usize) -> S::V {
+        self.s.mul(self.scale, self.x.load(self.s, j))
     }
     #[inline(always)]
-    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe {
-            self.s.select(
-                self.s.first(k),
-                self.s.load_tail(self.x.add(j), k),
-                self.s.splat(f32::NEG_INFINITY),
-            )
-        }
+    fn tail(&self, j: usize, k: usize) -> S::V {
+        let s = self.s;
+        let z = s.mul(self.scale, self.x.load_tail(s, j, k));
+        s.select(s.first(k), z, s.splat(f32::NEG_INFINITY))
     }
     #[inline(always)]
-    fn input(&self) -> *const f32 {
+    fn raw(&self, j: usize) -> S::V {
+        self.x.load(self.s, j)
+    }
+    #[inline(always)]
+    fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        let s = self.s;
+        s.select(s.first(k), self.x.load_tail(s, j, k), s.splat(f32::NEG_INFINITY))
+    }
+    #[inline(always)]
+    fn input(&self) -> Floats<'_> {
         self.x
     }
 }
-impl<S: Simd> Logits<S> for Keep<S> {
+impl<S: Simd> Logits<S> for Keep<'_, S> {
     const SCALE_AFTER: bool = true;
     #[inline(always)]
-    unsafe fn vec(&self, j: usize) -> S::V {
+    fn len(&self) -> usize {
+        self.x.len()
+    }
+    #[inline(always)]
+    fn window(&self, j: usize, len: usize) -> Option<Self> {
+        let x = self.x.window(j, len)?;
+        Some(Keep { x, keep: self.keep.get(j..j + len)?, ..*self })
+    }
+    #[inline(always)]
+    fn vec(&self, j: usize) -> S::V {
         // The mask is applied after the scale: `0·(−∞)` would be NaN.
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe {
-            let z = self.s.mul(self.scale, self.s.load(self.x.add(j)));
-            self.s.select(self.s.keep(self.keep.add(j)), z, self.s.splat(f32::NEG_INFINITY))
-        }
+        let s = self.s;
+        let z = s.mul(self.scale, self.x.load(s, j));
+        s.select(keep(s, &self.keep[j..]), z, s.splat(f32::NEG_INFINITY))
     }
     #[inline(always)]
-    unsafe fn tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe {
-            let z = self.s.mul(self.scale, self.s.load_tail(self.x.add(j), k));
-            self.s.select(self.s.keep_tail(self.keep.add(j), k), z, self.s.splat(f32::NEG_INFINITY))
-        }
+    fn tail(&self, j: usize, k: usize) -> S::V {
+        let s = self.s;
+        let z = s.mul(self.scale, self.x.load_tail(s, j, k));
+        s.select(keep_tail(s, &self.keep[j..j + k]), z, s.splat(f32::NEG_INFINITY))
     }
     #[inline(always)]
-    unsafe fn raw(&self, j: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe {
-            let u = self.s.load(self.x.add(j));
-            self.s.select(self.s.keep(self.keep.add(j)), u, self.s.splat(f32::NEG_INFINITY))
-        }
+    fn raw(&self, j: usize) -> S::V {
+        let s = self.s;
+        s.select(keep(s, &self.keep[j..]), self.x.load(s, j), s.splat(f32::NEG_INFINITY))
     }
     #[inline(always)]
-    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe {
-            let u = self.s.load_tail(self.x.add(j), k);
-            self.s.select(self.s.keep_tail(self.keep.add(j), k), u, self.s.splat(f32::NEG_INFINITY))
-        }
+    fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        let s = self.s;
+        let u = self.x.load_tail(s, j, k);
+        s.select(keep_tail(s, &self.keep[j..j + k]), u, s.splat(f32::NEG_INFINITY))
     }
     #[inline(always)]
-    fn input(&self) -> *const f32 {
+    fn input(&self) -> Floats<'_> {
         self.x
     }
 }
-impl<S: Simd> Logits<S> for Bias<S> {
+impl<S: Simd> Logits<S> for Bias<'_, S> {
     const SCALE_AFTER: bool = false;
     #[inline(always)]
-    unsafe fn raw(&self, j: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.vec(j) }
+    fn len(&self) -> usize {
+        self.x.len()
     }
     #[inline(always)]
-    unsafe fn raw_tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.tail(j, k) }
+    fn window(&self, j: usize, len: usize) -> Option<Self> {
+        let x = self.x.window(j, len)?;
+        Some(Bias { x, bias: self.bias.get(j..j + len)?, ..*self })
     }
     #[inline(always)]
-    unsafe fn vec(&self, j: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe { self.s.fma(self.scale, self.s.load(self.x.add(j)), self.s.load(self.bias.add(j))) }
+    fn raw(&self, j: usize) -> S::V {
+        self.vec(j)
     }
     #[inline(always)]
-    unsafe fn tail(&self, j: usize, k: usize) -> S::V {
-        // SAFETY: the caller's guarantee (the trait method's `# Safety`).
-        unsafe {
-            let z = self.s.fma(
-                self.scale,
-                self.s.load_tail(self.x.add(j), k),
-                self.s.load_tail(self.bias.add(j), k),
-            );
-            self.s.select(self.s.first(k), z, self.s.splat(f32::NEG_INFINITY))
-        }
+    fn raw_tail(&self, j: usize, k: usize) -> S::V {
+        self.tail(j, k)
     }
     #[inline(always)]
-    fn input(&self) -> *const f32 {
+    fn vec(&self, j: usize) -> S::V {
+        let s = self.s;
+        s.fma(self.scale, self.x.load(s, j), load(s, &self.bias[j..]))
+    }
+    #[inline(always)]
+    fn tail(&self, j: usize, k: usize) -> S::V {
+        let s = self.s;
+        let z = s.fma(self.scale, self.x.load_tail(s, j, k), load_tail(s, &self.bias[j..j + k]));
+        s.select(s.first(k), z, s.splat(f32::NEG_INFINITY))
+    }
+    #[inline(always)]
+    fn input(&self) -> Floats<'_> {
         self.x
     }
 }
@@ -232,8 +262,8 @@ impl<S: Simd> Logits<S> for Bias<S> {
 pub(super) const UNROLL: usize = 4;
 const _: () = assert!(UNROLL == 4, "range_pass reduces four accumulators by hand");
 
-/// Pass A: `(max_j z_j, min_j z_j)` over `n` logits, NaN skipped, `(−∞, +∞)` when empty.
-/// Four accumulators of each kind, one per vector of an iteration. With `DRAIN`, each
+/// Pass A: `(max_j z_j, min_j z_j)` over the row's logits, NaN skipped, `(−∞, +∞)` when
+/// empty. Four accumulators of each kind, one per vector of an iteration. With `DRAIN`, each
 /// iteration also writes [`DRAIN_PER_A`] vectors of `drain` (the previous streamed row's
 /// pass C).
 ///
@@ -241,83 +271,67 @@ const _: () = assert!(UNROLL == 4, "range_pass reduces four accumulators by hand
 /// so that the loop's loads do not straddle cache lines (max and min are exact in any order:
 /// the result is the same bits). Pass A is the first read of a row, from L2 or memory, where a
 /// load across two lines holds two fill buffers.
-///
-/// # Safety
-/// `z` valid for `n` logits; `drain` as its [`Drain::new`] requires.
 #[inline(always)]
-pub(super) unsafe fn range_pass<S: Simd, L: Logits<S>, const DRAIN: bool>(
+pub(super) fn range_pass<S: Simd, L: Logits<S>, const DRAIN: bool>(
     s: S,
     z: &L,
-    n: usize,
-    drain: &mut Drain<S>,
+    drain: &mut Drain<'_, S>,
 ) -> (f32, f32) {
-    let l = S::LANES;
-    // SAFETY: indices stay below `n` (the `head ≤ n` first elements, full vectors below
-    // `end`, then at most `UNROLL − 1` full vectors and one tail).
-    unsafe {
-        let mut hi = [s.splat(f32::NEG_INFINITY); UNROLL];
-        let mut lo = [s.splat(f32::INFINITY); UNROLL];
-        let head = ((l - (z.input() as usize / 4) % l) % l).min(n);
-        if head > 0 {
-            let v = z.tail(0, head);
-            hi[0] = s.max_skip_nan(hi[0], v);
-            lo[0] = s.min_skip_nan(lo[0], s.select(s.first(head), v, s.splat(f32::INFINITY)));
-        }
-        let mut j = head;
-        let end = n - (n - head) % (UNROLL * l);
-        while j < end {
-            for u in 0..UNROLL {
-                let v = z.vec(j + u * l);
-                hi[u] = s.max_skip_nan(hi[u], v);
-                lo[u] = s.min_skip_nan(lo[u], v);
-            }
-            if DRAIN {
-                drain.step::<DRAIN_PER_A>();
-            }
-            j += UNROLL * l;
-        }
-        for u in 0..UNROLL {
-            if j + l <= n {
-                let v = z.vec(j);
-                hi[u] = s.max_skip_nan(hi[u], v);
-                lo[u] = s.min_skip_nan(lo[u], v);
-                j += l;
-            } else if j < n {
-                let k = n - j;
-                let v = z.tail(j, k);
-                hi[u] = s.max_skip_nan(hi[u], v);
-                // The padding lanes are −∞ too: only the first k count for the min.
-                lo[u] = s.min_skip_nan(lo[u], s.select(s.first(k), v, s.splat(f32::INFINITY)));
-                j = n;
-            }
-        }
-        let hi = s.max_skip_nan(s.max_skip_nan(hi[0], hi[1]), s.max_skip_nan(hi[2], hi[3]));
-        let lo = s.min_skip_nan(s.min_skip_nan(lo[0], lo[1]), s.min_skip_nan(lo[2], lo[3]));
-        (s.reduce_max(hi), s.reduce_min(lo))
+    let (l, n) = (S::LANES, z.len());
+    let mut hi = [s.splat(f32::NEG_INFINITY); UNROLL];
+    let mut lo = [s.splat(f32::INFINITY); UNROLL];
+    let head = z.input().lanes_to_boundary::<S>();
+    if head > 0 {
+        let v = z.tail(0, head);
+        hi[0] = s.max_skip_nan(hi[0], v);
+        lo[0] = s.min_skip_nan(lo[0], s.select(s.first(head), v, s.splat(f32::INFINITY)));
     }
+    let mut j = head;
+    while let Some(zw) = z.window(j, UNROLL * l) {
+        for u in 0..UNROLL {
+            let v = zw.vec(u * l);
+            hi[u] = s.max_skip_nan(hi[u], v);
+            lo[u] = s.min_skip_nan(lo[u], v);
+        }
+        if DRAIN {
+            drain.step::<DRAIN_PER_A>();
+        }
+        j += UNROLL * l;
+    }
+    for u in 0..UNROLL {
+        if j + l <= n {
+            let v = z.vec(j);
+            hi[u] = s.max_skip_nan(hi[u], v);
+            lo[u] = s.min_skip_nan(lo[u], v);
+            j += l;
+        } else if j < n {
+            let k = n - j;
+            let v = z.tail(j, k);
+            hi[u] = s.max_skip_nan(hi[u], v);
+            // The padding lanes are −∞ too: only the first k count for the min.
+            lo[u] = s.min_skip_nan(lo[u], s.select(s.first(k), v, s.splat(f32::INFINITY)));
+            j = n;
+        }
+    }
+    let hi = s.max_skip_nan(s.max_skip_nan(hi[0], hi[1]), s.max_skip_nan(hi[2], hi[3]));
+    let lo = s.min_skip_nan(s.min_skip_nan(lo[0], lo[1]), s.min_skip_nan(lo[2], lo[3]));
+    (s.reduce_max(hi), s.reduce_min(lo))
 }
 
 /// Pass A with the scale taken out where that is exact (module docs): `(max_j z_j, min_j z_j)`,
-/// and the max of the raw input when it was taken on that.
-///
-/// # Safety
-/// As [`range_pass`]; `scale` is the scale `z` applies.
+/// and the max of the raw input when it was taken on that (`scale` is the scale `z` applies).
 #[inline(always)]
-unsafe fn logits_range<S: Simd, L: Logits<S>, const DRAIN: bool>(
+fn logits_range<S: Simd, L: Logits<S>, const DRAIN: bool>(
     s: S,
     z: &L,
-    n: usize,
     scale: f32,
-    drain: &mut Drain<S>,
+    drain: &mut Drain<'_, S>,
 ) -> ((f32, f32), Option<f32>) {
-    // SAFETY: forwarded contract.
-    unsafe {
-        if L::SCALE_AFTER && scale > 0.0 {
-            let (hi, lo) = range_pass::<S, _, DRAIN>(s, &Raw(z), n, drain);
-            ((scale * hi, scale * lo), Some(hi))
-        } else {
-            (range_pass::<S, L, DRAIN>(s, z, n, drain), None)
-        }
+    if L::SCALE_AFTER && scale > 0.0 {
+        let (hi, lo) = range_pass::<S, _, DRAIN>(s, &Raw(*z), drain);
+        ((scale * hi, scale * lo), Some(hi))
+    } else {
+        (range_pass::<S, L, DRAIN>(s, z, drain), None)
     }
 }
 
@@ -365,178 +379,171 @@ impl GroupExp for FullExp {
 
 /// Pass B: `w_j = exp(z_j − m)` for `j < n` (stored when `STORE`) by the exp `E` (of the
 /// scale folded into `c` times `z_j − m`, for the table exp); returns `Σ w_j`. Prefetches
-/// `next[..next_len]` along the way, one cache line per 16 floats, in order into L1, or into
-/// L2 in [`FarOrder`] when `FAR` (a row several rows ahead in a streamed call), then also
-/// writing [`DRAIN_PER_B`] vectors of `drain` per whole group, and before each group's stores
-/// as many more as [`Drain::clear`] needs (`w` may be the drain's stage). With `E::MASKED`,
-/// `−∞` lanes give 0 and groups holding a finite difference below `dead_below` (the table's
-/// range) take the full-range exp of `d_scale` times the differences.
+/// `next` along the way, one cache line per 16 floats, in order into L1, or into L2 in
+/// [`FarOrder`] when `FAR` (a row several rows ahead in a streamed call), then also writing
+/// [`DRAIN_PER_B`] vectors of `drain` per whole group, and before each group's stores as many
+/// more as [`Drain::clear`] needs (`w` is then the stage the drain reads, at `w_at` in it).
+/// With `E::MASKED`, `−∞` lanes give 0 and groups holding a finite difference below
+/// `dead_below` (the table's range) take the full-range exp of `d_scale` times the differences.
 ///
-/// # Safety
-/// `z` valid for `n` logits, every `z_j − m` in `E`'s domain (for
-/// [`MaskedTableExp`], `≤ 0`: the pass checks the rest itself); `w` (when
-/// `STORE`) valid for `n` writes (it may be the input row itself: each vector is read before
-/// it is written; when `FAR`, it may overlap the stage `drain` reads: each group's stores wait
-/// for [`Drain::clear`]). `next` is only prefetched, never read. `drain` as its [`Drain::new`]
-/// requires.
+/// Every `z_j − m` must be in `E`'s domain (for [`MaskedTableExp`], `≤ 0`: the pass checks the
+/// rest itself), else the terms are unspecified. `w` (when `STORE`, `n` cells) may be the input
+/// row itself: each vector is read before it is written.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn exp_sum_pass<S: Simd, L: Logits<S>, E: GroupExp, const STORE: bool, const FAR: bool>(
+fn exp_sum_pass<S: Simd, L: Logits<S>, E: GroupExp, const STORE: bool, const FAR: bool>(
     s: S,
     z: &L,
-    n: usize,
     m: f32,
-    w: *mut f32,
-    next: *const f32,
-    next_len: usize,
+    (w, w_at): (&[Cell<f32>], usize),
+    next: Floats<'_>,
     c: &Lut8Consts<S>,
     (dead_below, d_scale): (f32, f32),
-    drain: &mut Drain<S>,
+    drain: &mut Drain<'_, S>,
 ) -> f32 {
-    let l = S::LANES;
-    // SAFETY: as in `range_pass`; `w` written at the same indices.
-    unsafe {
-        let mv = s.splat(m);
-        // The exp of a group of differences `d`. With `E::MASKED`, lanes below `dead_below`
-        // run on 0 and give 0; a group where one of them is finite (its exp is not 0) runs on
-        // the full-range exp of `d_scale·d` (the scale the table exp folds in) instead, before
-        // anything of it is stored.
-        let (below, dsc) = (s.splat(dead_below), s.splat(d_scale));
-        macro_rules! exp {
-            ($d:expr) => {{
-                let d = $d;
-                if E::MASKED {
-                    let (mut live, mut dead) = (d, [s.first(0); EXP_UNROLL]);
-                    let mut finite = s.splat(0.0);
-                    for (u, du) in d.iter().enumerate() {
-                        dead[u] = s.lt(*du, below);
-                        live[u] = s.select(dead[u], s.splat(0.0), *du);
-                        let f = s.select(s.lt(*du, s.splat(f32::MIN)), s.splat(0.0), *du);
-                        finite = s.min_skip_nan(finite, f);
+    let (l, n) = (S::LANES, z.len());
+    let w = &w[..if STORE { n } else { 0 }];
+    let mv = s.splat(m);
+    // The exp of a group of differences `d`. With `E::MASKED`, lanes below `dead_below`
+    // run on 0 and give 0; a group where one of them is finite (its exp is not 0) runs on
+    // the full-range exp of `d_scale·d` (the scale the table exp folds in) instead, before
+    // anything of it is stored.
+    let (below, dsc) = (s.splat(dead_below), s.splat(d_scale));
+    macro_rules! exp {
+        ($d:expr) => {{
+            let d = $d;
+            if E::MASKED {
+                let (mut live, mut dead) = (d, [s.first(0); EXP_UNROLL]);
+                let mut finite = s.splat(0.0);
+                for (u, du) in d.iter().enumerate() {
+                    dead[u] = s.lt(*du, below);
+                    live[u] = s.select(dead[u], s.splat(0.0), *du);
+                    let f = s.select(s.lt(*du, s.splat(f32::MIN)), s.splat(0.0), *du);
+                    finite = s.min_skip_nan(finite, f);
+                }
+                if s.any_lt(finite, below) {
+                    let mut full = d;
+                    for fu in &mut full {
+                        *fu = s.mul(*fu, dsc);
                     }
-                    if s.any_lt(finite, below) {
-                        let mut full = d;
-                        for fu in &mut full {
-                            *fu = s.mul(*fu, dsc);
-                        }
-                        FullExp::exp::<S>(s, full, c)
-                    } else {
-                        let mut e = E::exp::<S>(s, live, c);
-                        for (eu, mu) in e.iter_mut().zip(&dead) {
-                            *eu = s.select(*mu, s.splat(0.0), *eu);
-                        }
-                        e
-                    }
+                    FullExp::exp::<S>(s, full, c)
                 } else {
-                    E::exp::<S>(s, d, c)
-                }
-            }};
-        }
-        let (mut s0, mut s1) = (s.splat(0.0), s.splat(0.0));
-        // Two accumulators: the adds are a chain of their own (four take registers from the
-        // exp that cost more than the shorter chains gain). Macros,
-        // not closures, here and below: closures do not inherit `#[target_feature]`, so the
-        // intrinsics in one that the compiler leaves out of line become calls.
-        macro_rules! add {
-            ($e:expr) => {
-                for (u, eu) in $e.iter().enumerate() {
-                    if u % 2 == 0 {
-                        s0 = s.add(s0, *eu);
-                    } else {
-                        s1 = s.add(s1, *eu);
+                    let mut e = E::exp::<S>(s, live, c);
+                    for (eu, mu) in e.iter_mut().zip(&dead) {
+                        *eu = s.select(*mu, s.splat(0.0), *eu);
                     }
+                    e
                 }
-            };
-        }
-        let g = EXP_UNROLL * l;
-        // One whole group at `j` (`j + g ≤ n`).
-        macro_rules! group {
-            ($j:expr) => {{
-                let j = $j;
-                let mut d = [s.splat(0.0); EXP_UNROLL];
-                for (u, du) in d.iter_mut().enumerate() {
-                    *du = s.sub(z.vec(j + u * l), mv);
-                }
-                let e = exp!(d);
-                if STORE {
-                    if FAR {
-                        drain.clear(w.add(j + g));
-                    }
-                    for (u, eu) in e.iter().enumerate() {
-                        s.store(w.add(j + u * l), *eu);
-                    }
-                }
-                add!(e);
-            }};
-        }
-        // Whole groups: the first `prefetched` of them also prefetch `next` (no per-group test),
-        // one line per 16 floats: in order, or when `FAR` in `FarOrder`.
-        let end = n - n % g;
-        let mut far = FarOrder::new(next_len);
-        let len = if FAR { far.span() } else { next_len };
-        let prefetched = end.min(len.next_multiple_of(g));
-        let mut j = 0;
-        while j < prefetched {
-            let mut k = 0;
-            while k < g {
-                if FAR {
-                    s.prefetch_far(next.wrapping_add(far.next()));
+            } else {
+                E::exp::<S>(s, d, c)
+            }
+        }};
+    }
+    let (mut s0, mut s1) = (s.splat(0.0), s.splat(0.0));
+    // Two accumulators: the adds are a chain of their own (four take registers from the
+    // exp that cost more than the shorter chains gain). Macros,
+    // not closures, here and below: closures do not inherit `#[target_feature]`, so the
+    // intrinsics in one that the compiler leaves out of line become calls.
+    macro_rules! add {
+        ($e:expr) => {
+            for (u, eu) in $e.iter().enumerate() {
+                if u % 2 == 0 {
+                    s0 = s.add(s0, *eu);
                 } else {
-                    s.prefetch(next.wrapping_add(j + k));
+                    s1 = s.add(s1, *eu);
                 }
-                k += 16;
             }
-            group!(j);
-            if FAR {
-                drain.step::<DRAIN_PER_B>();
-            }
-            j += g;
-        }
-        while j < end {
-            group!(j);
-            if FAR {
-                drain.step::<DRAIN_PER_B>();
-            }
-            j += g;
-        }
-        if j < n {
-            // The last `< EXP_UNROLL` vectors, the partial one included, as one more
-            // interleaved group (ragged rows, such as causal ones, pay one group, not a
-            // chain per vector). Padding vectors hold 0 and the partial vector's padding lanes
-            // the −∞ that `tail` pads with (on which the table exp is not defined); both are
-            // zeroed after the exp.
+        };
+    }
+    let g = EXP_UNROLL * l;
+    // One whole group at `j`, whose logits are the window `zw`.
+    macro_rules! group {
+        ($j:expr, $zw:expr) => {{
+            let (j, zw) = ($j, $zw);
             let mut d = [s.splat(0.0); EXP_UNROLL];
             for (u, du) in d.iter_mut().enumerate() {
-                let ju = j + u * l;
-                if ju + l <= n {
-                    *du = s.sub(z.vec(ju), mv);
-                } else if ju < n {
-                    *du = s.sub(z.tail(ju, n - ju), mv);
+                *du = s.sub(zw.vec(u * l), mv);
+            }
+            let e = exp!(d);
+            if STORE {
+                if FAR {
+                    drain.clear(w_at + j + g);
                 }
-            }
-            let mut e = exp!(d);
-            if STORE && FAR {
-                drain.clear(w.add(n));
-            }
-            for (u, eu) in e.iter_mut().enumerate() {
-                let ju = j + u * l;
-                if ju + l <= n {
-                    if STORE {
-                        s.store(w.add(ju), *eu);
-                    }
-                } else if ju < n {
-                    *eu = s.select(s.first(n - ju), *eu, s.splat(0.0));
-                    if STORE {
-                        s.store_tail(w.add(ju), n - ju, *eu);
-                    }
-                } else {
-                    *eu = s.splat(0.0);
+                let wg = &w[j..j + g];
+                for (u, eu) in e.iter().enumerate() {
+                    store_cells(s, &wg[u * l..], *eu);
                 }
             }
             add!(e);
-        }
-        s.reduce_add(s.add(s0, s1))
+        }};
     }
+    // Whole groups: the first `prefetched` of them also prefetch `next` (no per-group test),
+    // one line per 16 floats: in order, or when `FAR` in `FarOrder`.
+    let mut far = FarOrder::new(next.len());
+    let len = if FAR { far.span() } else { next.len() };
+    let prefetched = n.min(len.next_multiple_of(g));
+    let mut j = 0;
+    while j + g <= prefetched {
+        let Some(zw) = z.window(j, g) else { break };
+        let mut k = 0;
+        while k < g {
+            if FAR {
+                next.prefetch_far(s, far.next());
+            } else {
+                next.prefetch(s, j + k);
+            }
+            k += 16;
+        }
+        group!(j, zw);
+        if FAR {
+            drain.step::<DRAIN_PER_B>();
+        }
+        j += g;
+    }
+    while let Some(zw) = z.window(j, g) {
+        group!(j, zw);
+        if FAR {
+            drain.step::<DRAIN_PER_B>();
+        }
+        j += g;
+    }
+    if j < n {
+        // The last `< EXP_UNROLL` vectors, the partial one included, as one more
+        // interleaved group (ragged rows, such as causal ones, pay one group, not a
+        // chain per vector). Padding vectors hold 0 and the partial vector's padding lanes
+        // the −∞ that `tail` pads with (on which the table exp is not defined); both are
+        // zeroed after the exp.
+        let mut d = [s.splat(0.0); EXP_UNROLL];
+        for (u, du) in d.iter_mut().enumerate() {
+            let ju = j + u * l;
+            if ju + l <= n {
+                *du = s.sub(z.vec(ju), mv);
+            } else if ju < n {
+                *du = s.sub(z.tail(ju, n - ju), mv);
+            }
+        }
+        let mut e = exp!(d);
+        if STORE && FAR {
+            drain.clear(w_at + n);
+        }
+        for (u, eu) in e.iter_mut().enumerate() {
+            let ju = j + u * l;
+            if ju + l <= n {
+                if STORE {
+                    store_cells(s, &w[ju..], *eu);
+                }
+            } else if ju < n {
+                *eu = s.select(s.first(n - ju), *eu, s.splat(0.0));
+                if STORE {
+                    store_tail_cells(s, &w[ju..], *eu);
+                }
+            } else {
+                *eu = s.splat(0.0);
+            }
+        }
+        add!(e);
+    }
+    s.reduce_add(s.add(s0, s1))
 }
 
 /// Pass B of a softmax row whose finite max is `m` and min `lo` (`range`): the table exp
@@ -548,27 +555,23 @@ unsafe fn exp_sum_pass<S: Simd, L: Logits<S>, E: GroupExp, const STORE: bool, co
 /// into its constants: `scale·(u_j − raw_max)` is the difference `z_j − m` it would form
 /// (bit for bit while the logits are normal), one multiply per vector fewer. Returns
 /// `Σ_j exp(z_j − m)`, storing the terms to `w` when `STORE`, and prefetching `next` (into
-/// L2, and writing part of `drain` meanwhile, when `FAR`: a streamed row). `STORE` and `FAR`
-/// are parameters, not tests of `w` and `drain`, so that each caller compiles only the passes
-/// it runs: five exp passes per row body instead of fifteen (build time).
-///
-/// # Safety
-/// As [`exp_sum_pass`]; `m` and `lo` are the max and min of `z` (NaN skipped), `raw_max` the
+/// L2, and writing part of `drain` meanwhile, when `FAR`: a streamed row, `w` then at `w_at`
+/// in the drain's stage). `STORE` and `FAR` are parameters, not tests of `w` and `drain`, so
+/// that each caller compiles only the passes it runs: five exp passes per row body instead of
+/// fifteen (build time). `m` and `lo` are the max and min of `z` (NaN skipped), `raw_max` the
 /// max of `Raw(z)` when given.
 #[inline(always)]
-pub(super) unsafe fn softmax_sum<S: Simd, L: Logits<S>, const STORE: bool, const FAR: bool>(
+pub(super) fn softmax_sum<S: Simd, L: Logits<S>, const STORE: bool, const FAR: bool>(
     s: S,
     z: &L,
-    n: usize,
     (m, lo): (f32, f32),
     (raw_max, scale): (Option<f32>, f32),
-    w: *mut f32,
-    (next, d): (&[f32], &mut Drain<S>),
+    w: (&[Cell<f32>], usize),
+    (next, d): (Floats<'_>, &mut Drain<'_, S>),
 ) -> f32 {
-    let (next, next_len) = (next.as_ptr(), next.len());
     macro_rules! pass {
         ($E:ty, $z:expr, $m:expr, $c:expr, $below:expr) => {
-            exp_sum_pass::<S, _, $E, STORE, FAR>(s, $z, n, $m, w, next, next_len, $c, $below, d)
+            exp_sum_pass::<S, _, $E, STORE, FAR>(s, $z, $m, w, next, $c, $below, d)
         };
     }
     // The table exp on `z` or, with the scale folded, on `Raw(z)`.
@@ -576,183 +579,164 @@ pub(super) unsafe fn softmax_sum<S: Simd, L: Logits<S>, const STORE: bool, const
         ($E:ty) => {
             match raw_max {
                 Some(u) if Lut8Consts::<S>::folds(scale) => {
-                    pass!($E, &Raw(z), u, &Lut8Consts::new(s, scale), (LUT8_MIN / scale, scale))
+                    pass!($E, &Raw(*z), u, &Lut8Consts::new(s, scale), (LUT8_MIN / scale, scale))
                 }
                 _ => pass!($E, z, m, &Lut8Consts::new(s, 1.0), (LUT8_MIN, 1.0)),
             }
         };
     }
-    // SAFETY: forwarded contract; the domain of each exp is what the test establishes (the
-    // masked table pass checks its groups itself).
-    unsafe {
-        if lo - m >= LUT8_MIN {
-            table!(TableExp)
-        } else if lo == f32::NEG_INFINITY {
-            table!(MaskedTableExp)
-        } else {
-            pass!(FullExp, z, m, &Lut8Consts::new(s, 1.0), (LUT8_MIN, 1.0))
-        }
+    // The domain of each exp is what the test establishes (the masked table pass checks its
+    // groups itself).
+    if lo - m >= LUT8_MIN {
+        table!(TableExp)
+    } else if lo == f32::NEG_INFINITY {
+        table!(MaskedTableExp)
+    } else {
+        pass!(FullExp, z, m, &Lut8Consts::new(s, 1.0), (LUT8_MIN, 1.0))
     }
 }
 
-/// Pass C in cache: `y_j = w_j · r` for `j < n` (streamed rows write theirs by [`Drain`]).
-///
-/// # Safety
-/// `w` valid for `n` reads, `y` for `n` writes (`w == y` allowed).
+/// Pass C in cache: `y_j ← y_j · r` in place (streamed rows write theirs by [`Drain`]).
 #[inline(always)]
-unsafe fn scale_pass<S: Simd>(s: S, w: *const f32, y: *mut f32, n: usize, r: f32) {
-    let l = S::LANES;
-    // SAFETY: indices below `n`.
-    unsafe {
-        let rv = s.splat(r);
-        let mut j = 0;
-        let end = n - n % (UNROLL * l);
-        while j < end {
-            let mut v = [s.splat(0.0); UNROLL];
-            for (u, vu) in v.iter_mut().enumerate() {
-                *vu = s.mul(s.load(w.add(j + u * l)), rv);
-            }
-            for (u, vu) in v.iter().enumerate() {
-                s.store(y.add(j + u * l), *vu);
-            }
-            j += UNROLL * l;
+fn scale_pass<S: Simd>(s: S, y: &[Cell<f32>], r: f32) {
+    let (l, n) = (S::LANES, y.len());
+    let rv = s.splat(r);
+    let mut j = 0;
+    while j + UNROLL * l <= n {
+        let yg = &y[j..j + UNROLL * l];
+        let mut v = [s.splat(0.0); UNROLL];
+        for (u, vu) in v.iter_mut().enumerate() {
+            *vu = s.mul(load_cells(s, &yg[u * l..]), rv);
         }
-        while j + l <= n {
-            s.store(y.add(j), s.mul(s.load(w.add(j)), rv));
-            j += l;
+        for (u, vu) in v.iter().enumerate() {
+            store_cells(s, &yg[u * l..], *vu);
         }
-        if j < n {
-            let k = n - j;
-            s.store_tail(y.add(j), k, s.mul(s.load_tail(w.add(j), k), rv));
-        }
+        j += UNROLL * l;
+    }
+    while j + l <= n {
+        store_cells(s, &y[j..], s.mul(load_cells(s, &y[j..]), rv));
+        j += l;
+    }
+    if j < n {
+        store_tail_cells(s, &y[j..], s.mul(load_tail_cells(s, &y[j..]), rv));
+    }
+}
+
+/// `y_j ← v` for every cell of `y`, by vector stores.
+#[inline(always)]
+fn fill<S: Simd>(s: S, y: &[Cell<f32>], v: f32) {
+    let (l, n, vv) = (S::LANES, y.len(), s.splat(v));
+    let mut j = 0;
+    while j + l <= n {
+        store_cells(s, &y[j..], vv);
+        j += l;
+    }
+    if j < n {
+        store_tail_cells(s, &y[j..], vv);
     }
 }
 
 /// The slow path for rows whose max is `±∞` or NaN-only: scans `z` for NaN and `+∞`, then
-/// writes the reference's result to `y[..total]`. Returns the logsumexp.
-///
-/// # Safety
-/// `z` valid for `n` logits; `y` valid for `total ≥ n` writes (may alias
-/// the input: the scan finishes before any write).
+/// writes the reference's result to all of `y` (at least `z.len()` cells; it may be the input:
+/// the scan finishes before any write, and then each vector is read before it is written).
+/// Returns the logsumexp.
 #[inline(always)]
-pub(super) unsafe fn special_row<S: Simd, L: Logits<S>>(
-    s: S,
-    z: &L,
-    n: usize,
-    y: *mut f32,
-    total: usize,
-) -> f32 {
-    let l = S::LANES;
+pub(super) fn special_row<S: Simd, L: Logits<S>>(s: S, z: &L, y: &[Cell<f32>]) -> f32 {
+    let (l, n) = (S::LANES, z.len());
     let mut buf = [0.0f32; 16];
     debug_assert!(l <= buf.len());
-    // SAFETY: `buf` holds `LANES ≤ 16` floats; indices below `n`.
-    let load = |j: usize, buf: &mut [f32; 16]| unsafe {
-        let v = if j + l <= n { z.vec(j) } else { z.tail(j, n - j) };
-        s.store(buf.as_mut_ptr(), v);
-    };
+    macro_rules! load_z {
+        ($j:expr) => {{
+            let j = $j;
+            let v = if j + l <= n { z.vec(j) } else { z.tail(j, n - j) };
+            store(s, &mut buf, v);
+        }};
+    }
     let (mut nan, mut infs) = (false, 0usize);
     let mut j = 0;
     while j < n {
-        load(j, &mut buf);
+        load_z!(j);
         let k = l.min(n - j);
         nan |= buf[..k].iter().any(|v| v.is_nan());
         infs += buf[..k].iter().filter(|v| **v == f32::INFINITY).count();
         j += l;
     }
-    // Writes go through `y` directly: `z` may read the same memory (in place).
-    // SAFETY: `y` valid for `total` writes; no read of `z` happens while a slice is alive.
-    let fill = |from: usize, v: f32| unsafe {
-        std::slice::from_raw_parts_mut(y.add(from), total - from).fill(v)
-    };
     if nan {
-        fill(0, f32::NAN);
+        fill(s, y, f32::NAN);
         return f32::NAN;
     }
     if infs == 0 {
         // Every logit −∞ or masked (or the row is empty).
-        fill(0, 0.0);
+        fill(s, y, 0.0);
         return f32::NEG_INFINITY;
     }
     // +∞ logits share the weight evenly; writes follow reads vector by vector.
     let w = 1.0 / infs as f32;
     let mut j = 0;
     while j < n {
-        load(j, &mut buf);
+        load_z!(j);
         let k = l.min(n - j);
-        for (t, v) in buf[..k].iter().enumerate() {
-            // SAFETY: `j + t < n ≤ total`.
-            unsafe { y.add(j + t).write(if *v == f32::INFINITY { w } else { 0.0 }) };
+        for (v, y) in buf[..k].iter().zip(&y[j..j + k]) {
+            y.set(if *v == f32::INFINITY { w } else { 0.0 });
         }
         j += l;
     }
-    fill(n, 0.0);
+    fill(s, &y[n..], 0.0);
     f32::INFINITY
 }
 
-/// The fused row: passes A, B, C (module docs). Returns the logsumexp of the row.
+/// The fused row: passes A, B, C (module docs) of the logits `z` (`n = z.len()` of them) into
+/// the output row `y` (`total ≥ n` cells; positions `≥ n` get 0). Returns the logsumexp of the
+/// row when `want_lse`, else 0. The input may be `y` itself (in place).
 ///
-/// With `STREAM`, pass B writes `stage` and the row's pass C is left in `*drain` for the
-/// caller to finish (during the next row, or at once), while passes A and B write the
-/// previous row's pending pass C, which `*drain` holds on entry (finished before this row
-/// writes its output `y`). Rows with a non-finite max or a NaN sum are written at once.
-/// Without `STREAM`, `drain` is not used.
-///
-/// # Safety
-/// `z` valid for `n` logits (reading the input from `y` or not); `y` valid
-/// for `total ≥ n` writes; with `STREAM`, `stage` valid for `n` writes and reads and disjoint
-/// from `y`, both kept (and `stage` written only behind the drain, as [`Drain::new`] requires)
-/// until the drain left in `*drain` is finished, and the drain held on entry satisfying
-/// [`Drain::new`], its output disjoint from this row's input, output and `stage`, its stage
-/// disjoint from this row's input and output (it may overlap `stage`: pass B stages each group
-/// behind the drain, [`Drain::clear`]).
+/// With `STREAM`, pass B writes the `n` cells at `w0` of `stage` and the row's pass C is left in
+/// `*drain` for the caller to finish (during the next row, or at once), while passes A and B
+/// write the previous row's pending pass C, which `*drain` holds on entry (finished before this
+/// row writes its output `y`). Rows with a non-finite max or a NaN sum are written at once.
+/// The drain held on entry must write rows other than this row's input and output; its stage
+/// may be `stage` (pass B stages each group behind the drain, [`Drain::clear`]). Without
+/// `STREAM`, `stage` and `drain` are not used.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn softmax_row_body<S: Simd, L: Logits<S>, const STREAM: bool>(
+pub(super) fn softmax_row_body<'a, S: Simd, L: Logits<S>, const STREAM: bool>(
     s: S,
     z: &L,
     scale: f32,
-    n: usize,
-    y: *mut f32,
-    total: usize,
-    stage: *mut f32,
-    next: &[f32],
+    y: &'a [Cell<f32>],
+    (stage, w0): (&'a [Cell<f32>], usize),
+    next: Floats<'_>,
     want_lse: bool,
-    drain: &mut Drain<S>,
+    drain: &mut Drain<'a, S>,
 ) -> f32 {
-    // SAFETY: forwarded contract.
-    unsafe {
-        let ((m, lo), raw_max) = logits_range::<S, L, STREAM>(s, z, n, scale, drain);
-        if !m.is_finite() {
-            if STREAM {
-                drain.finish();
-            }
-            return special_row::<S, L>(s, z, n, y, total);
-        }
-        let w = if STREAM { stage } else { y };
-        let sum =
-            softmax_sum::<S, L, true, STREAM>(s, z, n, (m, lo), (raw_max, scale), w, (next, drain));
+    let n = z.len();
+    let ((m, lo), raw_max) = logits_range::<S, L, STREAM>(s, z, scale, drain);
+    if !m.is_finite() {
         if STREAM {
             drain.finish();
         }
-        if sum.is_nan() {
-            // A NaN logit: with a finite max nothing else makes the sum NaN.
-            std::slice::from_raw_parts_mut(y, total).fill(f32::NAN);
-            return f32::NAN;
-        }
-        // s ≥ 1: the max contributes exp(0) = 1 exactly.
-        if STREAM {
-            *drain = Drain::new(s, stage, y, n, 1.0 / sum);
-        } else {
-            scale_pass::<S>(s, w, y, n, 1.0 / sum);
-        }
-        if total > n {
-            std::slice::from_raw_parts_mut(y.add(n), total - n).fill(0.0);
-        }
-        // The f64 log costs as much as a short row: only when asked for.
-        if want_lse {
-            (f64::from(m) + f64::from(sum).ln()) as f32
-        } else {
-            0.0
-        }
+        return special_row::<S, L>(s, z, y);
+    }
+    let w = if STREAM { (&stage[w0..w0 + n], w0) } else { (&y[..n], 0) };
+    let sum = softmax_sum::<S, L, true, STREAM>(s, z, (m, lo), (raw_max, scale), w, (next, drain));
+    if STREAM {
+        drain.finish();
+    }
+    if sum.is_nan() {
+        // A NaN logit: with a finite max nothing else makes the sum NaN.
+        fill(s, y, f32::NAN);
+        return f32::NAN;
+    }
+    // s ≥ 1: the max contributes exp(0) = 1 exactly.
+    if STREAM {
+        *drain = Drain::new(s, (stage, w0), &y[..n], 1.0 / sum);
+    } else {
+        scale_pass::<S>(s, &y[..n], 1.0 / sum);
+    }
+    fill(s, &y[n..], 0.0);
+    // The f64 log costs as much as a short row: only when asked for.
+    if want_lse {
+        (f64::from(m) + f64::from(sum).ln()) as f32
+    } else {
+        0.0
     }
 }

@@ -3,7 +3,11 @@
 //! staging buffer's size and page phase. Calls whose output is too large to stay in cache
 //! write it with non-temporal stores through these (`mod.rs`, `STREAM_MIN_BYTES`).
 
-use crate::arch::Simd;
+use std::cell::Cell;
+
+use crate::arch::{
+    addr, lanes_to_boundary, load_cells, load_tail_cells, store_tail_cells, stream_cells, Simd,
+};
 
 /// The order in which a row several rows ahead is prefetched (`FAR`): the row is cut into a
 /// power of two of equal runs of at most a 4 KiB page each (a page each for rows of 1, 2, 4, 8
@@ -78,140 +82,123 @@ pub(super) const DRAIN_PER_B: usize = 3;
 /// row's reads and exp instead of following them. The next row stages its terms in the same
 /// buffer, so before each group's stores it makes the drain read past them
 /// ([`clear`](Self::clear)); [`finish`](Self::finish) writes what is left. Left unfenced: see
-/// [`RowJob::stage`].
+/// [`RowJob::stage`]. The stage is shared cells (the drain reads them while the next row's
+/// pass B writes the part already read), the output row is this drain's alone.
 ///
 /// [`RowJob::stage`]: super::dispatch::RowJob::stage
-pub(super) struct Drain<S: Simd> {
+pub(super) struct Drain<'a, S: Simd> {
     /// The token.
     s: S,
-    /// The stage (the row's `exp(z_j − m)`).
-    w: *const f32,
-    /// The output row.
-    y: *mut f32,
-    /// The next element to write: `y + at` is aligned to `LANES × 4` bytes where the ISA
-    /// streams.
+    /// The row's terms `exp(z_j − m)`: `end` cells of the stage.
+    w: &'a [Cell<f32>],
+    /// Where `w` starts in the stage (for [`clear`](Self::clear)).
+    w0: usize,
+    /// The output row, `end` cells.
+    y: &'a [Cell<f32>],
+    /// The next element to write: `y[at..]` starts on a `LANES × 4`-byte boundary where the
+    /// ISA streams.
     at: usize,
-    /// The row's length.
-    end: usize,
     /// `1/Σ` of the row, in every lane.
     r: S::V,
 }
 
-impl<S: Simd> Drain<S> {
+impl<'a, S: Simd> Drain<'a, S> {
     /// Nothing pending.
     #[inline(always)]
     pub(super) fn none(s: S) -> Self {
-        let r = s.splat(0.0);
-        Drain { s, w: std::ptr::null(), y: std::ptr::null_mut(), at: 0, end: 0, r }
+        Drain { s, w: &[], w0: 0, y: &[], at: 0, r: s.splat(0.0) }
     }
 
-    /// The pass C `y_j = w_j · r`, `j < n`: writes the elements before `y`'s first
-    /// `LANES × 4`-byte boundary now (an ordinary store), the rest later.
-    ///
-    /// # Safety
-    /// `y` aligned to 4 bytes (as any `f32`); until the drain is finished,
-    /// `w` stays valid for `n` reads and is written only where the drain has read it (below
-    /// `w + at`: see [`clear`](Self::clear)), and `y` valid for `n` writes and otherwise
-    /// untouched; the two do not overlap.
+    /// The pass C `y_j = w_j · r`, `j < y.len()`, where `w` is the `y.len()` cells at `w0` of
+    /// `stage`: writes the elements before `y`'s first `LANES × 4`-byte boundary now (an
+    /// ordinary store), the rest later. Until the drain is finished, `stage` should be written
+    /// only where the drain has read it ([`clear`](Self::clear)) and `y` not at all (else
+    /// the output is wrong, never unsound).
     #[inline(always)]
-    pub(super) unsafe fn new(s: S, w: *const f32, y: *mut f32, n: usize, r: f32) -> Self {
+    pub(super) fn new(
+        s: S,
+        (stage, w0): (&'a [Cell<f32>], usize),
+        y: &'a [Cell<f32>],
+        r: f32,
+    ) -> Self {
+        let n = y.len();
+        let w = &stage[w0..w0 + n];
+        let r = s.splat(r);
+        let head = if S::HAS_STREAM { lanes_to_boundary::<S, _>(y) } else { 0 };
+        if head > 0 {
+            store_tail_cells(s, &y[..head], s.mul(load_tail_cells(s, &w[..head]), r));
+        }
+        Drain { s, w, w0, y, at: head, r }
+    }
+
+    /// The row's length.
+    #[inline(always)]
+    fn end(&self) -> usize {
+        self.y.len()
+    }
+
+    /// Writes pending vectors until every stage element below `p` (an index into the stage)
+    /// has been read, or nothing is pending. A streamed row's pass B stages its terms in the
+    /// buffer the previous row's drain is still reading ([`streamed_rows_loop`]) and calls this
+    /// before each group's stores (and the ragged last group's), so that no store overtakes
+    /// the drain. At the drain's pace ([`DRAIN_PER_A`] vectors per iteration of pass A,
+    /// [`DRAIN_PER_B`] per group of pass B) it is ahead of pass B's stores in rows of equal
+    /// length and page phase until the last few groups; this test makes it hold for any
+    /// lengths and phases.
+    ///
+    /// [`streamed_rows_loop`]: super::dispatch
+    #[inline(always)]
+    pub(super) fn clear(&mut self, p: usize) {
         let l = S::LANES;
-        // SAFETY: forwarded contract; `head ≤ n`.
-        unsafe {
-            let r = s.splat(r);
-            let head = if S::HAS_STREAM { ((l - (y as usize / 4) % l) % l).min(n) } else { 0 };
-            if head > 0 {
-                s.store_tail(y, head, s.mul(s.load_tail(w, head), r));
+        while self.at < self.end() && self.w0 + self.at < p {
+            if self.at + l <= self.end() {
+                self.write(self.at);
+                self.at += l;
+            } else {
+                self.finish();
             }
-            Drain { s, w, y, at: head, end: n, r }
         }
     }
 
-    /// Writes pending vectors until every stage element below `p` has been read, or nothing
-    /// is pending. A streamed row's pass B stages its terms in the buffer the previous row's
-    /// drain is still reading ([`streamed_rows_loop`]) and calls this before each group's
-    /// stores (and the ragged last group's), so that no store overtakes the drain. At the
-    /// drain's pace ([`DRAIN_PER_A`] vectors per iteration of pass A, [`DRAIN_PER_B`] per group
-    /// of pass B) it is ahead of pass B's stores in rows of equal length and page phase until
-    /// the last few groups; this test makes it hold for any lengths and phases.
-    ///
-    /// # Safety
-    /// As [`step`](Self::step).
+    /// `y_j = w_j · r` for the whole vector at `at` (`at + LANES ≤ end`), by a non-temporal
+    /// store.
     #[inline(always)]
-    pub(super) unsafe fn clear(&mut self, p: *const f32) {
-        let l = S::LANES;
-        // SAFETY: as in `step`; `finish` writes the rest when less than a vector is left.
-        unsafe {
-            while self.at < self.end && (self.w.wrapping_add(self.at) as usize) < p as usize {
-                if self.at + l <= self.end {
-                    self.write(self.at);
-                    self.at += l;
-                } else {
-                    self.finish();
-                }
-            }
-        }
-    }
-
-    /// `y_j = w_j · r` for the whole vector at `at`, by a non-temporal store.
-    ///
-    /// # Safety
-    /// The contract of [`new`](Self::new) still holds; `at` at or after
-    /// the drain's position, with `y + at` aligned and `at + LANES ≤ end`.
-    #[inline(always)]
-    unsafe fn write(&self, at: usize) {
-        // SAFETY: forwarded contract.
-        unsafe { self.s.stream(self.y.add(at), self.s.mul(self.s.load(self.w.add(at)), self.r)) }
+    fn write(&self, at: usize) {
+        let s = self.s;
+        stream_cells(s, &self.y[at..], s.mul(load_cells(s, &self.w[at..]), self.r));
     }
 
     /// Up to `K` more whole vectors: one test for all `K` while that many are left.
-    ///
-    /// # Safety
-    /// The contract of [`new`](Self::new) still holds.
     #[inline(always)]
-    pub(super) unsafe fn step<const K: usize>(&mut self) {
+    pub(super) fn step<const K: usize>(&mut self) {
         let l = S::LANES;
-        // SAFETY: every vector written ends at or before `end`, and `y + at` is aligned (see
-        // `at`).
-        unsafe {
-            if self.at + K * l <= self.end {
-                for k in 0..K {
-                    self.write(self.at + k * l);
-                }
-                self.at += K * l;
-            } else {
-                while self.at + l <= self.end {
-                    self.write(self.at);
-                    self.at += l;
-                }
+        if self.at + K * l <= self.end() {
+            for k in 0..K {
+                self.write(self.at + k * l);
+            }
+            self.at += K * l;
+        } else {
+            while self.at + l <= self.end() {
+                self.write(self.at);
+                self.at += l;
             }
         }
     }
 
     /// Everything left, the partial last vector by an ordinary store; nothing is pending
     /// after it.
-    ///
-    /// # Safety
-    /// As [`step`](Self::step).
     #[inline(always)]
-    pub(super) unsafe fn finish(&mut self) {
-        let l = S::LANES;
-        // SAFETY: as in `step`; the tail holds `end − at < l` elements.
-        unsafe {
-            while self.at + l <= self.end {
-                self.write(self.at);
-                self.at += l;
-            }
-            if self.at < self.end {
-                let (k, at) = (self.end - self.at, self.at);
-                self.s.store_tail(
-                    self.y.add(at),
-                    k,
-                    self.s.mul(self.s.load_tail(self.w.add(at), k), self.r),
-                );
-            }
+    pub(super) fn finish(&mut self) {
+        let (s, l) = (self.s, S::LANES);
+        while self.at + l <= self.end() {
+            self.write(self.at);
+            self.at += l;
         }
-        self.at = self.end;
+        if self.at < self.end() {
+            let at = self.at;
+            store_tail_cells(s, &self.y[at..], s.mul(load_tail_cells(s, &self.w[at..]), self.r));
+        }
+        self.at = self.end();
     }
 }
 
@@ -220,8 +207,8 @@ pub(super) const PAGE_BYTES: usize = 4096;
 
 /// The floats to skip from `buf` to reach the offset within a 4 KiB page that `like` has
 /// (why a stage sits in phase with its output row: `same_page_phase` in `mod.rs`).
-pub(super) fn phase_skip(buf: *const f32, like: *const f32) -> usize {
-    (like as usize).wrapping_sub(buf as usize) % PAGE_BYTES / 4
+pub(super) fn phase_skip<T, U>(buf: &[T], like: &[U]) -> usize {
+    addr(like).wrapping_sub(addr(buf)) % PAGE_BYTES / 4
 }
 
 /// The stage a streamed `RowsJob` with rows of `cols` floats needs: one row, with room to

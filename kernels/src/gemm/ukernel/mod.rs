@@ -376,3 +376,51 @@ pub(crate) unsafe fn macro_kernel(
         }
     }
 }
+
+/// The safe form of [`macro_kernel`] for one packed B micro-panel and an A read in place:
+/// `c[i·NR + j] ← Σ_p a[a0 + i·a_rs + p·a_cs] · b[p·NR + j] + β·c[i·NR + j]` for `i < mc`,
+/// `j < NR`, `p < kc` (`C` with row stride `NR`, unit column stride). The flash block products
+/// run on it. Panics (never UB) unless `kern` is the kernel of `S`'s ISA (the token proves the
+/// CPU runs it), every A element lies inside `a`, `b` holds `kc·NR` floats from a 64-byte
+/// boundary and `c` holds `mc·NR`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn panel_product<S: Simd>(
+    _s: S,
+    kern: &Kernel,
+    mc: usize,
+    kc: usize,
+    (a, a0, a_rs, a_cs): (&[f32], usize, usize, usize),
+    b: &[f32],
+    beta: f32,
+    c: &mut [f32],
+) {
+    let nr = kern.nr;
+    assert!(kern.isa == S::ISA);
+    let c = &mut c[..mc * nr];
+    if mc == 0 {
+        return;
+    }
+    if kc == 0 {
+        // No A element is read (nor its address formed).
+        for x in c.iter_mut() {
+            *x = if beta == 0.0 { 0.0 } else { beta * *x };
+        }
+        return;
+    }
+    let last = (mc - 1)
+        .checked_mul(a_rs)
+        .and_then(|x| x.checked_add((kc - 1).checked_mul(a_cs)?))
+        .and_then(|x| x.checked_add(a0));
+    assert!(matches!(last, Some(i) if i < a.len()));
+    let b = &b[..kc * nr];
+    assert!((b.as_ptr() as usize).is_multiple_of(64), "B panels must be 64-byte aligned");
+    // SAFETY: `kern` is the kernel of S's ISA, which the token proves supported. Checked above:
+    // A rows `0..mc` × columns `0..kc` through the strides, the one packed panel of `kc·NR`
+    // floats (aligned), and the `mc × NR` output tile (row stride NR, unit column stride:
+    // distinct elements), which nothing else touches during the call (`&mut`).
+    unsafe {
+        let a = ABlock::Strided { ptr: a.as_ptr().add(a0), rs: a_rs, cs: a_cs };
+        macro_kernel(kern, mc, nr, kc, 1.0, a, b.as_ptr(), beta, c.as_mut_ptr(), nr, 1);
+    }
+}
