@@ -414,3 +414,37 @@ fn bad_inputs_give_typed_errors() {
     .unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { arg: "lse", .. }), "{e:?}");
 }
+
+/// K and V without elements (`dk = dv = 0`) and no hidden units (`da = 0`) may declare any key
+/// count: every score is 0, and the logsumexps come in closed form, not from a loop over
+/// `2⁵⁰` keys (which would never return).
+#[test]
+fn unbounded_key_count_without_elements_returns_at_once() {
+    let nk = 1usize << 50;
+    let q = [0.5f32; 3];
+    let empty: [f32; 0] = [];
+    let mut lse = [f32::NAN; 3];
+    for (mask, want) in [
+        (Mask::None, [50.0 * 2f64.ln(); 3]),
+        // Bottom-right causal offset nk − nq: query i sees nk − 3 + i + 1 keys.
+        (Mask::CAUSAL, [0, 1, 2].map(|i| ((nk - 2 + i) as f64).ln())),
+    ] {
+        AdditiveAttention::new(
+            TensorRef::new(&q, Tensor4Layout::bhsd(1, 1, 3, 1)),
+            TensorRef::new(&empty, Tensor4Layout::bhsd(1, 1, nk, 0)),
+            TensorRef::new(&empty, Tensor4Layout::bhsd(1, 1, nk, 0)),
+            AdditiveWeights {
+                wq: MatRef::new(&empty, MatLayout::row_major(1, 0)),
+                wk: MatRef::new(&empty, MatLayout::row_major(0, 0)),
+                w: &empty,
+            },
+        )
+        .mask(mask)
+        .lse(&mut lse)
+        .run(TensorMut::new(&mut [], Tensor4Layout::bhsd(1, 1, 3, 0)))
+        .unwrap();
+        for (got, want) in lse.iter().zip(want) {
+            assert!((f64::from(*got) - want).abs() <= 1e-6 * want, "{mask:?}: {got} vs {want}");
+        }
+    }
+}

@@ -173,6 +173,15 @@ impl<'a> AdditiveAttention<'a> {
         if (o.layout.is_empty() && lse.is_none()) || p.nq == 0 {
             return Ok(());
         }
+        if p.dk == 0 && p.dv == 0 && p.da == 0 {
+            // No element of K, V or the hidden layer: every score is the empty sum 0, and `nk`
+            // is bounded by no slice, so the logsumexps come in closed form (a keep-mask or
+            // bias is read, over its own elements), never from a loop over the keys.
+            if let Some(out) = lse {
+                self.lse_of_zero_scores(&p, out);
+            }
+            return Ok(());
+        }
         let (a, bt) = self.project(isa, &p)?;
         let sink = Sink::new(o.data, o.layout, lse);
         let tiles = p.nq.div_ceil(TILE_Q);
@@ -196,6 +205,27 @@ impl<'a> AdditiveAttention<'a> {
                     },
                 )
             })
+        }
+    }
+
+    /// The logsumexp of every row when every score is 0: `ln` of the visible key count, or
+    /// over a keep-mask or bias, `ln Σ_j e^(bias_j)` of its visible keys (rows in the order of
+    /// [`lse`](Self::lse)).
+    fn lse_of_zero_scores(&self, p: &Sizes, out: &mut [f32]) {
+        for (row, l) in out.iter_mut().enumerate() {
+            let (bh, i) = (row / p.nq, row % p.nq);
+            let (b, h) = (bh / p.hq, bh % p.hq);
+            let end = p.key_end(&self.mask, i);
+            let logits = (0..end).map(|j| match self.mask {
+                Mask::Keep { keep, layout } => keep[layout.index(b, h, i, j)].then_some(0.0),
+                Mask::Bias { bias, layout } => Some(f64::from(bias[layout.index(b, h, i, j)])),
+                Mask::None | Mask::Causal { .. } => Some(0.0),
+            });
+            *l = match self.mask {
+                Mask::None | Mask::Causal { .. } if end == 0 => f32::NEG_INFINITY,
+                Mask::None | Mask::Causal { .. } => (end as f64).ln() as f32,
+                _ => super::lse_f64(logits) as f32,
+            };
         }
     }
 

@@ -668,7 +668,7 @@ fn lse_arithmetic(slope: f64, a: f64, n: f64) -> f64 {
 /// The logsumexp of a row of optional (masked when `None`) f64 logits, as the reference's
 /// softmax row computes it: NaN when any is NaN, `±∞` when the maximum is, −∞ when none is
 /// visible.
-fn lse_f64(logits: impl Iterator<Item = Option<f64>> + Clone) -> f64 {
+pub(super) fn lse_f64(logits: impl Iterator<Item = Option<f64>> + Clone) -> f64 {
     let visible = logits.flatten();
     if visible.clone().any(f64::is_nan) {
         return f64::NAN;
