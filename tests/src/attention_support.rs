@@ -25,6 +25,8 @@
 
 use attn_kernels::attention::Attention;
 use attn_kernels::{Mask, Parallelism, Tensor4Layout, Variants};
+
+use crate::fuzz_decode::VariantSpec;
 use attn_reference::softmax::saturate_logit;
 use attn_reference::{TensorMut, TensorRef};
 
@@ -115,14 +117,8 @@ pub struct Case {
     pub bias: Vec<f32>,
     /// Layout of the keep-mask or bias.
     pub mask_layout: Tensor4Layout,
-    /// Sliding window `(left, right)`, if any.
-    pub window: Option<(usize, usize)>,
-    /// Logit softcap, if any.
-    pub softcap: Option<f32>,
-    /// One sink logit per query head, if any.
-    pub sinks: Option<Vec<f32>>,
-    /// One ALiBi slope per query head, if any.
-    pub alibi: Option<Vec<f32>>,
+    /// Attention variants (none by default).
+    pub variants: VariantSpec,
 }
 
 /// Storage layout of a `[batch, heads, seq, dim]` tensor, with `pad` unused elements after
@@ -240,29 +236,13 @@ impl Case {
             keep,
             bias,
             mask_layout,
-            window: None,
-            softcap: None,
-            sinks: None,
-            alibi: None,
+            variants: VariantSpec::default(),
         }
     }
 
     /// The variants of this case as the kernels and the reference take them.
     pub fn variants(&self) -> Variants<'_> {
-        let mut v = Variants::NONE;
-        if let Some((left, right)) = self.window {
-            v = v.window(left, right);
-        }
-        if let Some(c) = self.softcap {
-            v = v.softcap(c);
-        }
-        if let Some(s) = &self.sinks {
-            v = v.sinks(s);
-        }
-        if let Some(a) = &self.alibi {
-            v = v.alibi(a);
-        }
-        v
+        self.variants.variants()
     }
 
     /// The mask view of this case.
@@ -348,7 +328,8 @@ impl Case {
         let group = self.hq / self.hkv;
         let scale = f64::from(self.scale);
         let off = Variants::offset(&mask, self.nq, self.nk);
-        let cap = |s: f64| self.softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh());
+        let cap =
+            |s: f64| self.variants.softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh());
         let mut ob = vec![0.0; self.batch * self.hq * self.nq * self.dv];
         let mut lb = vec![0.0; self.batch * self.hq * self.nq];
         for b in 0..self.batch {
@@ -385,7 +366,7 @@ impl Case {
                     }
                     let (p, lse) = attn_reference::softmax::softmax_row(&logits);
                     let delta = GAMMA * (self.dk as f64 + 4.0) * U * mag
-                        + self.softcap.map_or(0.0, |c| softcap_error(f64::from(c)));
+                        + self.variants.softcap.map_or(0.0, |c| softcap_error(f64::from(c)));
                     let rel =
                         2.0 * delta + GAMMA * (2.0 * self.nk as f64 + self.dk as f64 + 16.0) * U;
                     let row = (b * self.hq + h) * self.nq + i;

@@ -62,10 +62,11 @@ fn variant_case() -> impl Strategy<Value = Case> {
                 }
                 let mut c = Case::new(seed, 1, hkv, group, nq, nk, d, d, bshd, 1, mask, 2.0);
                 let mut rng = Rng::new(seed ^ 0x5EED);
-                c.window = win;
-                c.softcap = cap;
-                c.sinks = sinks.then(|| (0..c.hq).map(|_| rng.uniform(-3.0, 3.0)).collect());
-                c.alibi = alibi.map(|s| match s {
+                c.variants.window = win;
+                c.variants.softcap = cap;
+                c.variants.sinks =
+                    sinks.then(|| (0..c.hq).map(|_| rng.uniform(-3.0, 3.0)).collect());
+                c.variants.alibi = alibi.map(|s| match s {
                     Slopes::Standard => alibi_slopes(c.hq),
                     Slopes::Random => (0..c.hq).map(|_| rng.uniform(-0.5, 0.5)).collect(),
                 });
@@ -121,8 +122,8 @@ fn neutral_variants_are_bitwise_plain() {
         let mut case = Case::new(11, 1, 2, 2, 70, 300, 32, 16, true, 1, mask, 2.0);
         let plain: Vec<_> =
             PATHS.iter().map(|&path| case.run_kernel(par(1), |a, o| a.path(path).run(o))).collect();
-        case.window = Some((usize::MAX, usize::MAX));
-        case.alibi = Some(vec![0.0; case.hq]);
+        case.variants.window = Some((usize::MAX, usize::MAX));
+        case.variants.alibi = Some(vec![0.0; case.hq]);
         for (path, want) in PATHS.iter().zip(&plain) {
             let got = case.run_kernel(par(2), |a, o| a.path(*path).run(o));
             assert_eq!(bits(&got.0), bits(&want.0), "{path:?} {}", describe(&case));
@@ -137,11 +138,11 @@ fn neutral_variants_are_bitwise_plain() {
 fn rows_without_visible_keys_take_the_sink_convention() {
     // Window (0, 0) around off = nk − nq = −10: queries 0..10 see nothing.
     let mut case = Case::new(12, 1, 1, 2, 40, 30, 16, 8, false, 0, MaskKind::None, 1.0);
-    case.window = Some((0, 0));
+    case.variants.window = Some((0, 0));
     let mut empty = Case::new(13, 1, 1, 2, 5, 0, 16, 8, false, 0, MaskKind::None, 1.0);
     for sinks in [None, Some(vec![0.75f32, -2.5])] {
         for c in [&mut case, &mut empty] {
-            c.sinks = sinks.clone();
+            c.variants.sinks = sinks.clone();
             let want = c.reference();
             all_paths(c, |name, o, l| {
                 for h in 0..c.hq {
@@ -200,8 +201,8 @@ fn a_sink_takes_its_share_of_the_weight() {
 #[test]
 fn long_sequence_with_a_narrow_window() {
     let mut case = Case::new(14, 1, 1, 1, 1500, 1500, 16, 16, true, 0, MaskKind::Causal(None), 2.0);
-    case.window = Some((40, 0));
-    case.softcap = Some(4.0);
+    case.variants.window = Some((40, 0));
+    case.variants.softcap = Some(4.0);
     let want = case.reference();
     let bounds = case.bounds();
     for path in PATHS {
@@ -218,9 +219,9 @@ fn empty_head_dimension_logsumexps() {
     for mask in [MaskKind::None, MaskKind::Causal(Some(-2)), MaskKind::Bias] {
         for (window, alibi) in [(None, true), (Some((3, 2)), false), (Some((7, 0)), true)] {
             let mut case = Case::new(15, 1, 1, 2, 12, 20, 0, 0, false, 0, mask, 1.0);
-            case.window = window;
-            case.sinks = Some(vec![0.5, -1.0]);
-            case.alibi = alibi.then(|| vec![0.25, -0.125]);
+            case.variants.window = window;
+            case.variants.sinks = Some(vec![0.5, -1.0]);
+            case.variants.alibi = alibi.then(|| vec![0.25, -0.125]);
             let want = case.reference();
             all_paths(&case, |name, _, l| {
                 for (r, (x, y)) in l.iter().zip(&want.1).enumerate() {
@@ -281,4 +282,37 @@ fn bad_variants_are_errors() {
             assert!(o.iter().all(|x| x.is_nan()), "{path:?} wrote on error");
         }
     }
+}
+
+/// Memory: a causal sliding window of 1024 keys at N = 65536, one head, d = 64, spends memory
+/// on the operands only (the window never materialises anything of size N·w or N²). Peak RSS
+/// (VmHWM) must stay within Q, K, V and O (64 MiB) plus 64 MiB. Run alone (other tests of the
+/// binary would share the process's peak):
+/// `cargo test --release -p attn-tests --test variants -- --ignored memory_window_n65536`.
+#[test]
+#[ignore = "measures the process's peak RSS: run alone, see the doc comment"]
+fn memory_window_n65536() {
+    const N: usize = 65_536;
+    const D: usize = 64;
+    let l = Tensor4Layout::bhsd(1, 1, N, D);
+    let mut rng = Rng::new(3);
+    let mut fill = || (0..N * D).map(|_| rng.uniform(-1.0, 1.0)).collect::<Vec<f32>>();
+    let (q, k, v) = (fill(), fill(), fill());
+    let mut o = vec![0.0f32; N * D];
+    Attention::new(TensorRef::new(&q, l), TensorRef::new(&k, l), TensorRef::new(&v, l))
+        .mask(Mask::CAUSAL)
+        .window(1023, 0)
+        .parallelism(attn_kernels::Parallelism::threads(2))
+        .run(TensorMut::new(&mut o, l))
+        .unwrap();
+    let status = std::fs::read_to_string("/proc/self/status").expect("Linux /proc");
+    let hwm_kib: usize = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM line");
+    let limit = 4 * N * D * 4 + (64 << 20);
+    eprintln!("peak RSS {} MiB; limit {} MiB", hwm_kib >> 10, limit >> 20);
+    assert!(hwm_kib * 1024 <= limit);
+    assert!(o.iter().all(|x| x.is_finite()));
 }
