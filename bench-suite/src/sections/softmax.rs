@@ -293,7 +293,7 @@ fn checks(ctx: &mut Ctx) {
 /// Runs the section. Every case's input and output are placed as the copy bandwidth's source
 /// and destination are (line-aligned, half a page apart: `Placed`), as an engine's tensors
 /// are at least line-aligned; ours also runs the out-of-cache shape on buffers placed as
-/// plain `Vec`s are ([`VEC_PHASE`]).
+/// plain `Vec`s are (`VEC_PHASE`).
 pub fn run(ctx: &mut Ctx) {
     checks(ctx);
     for case in grid(ctx.quick) {
