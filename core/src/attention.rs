@@ -32,15 +32,7 @@ pub fn check_attention(
     let [batch, hq, nq, dk] = q.layout.dims;
     let [_, hkv, nk, _] = k.layout.dims;
     let dv = v.layout.dims[3];
-    if hq == 0 {
-        return Err(Error::ZeroHeads { arg: "q" });
-    }
-    if hkv == 0 {
-        return Err(Error::ZeroHeads { arg: "k" });
-    }
-    if hq % hkv != 0 {
-        return Err(Error::KvHeadsNotDividing { q_heads: hq, kv_heads: hkv });
-    }
+    check_heads(hq, hkv)?;
     k.layout.expect_dims("k", [batch, hkv, nk, dk])?;
     v.layout.expect_dims("v", [batch, hkv, nk, dv])?;
     o.layout.expect_dims("o", [batch, hq, nq, dv])?;
@@ -54,4 +46,19 @@ pub fn check_attention(
         expect_dim("lse", "len", batch.saturating_mul(hq).saturating_mul(nq), l.len())?;
     }
     Ok([batch, hq, hkv, nq, nk, dk, dv])
+}
+
+/// The head counts of an attention call: `ZeroHeads` for no query (`q`) or K/V (`k`) head,
+/// `KvHeadsNotDividing` when the K/V heads do not divide the query heads (GQA/MQA groups).
+pub fn check_heads(hq: usize, hkv: usize) -> Result<()> {
+    if hq == 0 {
+        return Err(Error::ZeroHeads { arg: "q" });
+    }
+    if hkv == 0 {
+        return Err(Error::ZeroHeads { arg: "k" });
+    }
+    if !hq.is_multiple_of(hkv) {
+        return Err(Error::KvHeadsNotDividing { q_heads: hq, kv_heads: hkv });
+    }
+    Ok(())
 }

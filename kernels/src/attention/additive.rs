@@ -236,15 +236,7 @@ impl<'a> AdditiveAttention<'a> {
         let dv = self.v.layout.dims[3];
         let AdditiveWeights { wq, wk, w } = self.weights;
         let da = wq.layout.cols;
-        if hq == 0 {
-            return Err(Error::ZeroHeads { arg: "q" });
-        }
-        if hkv == 0 {
-            return Err(Error::ZeroHeads { arg: "k" });
-        }
-        if hq % hkv != 0 {
-            return Err(Error::KvHeadsNotDividing { q_heads: hq, kv_heads: hkv });
-        }
+        attn_core::attention::check_heads(hq, hkv)?;
         self.k.layout.expect_dims("k", [batch, hkv, nk, dk])?;
         self.v.layout.expect_dims("v", [batch, hkv, nk, dv])?;
         o.layout.expect_dims("o", [batch, hq, nq, dv])?;
