@@ -50,7 +50,7 @@ const MAX_SLICE: usize = 1 << 18;
 /// the f64 reference stays fast.
 const MAX_WORK: usize = 1 << 18;
 
-use crate::numerics::{softcap_error, EXP_REL, GAMMA, SUBNORMAL_ULP as TINY};
+use crate::numerics::{flushed_weight, softcap_error, EXP_REL, GAMMA, SUBNORMAL_ULP as TINY};
 
 /// Magnitude above which an f32 intermediate may overflow (half of `f32::MAX`, leaving room for
 /// the rounding of the value itself and one more addition).
@@ -1172,9 +1172,10 @@ impl AttentionCase {
     /// `t_j = scale·q·k_j + bias_j` with ingredient magnitude `(dk + 2)·|scale|·Σ|q||k_j| + |bias_j|`
     /// (the dot product's rounding, [`softmax_row_bound`]); per output element, with
     /// `W = Σ_j p_j·|v_jd|`: `|ô − o| ≤ γ·(Σ_j p_j·|v_jd|·(rel_j + (nk + 1)·(u + ε_exp)) + rel_S·W)
-    /// + 2u·|o| + γ·nk·(2⁻¹²⁶·max|v_d| + 2⁻¹⁴⁹)` — the weights' error, the rescaling and
+    /// + 2u·|o| + γ·nk·((2⁻¹²⁶ + f)·max|v_d| + 2⁻¹⁴⁹)` — the weights' error, the rescaling and
     /// accumulation of a streaming (flash) kernel over at most `nk` blocks, the reference's
-    /// rounding, and exp results flushed below the normal range. The f32 computation is
+    /// rounding, and weights flushed to 0 (below the normal range, or below the kernels' flush
+    /// threshold, `f` = [`flushed_weight`]). The f32 computation is
     /// overflow-safe when every ingredient and `Σ_j |v_jd|` (the unnormalised accumulator of a
     /// streaming kernel, whose weights are ≤ 1) stay below `f32::MAX / 2`.
     pub fn check(
@@ -1279,10 +1280,11 @@ impl AttentionCase {
                                 vsum += x;
                                 vmax = vmax.max(x);
                             }
-                            // a weight below the f32 normal range may be flushed to 0 by the
-                            // kernel's exp, dropping a NaN/∞ value the reference still sees
+                            // a weight below the kernels' flush threshold (or the f32
+                            // normal range) may be flushed to 0, dropping a NaN/∞ value the
+                            // reference still sees
                             tiny_weight_nonfinite |=
-                                rb.p[j] > 0.0 && rb.p[j] < 4.0 * MIN_NORMAL && !x.is_finite();
+                                rb.p[j] > 0.0 && rb.p[j] < flushed_weight() && !x.is_finite();
                             if rb.p[j] != 0.0 {
                                 w += rb.p[j] * x;
                                 werr += rb.p[j] * x * (rb.rel[j] + (nkf + 1.0) * (U + EXP_REL));
@@ -1291,7 +1293,7 @@ impl AttentionCase {
                         let want = or[idx];
                         let bound = GAMMA * (werr + rb.rel_sum * w)
                             + 2.0 * U * f64::from(want).abs()
-                            + GAMMA * nkf * (MIN_NORMAL * vmax + TINY);
+                            + GAMMA * nkf * ((MIN_NORMAL + flushed_weight()) * vmax + TINY);
                         let safe = rb.safe && vsum <= OVERFLOW;
                         let at = || {
                             format!(

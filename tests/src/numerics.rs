@@ -2,8 +2,10 @@
 //! bounds that more than one place needs. The tests, the fuzz decoders and the report's
 //! correctness check (`attn-bench`) all import these, so their bounds cannot disagree; the
 //! kernels' own accuracy enters only through the constants the kernels publish
-//! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `TANH_MAX_ULP`, `GELU_TANH_*`).
+//! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `TANH_MAX_ULP`, `GELU_TANH_*`,
+//! `FLUSH_WEIGHTS_BELOW`).
 
+use attn_kernels::attention::FLUSH_WEIGHTS_BELOW;
 use attn_kernels::math::{
     EXP_MAX_ULP, GELU_TANH_ARG_ROUNDINGS, GELU_TANH_OUT_ROUNDINGS, SOFTMAX_EXP_MAX_ULP,
     TANH_MAX_ULP,
@@ -21,6 +23,14 @@ pub const SUBNORMAL_ULP: f64 = 1.401_298_464_324_817e-45;
 /// any summation order to first order; 2 covers the second-order terms and an unfused
 /// multiply-add's two roundings per term (the portable ISA without FMA).
 pub const GAMMA: f64 = 2.0;
+
+/// The largest attention weight (relative to its row's maximum, so against a row sum `≥ 1`)
+/// that the attention kernels may flush to 0: `e^`[`FLUSH_WEIGHTS_BELOW`] `≈ 1.6·10⁻²⁸`, times 4
+/// for the rounding of the score and of its distance to the running maximum (a logit error of
+/// up to `ln 4`). A flushed key changes an output by at most this times its `|v|`.
+pub fn flushed_weight() -> f64 {
+    4.0 * f64::from(FLUSH_WEIGHTS_BELOW).exp()
+}
 
 /// `γ·n·u`, the relative error bound of an `n`-term sum or dot product (see [`GAMMA`]).
 pub fn gamma(n: usize) -> f64 {
@@ -77,9 +87,10 @@ pub fn tanh_bound(x: f32, t: f64) -> f64 {
 }
 
 /// The error a softcap `c` adds to a capped score `c·tanh(s/c)`: the tanh's
-/// [`TANH_MAX_ULP`] ulp (`2u` each, relative to a result at most `c`), one
-/// rounding each for the quotient `s/c` (through tanh's slope `sech² ≤ 1`, at most `u·|s|·sech²(s/c) ≤ 0.45·u·c`)
-/// and the product by `c`, with `γ` for the second-order terms. The error of `s` itself
+/// [`TANH_MAX_ULP`] ulp (`2u` each, relative to a result at most `c`), the argument's two
+/// roundings (the kernels form `s·(1/c)`; through tanh's slope, at most
+/// `2u·|s|·sech²(s/c) ≤ 0.9·u·c`) and one for the product by `c`, with `γ` for the
+/// second-order terms. The error of `s` itself
 /// reaches the capped score damped by `sech²`, so the uncapped term of `δ` still covers it.
 pub fn softcap_error(c: f64) -> f64 {
     GAMMA * (2.0 * TANH_MAX_ULP + 2.0) * U * c

@@ -30,10 +30,10 @@ use super::blocking::{FlashBlocking, QV};
 use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows};
 use super::sink::Sink;
 use super::variants::softcap;
-use super::{matrix, scale_query, zeros, Problem};
+use super::{matrix, scale_query, zeros, Problem, FLUSH_WEIGHTS_BELOW};
 use crate::arch::{load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
-use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7, exp_rr2_p7_scalar, LUT8_MIN};
+use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7_scalar, LUT8_MIN};
 use crate::par::Parallelism;
 
 /// Largest query tile of any ISA (AVX-512: 2 × 16 lanes); scratch is sized for it.
@@ -170,24 +170,27 @@ impl Kernel for Task<'_, '_, '_> {
             let nb_task = (kend_task - j0).min(bc);
             for u in 0..tiles {
                 let (i0, rows) = tile(u);
-                let kend = p.key_end(i0 + rows - 1);
-                // Blocks past the tile's causal diagonal or window, or before its window.
-                if j0 >= kend || j0 + nb_task <= p.key_start(i0) {
+                // The tile's keys in this block, `js..je`: its causal diagonal or window trims
+                // the block's end, a window's left edge its start (the task's tiles share its
+                // blocks, but each starts at its own edge); blocks outside are skipped.
+                let js = j0.max(p.key_start(i0));
+                let je = (j0 + nb_task).min(p.key_end(i0 + rows - 1));
+                if js >= je {
                     continue;
                 }
-                let nb = nb_task.min(kend - j0);
+                let nb = je - js;
                 let sb = scr.s.get(nb * qr);
-                qk_block(s, &qps[u * dk * qr..(u + 1) * dk * qr], dk, keys, j0, nb, sb);
+                qk_block(s, &qps[u * dk * qr..(u + 1) * dk * qr], dk, keys, js, nb, sb);
                 if let Some(c) = p.variants.softcap {
                     softcap(s, sb, c);
                 }
-                p.apply_mask(b, h, i0, rows, j0, nb, qr, sb);
-                p.apply_variants(h, i0, rows, j0, nb, qr, sb);
+                p.apply_mask(b, h, i0, rows, js, nb, qr, sb);
+                p.apply_variants(h, i0, rows, js, nb, qr, sb);
                 let (m, lsum) =
                     (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);
                 let guard = softmax_step(s, sb, nb, m, lsum, &mut scr.alpha[..qr]);
                 let oacc = &mut scr.o[u * dv * qr..(u + 1) * dv * qr];
-                pv_block(s, guard, sb, nb, values, j0, dv, &scr.alpha, oacc, &mut scr.save);
+                pv_block(s, guard, sb, nb, values, js, dv, &scr.alpha, oacc, &mut scr.save);
             }
             j0 += nb_task;
         }
@@ -209,8 +212,7 @@ impl Kernel for Task<'_, '_, '_> {
 /// `l ← α·l + Σ_j P_j`, `m ← m'`. Returns whether some probability is 0 (a masked key, or one
 /// that underflowed): [`pv_block`] must then guard against `0·∞` (see there). One `min` per
 /// probability vector finds out, against its exp. The exp is the softmax's table exp (1.5 ULP)
-/// on blocks whose scores all lie within 87 of the running max, else the full-range 1-ULP one:
-/// 68.9 → 76.6 GFLOP/s on 8 heads, N = 1024, d = 64, one thread (best of 40 calls, A/B).
+/// with the flush, on every block ([`weights`]).
 #[inline(always)]
 fn softmax_step<S: Simd>(
     s: S,
@@ -242,16 +244,15 @@ fn softmax_step<S: Simd>(
             }
             continue;
         }
-        // The table exp (8 FMA-pipe operations per vector, against 13) when every `S_j − m'`
-        // of these lanes is within its range: no masked key (blocks off the causal diagonal)
-        // and no score 87 below the max. A NaN score may drop out of `lo` (`min` keeps either
-        // operand) and let the table exp see lanes below its range, but only in a query lane
-        // that holds the NaN, which comes out NaN on either path; out-of-range lanes give
-        // unspecified values (a register permute, no memory access), never undefined behaviour.
-        let table = {
+        // When every `S_j − m'` of these lanes is at or above the flush threshold (no masked
+        // key, no score 64 below the max: most blocks) the clamp and the flush of `weights`
+        // change nothing, and are left out. A NaN score may drop out of `lo` (`min` keeps
+        // either operand), but only in a query lane that holds the NaN, which comes out NaN
+        // either way.
+        let flush = {
             let mut d = [f32::NEG_INFINITY; MAX_QR];
             store(s, &mut d, s.sub(lo, m_new));
-            d[..l].iter().all(|v| *v >= LUT8_MIN)
+            !d[..l].iter().all(|v| *v >= FLUSH_WEIGHTS_BELOW)
         };
         // Four independent exps per step: one exp is a long chain of dependent operations,
         // and the scheduler overlaps only about two of them on its own.
@@ -265,11 +266,7 @@ fn softmax_step<S: Simd>(
                 s.sub(load(s, &x[2 * qr..]), m_new),
                 s.sub(load(s, &x[3 * qr..]), m_new),
             ];
-            let [e0, e1, e2, e3] = if table {
-                exp_neg_lut8_p3(s, d)
-            } else {
-                [weight(s, d[0]), weight(s, d[1]), weight(s, d[2]), weight(s, d[3])]
-            };
+            let [e0, e1, e2, e3] = if flush { weights(s, d) } else { exp_neg_lut8_p3(s, d) };
             store(s, x, e0);
             store(s, &mut x[qr..], e1);
             store(s, &mut x[2 * qr..], e2);
@@ -282,12 +279,13 @@ fn softmax_step<S: Simd>(
         let mut sum = s.add(s0, s1);
         for j in j..nb {
             let x = &mut sb[j * qr + at..];
-            let e = weight(s, s.sub(load(s, x), m_new));
+            let [e] = weights(s, [s.sub(load(s, x), m_new)]);
             store(s, x, e);
             sum = s.add(sum, e);
             *pm = s.min(e, *pm);
         }
-        let a = exp_rr2_p7(s, s.sub(m_old, m_new));
+        // The rescale factor is flushed like a weight (see `weights`).
+        let [a] = weights(s, [s.sub(m_old, m_new)]);
         store(s, &mut alpha[at..], a);
         store(s, &mut m[at..], m_new);
         let l_new = s.fma(a, load(s, &lsum[at..]), sum);
@@ -300,19 +298,29 @@ fn softmax_step<S: Simd>(
     lanes[..qr].contains(&0.0)
 }
 
-/// Below this, a probability `e^(S − m)` (at most 1) is flushed to 0: `e^(−87) ≈ 1.6·10⁻³⁸` is
-/// the smallest that is sure to be a normal f32 (`2⁻¹²⁶ = e^(−87.34)`).
-const FLUSH_BELOW: f32 = -87.0;
-
-/// The probability `e^d` of a score `d = S − m ≤ 0` below the running max, flushed to 0 below
-/// [`FLUSH_BELOW`]. A subnormal weight would cost a microcode assist in the exp and in each of
-/// the `dv` multiply-adds it feeds (ALiBi rows, whose far keys sit 87–104 below the max, ran
-/// 15× slower than plain rows on an Ice Lake-class Xeon); flushed, it contributes at most
-/// `1.6·10⁻³⁸·|v|` less per key, against a row sum `l ≥ 1`. NaN stays NaN.
+/// The probabilities `e^d` of `K` vectors of scores `d = S − m ≤ 0` below the running max
+/// (or NaN, which stays NaN), flushed to 0 below `d <` [`FLUSH_WEIGHTS_BELOW`] (see there for
+/// why, and what it costs in accuracy): the softmax's table exp ([`exp_neg_lut8_p3`], 8
+/// FMA-pipe operations per vector against the full-range exp's 13) on `max(d, LUT8_MIN)`, its
+/// range, since every lane that the clamp moves is flushed anyway. Masked keys (`−∞`) come out
+/// 0 the same way.
+///
+/// The online softmax's rescale factor `α = e^(m − m')` goes through here too: flushing it
+/// drops the earlier keys, whose weights `P_j·α ≤ α` are then below the threshold as well, so
+/// the same bound covers them (each key is dropped at most once, by one or the other).
 #[inline(always)]
-fn weight<S: Simd>(s: S, d: S::V) -> S::V {
-    let e = exp_rr2_p7(s, d);
-    s.select(s.lt(d, s.splat(FLUSH_BELOW)), s.splat(0.0), e)
+fn weights<S: Simd, const K: usize>(s: S, d: [S::V; K]) -> [S::V; K] {
+    const { assert!(LUT8_MIN <= FLUSH_WEIGHTS_BELOW) };
+    let (lo, flush, zero) = (s.splat(LUT8_MIN), s.splat(FLUSH_WEIGHTS_BELOW), s.splat(0.0));
+    let mut c = d;
+    for x in &mut c {
+        *x = s.max(lo, *x); // a NaN `x` is kept (`max` returns its second operand)
+    }
+    let mut e = exp_neg_lut8_p3(s, c);
+    for (e, d) in e.iter_mut().zip(d) {
+        *e = s.select(s.lt(d, flush), zero, *e);
+    }
+    e
 }
 
 /// [`softmax_step`] for the lanes `at..at + LANES` of which at least one reaches a `+∞`

@@ -48,13 +48,7 @@ const P4: f32 = f32::from_bits(0xBBBA_F0EA); // -0.00570498872745
 /// `tanh` of each lane, within [`TANH_MAX_ULP`] (module docs).
 #[inline(always)]
 pub(crate) fn tanh_simd<S: Simd>(s: S, x: S::V) -> S::V {
-    let z = s.mul(x, x);
-    let mut p = s.splat(P4);
-    p = s.fma(p, z, s.splat(P3));
-    p = s.fma(p, z, s.splat(P2));
-    p = s.fma(p, z, s.splat(P1));
-    p = s.fma(p, z, s.splat(P0));
-    let small = s.fma(s.mul(p, z), x, x);
+    let small = poly(s, x);
     // |x| without a bit operation; a NaN lane stays NaN (max returns its second operand).
     let a = s.max(x, s.sub(s.splat(0.0), x));
     let e = exp_rr2_p7(s, s.add(a, a));
@@ -64,6 +58,35 @@ pub(crate) fn tanh_simd<S: Simd>(s: S, x: S::V) -> S::V {
     let t = s.select(s.lt(a, s.splat(SMALL)), small, big);
     // −0 + (+0) would give +0 in the polynomial: zeros are returned as they came.
     s.select(s.nonzero(x), t, x)
+}
+
+/// [`tanh_simd`] for a vector that [`poly_covers`]: the polynomial branch alone, the same
+/// bits (a quarter of the operations, no exp, no division).
+#[inline(always)]
+pub(crate) fn tanh_small_simd<S: Simd>(s: S, x: S::V) -> S::V {
+    s.select(s.nonzero(x), poly(s, x), x)
+}
+
+/// Whether every lane of `x` is within the polynomial branch, `|x| < 0.625`, or NaN (a NaN
+/// lane is NaN on either branch), so that [`tanh_small_simd`] gives [`tanh_simd`]'s bits.
+#[inline(always)]
+pub(crate) fn poly_covers<S: Simd>(s: S, x: S::V) -> bool {
+    let a = s.max(x, s.sub(s.splat(0.0), x));
+    // `SMALL − a` is exact near SMALL (Sterbenz) and at least an ULP of SMALL when positive,
+    // so it is below the smallest normal exactly when `a ≥ SMALL`.
+    !s.any_lt(s.sub(s.splat(SMALL), a), s.splat(f32::MIN_POSITIVE))
+}
+
+/// The polynomial branch `x + x·z·P(z)`, `z = x²` (module docs), for `|x| < SMALL`.
+#[inline(always)]
+fn poly<S: Simd>(s: S, x: S::V) -> S::V {
+    let z = s.mul(x, x);
+    let mut p = s.splat(P4);
+    p = s.fma(p, z, s.splat(P3));
+    p = s.fma(p, z, s.splat(P2));
+    p = s.fma(p, z, s.splat(P1));
+    p = s.fma(p, z, s.splat(P0));
+    s.fma(s.mul(p, z), x, x)
 }
 
 /// `tanh` of every element of `x`, in place, with the ISA
