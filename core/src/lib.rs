@@ -40,6 +40,9 @@ pub use layers::{
     MhaConfig, MhaWeights, PositionalEncoding,
 };
 pub use mask::Mask;
-pub use quant::{q8_blocks, quantize_q8, quantize_q8_block, Q8Mut, Q8Ref, Q8_BLOCK};
+pub use quant::{
+    q8_blocks, q8_dequantize, q8_round_trip_bound, quantize_q8, quantize_q8_block, Q8Mut, Q8Ref,
+    Q8_BLOCK,
+};
 pub use shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
 pub use variants::{alibi_slopes, Variants, Window};

@@ -75,6 +75,12 @@ pub const fn q8_scale_dims(dims: [usize; 4]) -> [usize; 4] {
     [dims[0], dims[1], dims[2], q8_blocks(dims[3])]
 }
 
+/// The bound of the round trip through [`quantize_q8`] for a block whose scale is `scale`:
+/// `|x − q·scale| ≤ scale·(1/2 + 2⁻¹⁷) + 2⁻¹⁴³` for every `x` of the block (module docs).
+pub fn q8_round_trip_bound(scale: f32) -> f64 {
+    f64::from(scale) * (0.5 + 2f64.powi(-17)) + 2f64.powi(-143)
+}
+
 /// The value element `q` of a block with scale `scale` represents: `q · scale`, exact in f64.
 /// See the module docs for zero, infinite and NaN scales.
 #[inline]
@@ -288,7 +294,7 @@ mod tests {
 
     /// The stated round-trip bound, checked in exact f64 arithmetic.
     fn assert_within_bound(x: &[f32], q: &[i8], s: f32) {
-        let bound = f64::from(s) * (0.5 + 2f64.powi(-17)) + 2f64.powi(-143);
+        let bound = q8_round_trip_bound(s);
         for (&x, &q) in x.iter().zip(q) {
             let err = (f64::from(x) - q8_dequantize(q, s)).abs();
             assert!(err <= bound, "x {x:e} q {q} s {s:e}: error {err:e} > {bound:e}");

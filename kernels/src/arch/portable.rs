@@ -2,6 +2,7 @@
 //! (a pair of SSE registers on the x86-64 baseline). No `unsafe` beyond the raw-pointer
 //! methods the trait shares with the other ISAs.
 
+use attn_core::dtype::{bf16, f16};
 use wide::{f32x8, i32x8};
 
 use super::simd::{Simd, ROUND_MAGIC_BITS, TWO_POW_M64};
@@ -77,6 +78,28 @@ impl Simd for Portable {
     unsafe fn stream(self, p: *mut f32, v: f32x8) {
         // SAFETY: forwarded contract (an ordinary store here).
         unsafe { self.store(p, v) }
+    }
+    // The half-precision conversions are `half`'s own, lane by lane: the definition the vector
+    // ISAs are tested against.
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const bf16) -> f32x8 {
+        // SAFETY: the caller guarantees 8 readable bf16.
+        f32x8::new(unsafe { p.cast::<[bf16; 8]>().read_unaligned() }.map(bf16::to_f32))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const f16) -> f32x8 {
+        // SAFETY: the caller guarantees 8 readable f16.
+        f32x8::new(unsafe { p.cast::<[f16; 8]>().read_unaligned() }.map(f16::to_f32))
+    }
+    #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16, v: f32x8) {
+        // SAFETY: the caller guarantees 8 writable bf16.
+        unsafe { p.cast::<[bf16; 8]>().write_unaligned(v.to_array().map(bf16::from_f32)) }
+    }
+    #[inline(always)]
+    unsafe fn store_f16(self, p: *mut f16, v: f32x8) {
+        // SAFETY: the caller guarantees 8 writable f16.
+        unsafe { p.cast::<[f16; 8]>().write_unaligned(v.to_array().map(f16::from_f32)) }
     }
     #[inline(always)]
     fn prefetch(self, _p: *const f32) {}
