@@ -39,6 +39,15 @@ pub const fn bf16_bits(x: u32) -> u16 {
 /// `f16`. The raw-pointer methods forward to [`Simd`]; tails of the half types go through a
 /// stack buffer of [`MAX_LANES`] elements (a tail is at most once per row).
 pub(crate) trait SimdElement: Element {
+    /// The exact f32 value, as [`Element::to_f32`], by inlined bit arithmetic (`half`'s
+    /// `to_f32_const`; its `to_f32` for f16 detects F16C and calls out per element): for
+    /// scalar loops such as the GEMM's packing.
+    fn widen(self) -> f32;
+    /// The slice itself when the type is f32 (so a kernel can read it in place), else `None`.
+    fn as_f32(x: &[Self]) -> Option<&[f32]> {
+        let _ = x;
+        None
+    }
     /// `LANES` elements widened to f32.
     ///
     /// # Safety
@@ -62,6 +71,14 @@ pub(crate) trait SimdElement: Element {
 }
 
 impl SimdElement for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn as_f32(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
+    }
     #[inline(always)]
     unsafe fn load<S: Simd>(s: S, p: *const f32) -> S::V {
         // SAFETY: forwarded.
@@ -89,6 +106,10 @@ impl SimdElement for f32 {
 macro_rules! half_element {
     ($t:ty, $load:ident, $store:ident) => {
         impl SimdElement for $t {
+            #[inline(always)]
+            fn widen(self) -> f32 {
+                self.to_f32_const()
+            }
             #[inline(always)]
             unsafe fn load<S: Simd>(s: S, p: *const $t) -> S::V {
                 // SAFETY: forwarded.
