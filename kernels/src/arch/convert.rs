@@ -35,13 +35,33 @@ pub const fn bf16_bits(x: u32) -> u16 {
     }
 }
 
+/// `half`'s `f16::to_f32` as branch-light integer arithmetic (which the compiler can
+/// vectorise in packing loops): normal values rebias the exponent (`+ 112 << 23`), subnormals
+/// are `m · 2⁻²⁴` (an exact product with a normal result, so FTZ/DAZ cannot touch it), `±∞`
+/// and NaN keep all exponent bits, a NaN its payload with the quiet bit set.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: f16) -> f32 {
+    let x = u32::from(h.to_bits());
+    let sign = (x & 0x8000) << 16;
+    let em = x & 0x7FFF;
+    let bits = if em >= 0x7C00 {
+        let quiet = if em > 0x7C00 { 0x0040_0000 } else { 0 };
+        0x7F80_0000 | ((em & 0x3FF) << 13) | quiet
+    } else if em >= 0x0400 {
+        (em << 13) + (112 << 23)
+    } else {
+        (em as f32 * (1.0 / 16_777_216.0)).to_bits()
+    };
+    f32::from_bits(sign | bits)
+}
+
 /// An element type the vector kernels can load into and store from f32 vectors: `f32`, `bf16`,
 /// `f16`. The raw-pointer methods forward to [`Simd`]; tails of the half types go through a
 /// stack buffer of [`MAX_LANES`] elements (a tail is at most once per row).
 pub(crate) trait SimdElement: Element {
-    /// The exact f32 value, as [`Element::to_f32`], by inlined bit arithmetic (`half`'s
-    /// `to_f32_const`; its `to_f32` for f16 detects F16C and calls out per element): for
-    /// scalar loops such as the GEMM's packing.
+    /// The exact f32 value, the bits of [`Element::to_f32`], by inlined bit arithmetic (for
+    /// f16, `half`'s `to_f32` detects F16C and calls out per element): for scalar loops such as
+    /// the GEMM's packing.
     fn widen(self) -> f32;
     /// The slice itself when the type is f32 (so a kernel can read it in place), else `None`.
     fn as_f32(x: &[Self]) -> Option<&[f32]> {
@@ -102,13 +122,14 @@ impl SimdElement for f32 {
 }
 
 /// [`SimdElement`] for a half type whose full-vector conversions are the [`Simd`] methods
-/// `$load` and `$store`; the tails go through a stack buffer.
+/// `$load` and `$store` and whose scalar widening is `$widen`; the tails go through a stack
+/// buffer.
 macro_rules! half_element {
-    ($t:ty, $load:ident, $store:ident) => {
+    ($t:ty, $load:ident, $store:ident, $widen:path) => {
         impl SimdElement for $t {
             #[inline(always)]
             fn widen(self) -> f32 {
-                self.to_f32_const()
+                $widen(self)
             }
             #[inline(always)]
             unsafe fn load<S: Simd>(s: S, p: *const $t) -> S::V {
@@ -148,8 +169,8 @@ macro_rules! half_element {
     };
 }
 
-half_element!(bf16, load_bf16, store_bf16);
-half_element!(f16, load_f16, store_f16);
+half_element!(bf16, load_bf16, store_bf16, bf16::to_f32_const);
+half_element!(f16, load_f16, store_f16, f16_to_f32);
 
 /// `LANES` elements from the start of `x` widened to f32 (panics if `x` has fewer).
 #[inline(always)]
@@ -270,6 +291,16 @@ mod tests {
                 let x = (u32::from(hi) << 16) | lo;
                 assert_eq!(bf16_bits(x), bf16::from_f32(f32::from_bits(x)).to_bits(), "{x:#x}");
             }
+        }
+    }
+
+    #[test]
+    fn scalar_widening_is_halfs() {
+        for bits in 0..=u16::MAX {
+            let (b, h) = (bf16::from_bits(bits), f16::from_bits(bits));
+            assert_eq!(b.widen().to_bits(), b.to_f32().to_bits(), "bf16 {bits:#06x}");
+            assert_eq!(h.widen().to_bits(), h.to_f32_const().to_bits(), "f16 {bits:#06x}");
+            assert_eq!(h.widen().to_bits(), h.to_f32().to_bits(), "f16 {bits:#06x}");
         }
     }
 

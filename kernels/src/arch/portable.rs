@@ -5,6 +5,7 @@
 use attn_core::dtype::{bf16, f16};
 use wide::{f32x8, i32x8};
 
+use super::convert::bf16_bits;
 use super::simd::{Simd, ROUND_MAGIC_BITS, TWO_POW_M64};
 use super::Isa;
 
@@ -79,8 +80,8 @@ impl Simd for Portable {
         // SAFETY: forwarded contract (an ordinary store here).
         unsafe { self.store(p, v) }
     }
-    // The half-precision conversions are `half`'s own, lane by lane: the definition the vector
-    // ISAs are tested against.
+    // The half-precision conversions are `half`'s own lane by lane (bf16 narrowing as its bit
+    // formula `bf16_bits`, which the compiler vectorises): the bits every ISA is tested against.
     #[inline(always)]
     unsafe fn load_bf16(self, p: *const bf16) -> f32x8 {
         // SAFETY: the caller guarantees 8 readable bf16.
@@ -93,8 +94,9 @@ impl Simd for Portable {
     }
     #[inline(always)]
     unsafe fn store_bf16(self, p: *mut bf16, v: f32x8) {
+        let b = v.to_array().map(|x| bf16::from_bits(bf16_bits(x.to_bits())));
         // SAFETY: the caller guarantees 8 writable bf16.
-        unsafe { p.cast::<[bf16; 8]>().write_unaligned(v.to_array().map(bf16::from_f32)) }
+        unsafe { p.cast::<[bf16; 8]>().write_unaligned(b) }
     }
     #[inline(always)]
     unsafe fn store_f16(self, p: *mut f16, v: f32x8) {
