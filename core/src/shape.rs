@@ -5,7 +5,12 @@
 //! Element `(i, j)` of a matrix view lives at `offset + i·row_stride + j·col_stride`, so a
 //! row-major, a column-major and a transposed operand are the same descriptor with other
 //! strides, and no copy is ever needed.
+//!
+//! The operand types ([`MatRef`], [`MatMut`], [`TensorRef`], [`TensorMut`]) pair a view with a
+//! slice of `T`, `f32` unless said: `MatRef<'_, bf16>` is a bf16 matrix. Methods that only move
+//! elements are generic; [`Element`] types also get `dtype` and `at_f32`.
 
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 
 /// A strided 2-D view: `rows × cols`, element `(i, j)` at `offset + i·row_stride + j·col_stride`.
@@ -277,50 +282,65 @@ impl Tensor4Layout {
     }
 }
 
-/// A read-only matrix operand: a slice and the view of it. Calls check the view against the
-/// slice before touching it.
-#[derive(Clone, Copy, Debug)]
-pub struct MatRef<'a> {
+/// A read-only matrix operand: a slice of `T` (f32 by default; any [`Element`], or `i8` for the
+/// values of a quantised cache) and the view of it. Calls check the view against the slice
+/// before touching it.
+#[derive(Debug)]
+pub struct MatRef<'a, T = f32> {
     /// The elements.
-    pub data: &'a [f32],
+    pub data: &'a [T],
     /// Where element `(i, j)` lives in `data`.
     pub layout: MatLayout,
 }
 
 /// A writable matrix operand: a slice and the view of it.
 #[derive(Debug)]
-pub struct MatMut<'a> {
+pub struct MatMut<'a, T = f32> {
     /// The elements.
-    pub data: &'a mut [f32],
+    pub data: &'a mut [T],
     /// Where element `(i, j)` lives in `data`.
     pub layout: MatLayout,
 }
 
-/// A read-only `[batch, heads, seq, dim]` operand.
-#[derive(Clone, Copy, Debug)]
-pub struct TensorRef<'a> {
+/// A read-only `[batch, heads, seq, dim]` operand of `T` (f32 by default).
+#[derive(Debug)]
+pub struct TensorRef<'a, T = f32> {
     /// The elements.
-    pub data: &'a [f32],
+    pub data: &'a [T],
     /// Where element `(b, h, s, d)` lives in `data`.
     pub layout: Tensor4Layout,
 }
 
 /// A writable `[batch, heads, seq, dim]` operand.
 #[derive(Debug)]
-pub struct TensorMut<'a> {
+pub struct TensorMut<'a, T = f32> {
     /// The elements.
-    pub data: &'a mut [f32],
+    pub data: &'a mut [T],
     /// Where element `(b, h, s, d)` lives in `data`.
     pub layout: Tensor4Layout,
 }
 
-impl<'a> MatRef<'a> {
+// Manual impls: a derive would ask `T: Clone`, which a shared view does not need.
+impl<T> Clone for MatRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for MatRef<'_, T> {}
+impl<T> Clone for TensorRef<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for TensorRef<'_, T> {}
+
+impl<'a, T: Copy> MatRef<'a, T> {
     /// Pairs a slice with a view (checked later, by the call that uses it).
-    pub const fn new(data: &'a [f32], layout: MatLayout) -> Self {
+    pub const fn new(data: &'a [T], layout: MatLayout) -> Self {
         Self { data, layout }
     }
     /// A contiguous row-major matrix.
-    pub const fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Self {
+    pub const fn row_major(data: &'a [T], rows: usize, cols: usize) -> Self {
         Self { data, layout: MatLayout::row_major(rows, cols) }
     }
     /// Checks the view against the slice.
@@ -329,18 +349,30 @@ impl<'a> MatRef<'a> {
     }
     /// Element `(i, j)`; call only after [`check`](Self::check), with `i < rows`, `j < cols`.
     #[inline(always)]
-    pub fn at(&self, i: usize, j: usize) -> f32 {
+    pub fn at(&self, i: usize, j: usize) -> T {
         self.data[self.layout.index(i, j)]
     }
 }
 
-impl<'a> MatMut<'a> {
+impl<T: Element> MatRef<'_, T> {
+    /// The element type's tag.
+    pub const fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    /// Element `(i, j)` widened to f32 (exact); call only after [`check`](Self::check).
+    #[inline(always)]
+    pub fn at_f32(&self, i: usize, j: usize) -> f32 {
+        self.at(i, j).to_f32()
+    }
+}
+
+impl<'a, T: Copy> MatMut<'a, T> {
     /// Pairs a slice with a view (checked later, by the call that uses it).
-    pub fn new(data: &'a mut [f32], layout: MatLayout) -> Self {
+    pub fn new(data: &'a mut [T], layout: MatLayout) -> Self {
         Self { data, layout }
     }
     /// A contiguous row-major matrix.
-    pub fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Self {
+    pub fn row_major(data: &'a mut [T], rows: usize, cols: usize) -> Self {
         Self { data, layout: MatLayout::row_major(rows, cols) }
     }
     /// Checks the view against the slice, and that no two positions share an element.
@@ -348,18 +380,18 @@ impl<'a> MatMut<'a> {
         self.layout.check_output(arg, self.data.len())
     }
     /// A read-only view of the same elements.
-    pub fn as_ref(&self) -> MatRef<'_> {
+    pub fn as_ref(&self) -> MatRef<'_, T> {
         MatRef { data: self.data, layout: self.layout }
     }
     /// Reborrows, so the operand can be passed on and used again.
-    pub fn rb(&mut self) -> MatMut<'_> {
+    pub fn rb(&mut self) -> MatMut<'_, T> {
         MatMut { data: self.data, layout: self.layout }
     }
 }
 
-impl<'a> TensorRef<'a> {
+impl<'a, T: Copy> TensorRef<'a, T> {
     /// Pairs a slice with a view (checked later, by the call that uses it).
-    pub const fn new(data: &'a [f32], layout: Tensor4Layout) -> Self {
+    pub const fn new(data: &'a [T], layout: Tensor4Layout) -> Self {
         Self { data, layout }
     }
     /// Checks the view against the slice.
@@ -367,19 +399,31 @@ impl<'a> TensorRef<'a> {
         self.layout.check(arg, self.data.len())
     }
     /// The `[seq, dim]` matrix of batch `b`, head `h`.
-    pub fn matrix(&self, b: usize, h: usize) -> MatRef<'a> {
+    pub fn matrix(&self, b: usize, h: usize) -> MatRef<'a, T> {
         MatRef { data: self.data, layout: self.layout.matrix(b, h) }
     }
     /// Element `(b, h, s, d)`; call only after [`check`](Self::check).
     #[inline(always)]
-    pub fn at(&self, b: usize, h: usize, s: usize, d: usize) -> f32 {
+    pub fn at(&self, b: usize, h: usize, s: usize, d: usize) -> T {
         self.data[self.layout.index(b, h, s, d)]
     }
 }
 
-impl<'a> TensorMut<'a> {
+impl<T: Element> TensorRef<'_, T> {
+    /// The element type's tag.
+    pub const fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+    /// Element `(b, h, s, d)` widened to f32 (exact); call only after [`check`](Self::check).
+    #[inline(always)]
+    pub fn at_f32(&self, b: usize, h: usize, s: usize, d: usize) -> f32 {
+        self.at(b, h, s, d).to_f32()
+    }
+}
+
+impl<'a, T: Copy> TensorMut<'a, T> {
     /// Pairs a slice with a view (checked later, by the call that uses it).
-    pub fn new(data: &'a mut [f32], layout: Tensor4Layout) -> Self {
+    pub fn new(data: &'a mut [T], layout: Tensor4Layout) -> Self {
         Self { data, layout }
     }
     /// Checks the view against the slice, and that no two positions share an element.
@@ -387,15 +431,15 @@ impl<'a> TensorMut<'a> {
         self.layout.check_output(arg, self.data.len())
     }
     /// The writable `[seq, dim]` matrix of batch `b`, head `h`.
-    pub fn matrix_mut(&mut self, b: usize, h: usize) -> MatMut<'_> {
+    pub fn matrix_mut(&mut self, b: usize, h: usize) -> MatMut<'_, T> {
         MatMut { data: self.data, layout: self.layout.matrix(b, h) }
     }
     /// A read-only view of the same elements.
-    pub fn as_ref(&self) -> TensorRef<'_> {
+    pub fn as_ref(&self) -> TensorRef<'_, T> {
         TensorRef { data: self.data, layout: self.layout }
     }
     /// Reborrows, so the operand can be passed on and used again.
-    pub fn rb(&mut self) -> TensorMut<'_> {
+    pub fn rb(&mut self) -> TensorMut<'_, T> {
         TensorMut { data: self.data, layout: self.layout }
     }
 }

@@ -31,6 +31,7 @@ pub mod softmax;
 
 pub use arch::Isa;
 pub use attn_core::{alibi_slopes, Variants, Window};
+pub use attn_core::{bf16, f16, DType, Element};
 pub use attn_core::{
     check_attention, check_eps, checked_product, default_scale, expect_dim, expect_finite,
     Activation, EncoderConfig, EncoderWeights, Error, FeedForwardWeights, LayerNormWeights, Mask,

@@ -17,6 +17,7 @@
 //! | [`scores`] | dot product, scaled dot product, additive (Bahdanau) scores |
 //! | [`softmax`](mod@softmax) | softmax, log-softmax, logsumexp, fused scale-mask-softmax |
 //! | [`attention`](mod@attention) | `softmax(scale·QKᵀ + mask)·V` per batch and head, GQA/MQA, and the variants (window, softcap, sinks, ALiBi) |
+//! | [`dtype`](mod@dtype) | the exact f64 values of bf16/f16 tensors and of int8-quantised K/V ([`dequantize_q8`]) |
 //! | [`batch`] | packed variable-length batches (`cu_seqlens`) and the paged K/V cache, per sequence |
 //! | [`mha`] | the seed's `MultiHeadAttention` and `CrossAttention` |
 //! | [`posenc`] | sinusoidal and learned positional encodings |
@@ -38,6 +39,7 @@
 mod alloc;
 pub mod attention;
 pub mod batch;
+pub mod dtype;
 pub mod encoder;
 pub mod linear;
 pub mod matmul;
@@ -47,7 +49,8 @@ pub mod posenc;
 pub mod scores;
 pub mod softmax;
 
-pub use attn_core::{error, mask, shape, variants};
+pub use attn_core::{error, mask, quant, shape, variants};
+pub use dtype::{dequantize_q8, widen};
 
 pub use error::{Error, Result};
 pub use mask::Mask;

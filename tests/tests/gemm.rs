@@ -1,10 +1,13 @@
 //! SGEMM against the reference: proptest equivalence over edge-biased shapes, every stride
 //! layout, α/β combinations and every ISA this CPU runs; exact equality on small integers; NaN
 //! guard bands; β = 0 with a NaN-filled C; threaded vs sequential (bitwise); the pre-packed B
-//! path; bad-input errors.
+//! path; bad-input errors. The mixed-precision GEMM (A and B of f32, bf16 or f16): within the
+//! bound of the reference on the exact values, and bitwise equal to SGEMM on them (packing
+//! widens exactly, the micro-kernels are the same).
 
-use attn_kernels::gemm::{sgemm, sgemm_packed_b, sgemm_with_isa, PackedB};
-use attn_kernels::{Isa, Parallelism};
+use attn_kernels::arch::convert::Convertible;
+use attn_kernels::gemm::{gemm_with_isa, sgemm, sgemm_packed_b, sgemm_with_isa, PackedB};
+use attn_kernels::{bf16, f16, Isa, Parallelism};
 use attn_reference::matmul::matmul;
 use attn_reference::{Error, MatLayout, MatMut, MatRef};
 use attn_tests::gemm_support::{bound, buffer, outside, Layout, Rng};
@@ -165,6 +168,86 @@ proptest! {
             let got = case.run(isa, alpha, beta, Parallelism::Sequential);
             case.check(&format!("{isa} {la:?}/{lb:?}/{lc:?} α={alpha} β={beta}"), &got, &want, alpha, beta);
         }
+    }
+}
+
+/// Rounds the case's A and B to `TA` / `TB` (the guards stay NaN), replaces its f32 buffers by
+/// the exact values of the rounded ones, and checks the mixed-precision GEMM on every ISA:
+/// within the bound of the reference, and bitwise equal to SGEMM on the same values (including
+/// the guard band and, with β = 0, C's NaNs not leaking).
+fn check_mixed<TA: Convertible, TB: Convertible>(
+    case: &mut Case,
+    alpha: f32,
+    beta: f32,
+    par: Parallelism,
+) {
+    let a: Vec<TA> = case.a.iter().map(|&v| TA::from_f32(v)).collect();
+    let b: Vec<TB> = case.b.iter().map(|&v| TB::from_f32(v)).collect();
+    case.a = a.iter().map(|v| v.to_f32()).collect();
+    case.b = b.iter().map(|v| v.to_f32()).collect();
+    let want = case.reference(alpha, beta);
+    let (ta, tb) = (TA::DTYPE, TB::DTYPE);
+    for isa in isas() {
+        let mut c = case.c.clone();
+        gemm_with_isa(
+            isa,
+            alpha,
+            MatRef::new(&a, case.la),
+            MatRef::new(&b, case.lb),
+            beta,
+            MatMut::new(&mut c, case.lc),
+            par,
+        )
+        .unwrap();
+        let what =
+            format!("{isa} {ta}×{tb} {:?}/{:?}/{:?} α={alpha} β={beta}", case.la, case.lb, case.lc);
+        case.check(&what, &c, &want, alpha, beta);
+        let f = case.run(isa, alpha, beta, par);
+        let same = c.iter().zip(&f).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(
+            same,
+            "{what}: {}x{}x{} differs from sgemm on the same values",
+            case.m, case.n, case.k
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// bf16/f16/f32 operands in the combinations engines pass: all half, or one side f32.
+    #[test]
+    fn mixed_precision_matches_reference_and_sgemm(
+        m in size(), n in size(), k in size(),
+        la in layout(), lb in layout(), lc in layout(),
+        ai in 0..ALPHAS.len(), bi in 0..BETAS.len(),
+        combo in 0..5usize,
+        seed in any::<u64>(),
+    ) {
+        prop_assume!(m * n * k <= 257 * 80 * 80);
+        let (alpha, beta) = (ALPHAS[ai], BETAS[bi]);
+        let mut case = Case::new(m, n, k, [la, lb, lc], beta, seed, Rng::unit);
+        let seq = Parallelism::Sequential;
+        match combo {
+            0 => check_mixed::<bf16, bf16>(&mut case, alpha, beta, seq),
+            1 => check_mixed::<f16, f16>(&mut case, alpha, beta, seq),
+            2 => check_mixed::<f32, bf16>(&mut case, alpha, beta, seq),
+            3 => check_mixed::<f16, f32>(&mut case, alpha, beta, seq),
+            _ => check_mixed::<bf16, f16>(&mut case, alpha, beta, seq),
+        }
+    }
+}
+
+/// Larger mixed-precision products, threaded, past several KC blocks and with a column-major
+/// C (the transposed problem, where A and B swap element types).
+#[test]
+fn mixed_precision_large_and_threaded() {
+    for (m, n, k, lc) in [(300, 200, 700, Layout::RowMajor), (150, 301, 200, Layout::ColMajor)] {
+        let lays = [Layout::RowMajor, Layout::PaddedCols(1), lc];
+        let mut case = Case::new(m, n, k, lays, 0.5, 11, Rng::unit);
+        check_mixed::<bf16, f16>(&mut case, 1.5, 0.5, Parallelism::threads(2));
+        let mut case = Case::new(m, n, k, lays, 0.0, 12, Rng::unit);
+        check_mixed::<f16, bf16>(&mut case, -1.0, 0.0, Parallelism::Sequential);
     }
 }
 

@@ -1,25 +1,29 @@
-//! The AVX2 + FMA [`Simd`]: `__m256`, 8 lanes, 16 registers; masks are all-ones float lanes.
+//! The AVX2 + FMA (+ F16C) [`Simd`]: `__m256`, 8 lanes, 16 registers; masks are all-ones float
+//! lanes.
 
 use std::arch::x86_64::*;
+
+use attn_core::dtype::{bf16, f16};
 
 use super::simd::{Kernel, Simd, ROUND_MAGIC_BITS, TWO_POW_M64};
 use super::Isa;
 
-/// AVX2 + FMA token: a value exists only on a CPU that has both.
+/// AVX2 + FMA + F16C token: a value exists only on a CPU that has all three (every AVX2 CPU has
+/// F16C; it converts f16).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Avx2(());
 
 impl Avx2 {
-    /// Runs `k` compiled for AVX2 + FMA (holding the token proves the CPU has them).
+    /// Runs `k` compiled for AVX2 + FMA + F16C (holding the token proves the CPU has them).
     #[inline]
     pub(crate) fn vectorize<K: Kernel>(self, k: K) -> K::Output {
-        // SAFETY: the token exists only when the CPU supports AVX2 and FMA.
+        // SAFETY: the token exists only when the CPU supports AVX2, FMA and F16C.
         unsafe { self.vectorize_unchecked(k) }
     }
 
     /// # Safety
-    /// The CPU must support AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn vectorize_unchecked<K: Kernel>(self, k: K) -> K::Output {
         k.run(self)
     }
@@ -46,7 +50,19 @@ fn bools8(_s: Avx2, bits: u64) -> __m256 {
     }
 }
 
-// SAFETY (every `unsafe` block below): a `self` token exists only on a CPU with AVX2 and FMA;
+/// Sets the quiet bit of the NaN lanes of `x` (f32 bits), leaving the other lanes alone.
+#[inline(always)]
+fn quiet_nans(_s: Avx2, x: __m256i) -> __m256i {
+    // SAFETY: AVX2 (the token).
+    unsafe {
+        let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+        let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+        _mm256_or_si256(x, _mm256_and_si256(nan, _mm256_set1_epi32(0x0040_0000)))
+    }
+}
+
+// SAFETY (every `unsafe` block below): a `self` token exists only on a CPU with AVX2, FMA and
+// F16C;
 // the pointer methods forward their callers' guarantees, and masked loads and stores neither
 // touch nor fault on masked-off lanes.
 impl Simd for Avx2 {
@@ -97,6 +113,43 @@ impl Simd for Avx2 {
         debug_assert!((p as usize).is_multiple_of(32));
         // SAFETY: see the impl; the caller guarantees the alignment.
         unsafe { _mm256_stream_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const bf16) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe {
+            let h = _mm_loadu_si128(p.cast());
+            let x = _mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h));
+            _mm256_castsi256_ps(quiet_nans(self, x))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const f16) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16, v: __m256) {
+        // `bf16_bits` lane-wise; the lanes end in [0, 0xFFFF], so the saturating pack is exact.
+        // SAFETY: see the impl.
+        unsafe {
+            let x = _mm256_castps_si256(v);
+            let hi = _mm256_srli_epi32::<16>(x);
+            let lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
+            let up = _mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7FFF)), lsb);
+            let r = _mm256_srli_epi32::<16>(up);
+            let abs = _mm256_and_si256(x, _mm256_set1_epi32(0x7FFF_FFFF));
+            let nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F80_0000));
+            let q = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
+            let r = _mm256_blendv_epi8(r, q, nan);
+            let h = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256::<1>(r));
+            _mm_storeu_si128(p.cast(), h)
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_f16(self, p: *mut f16, v: __m256) {
+        // SAFETY: see the impl.
+        unsafe { _mm_storeu_si128(p.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
     }
     #[inline(always)]
     fn prefetch(self, p: *const f32) {

@@ -3,6 +3,8 @@
 
 use std::arch::x86_64::*;
 
+use attn_core::dtype::{bf16, f16};
+
 use super::simd::{Kernel, Simd};
 use super::Isa;
 
@@ -40,6 +42,17 @@ fn bools16(_s: Avx512, b: __m128i) -> __mmask16 {
     unsafe {
         let w = _mm512_cvtepu8_epi32(b);
         _mm512_test_epi32_mask(w, w)
+    }
+}
+
+/// Sets the quiet bit of the NaN lanes of `x` (f32 bits), leaving the other lanes alone.
+#[inline(always)]
+fn quiet_nans(_s: Avx512, x: __m512i) -> __m512i {
+    // SAFETY: AVX-512F (the token).
+    unsafe {
+        let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
+        let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+        _mm512_mask_or_epi32(x, nan, x, _mm512_set1_epi32(0x0040_0000))
     }
 }
 
@@ -94,6 +107,44 @@ impl Simd for Avx512 {
         debug_assert!((p as usize).is_multiple_of(64));
         // SAFETY: see the impl; the caller guarantees the alignment.
         unsafe { _mm512_stream_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const bf16) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe {
+            let h = _mm256_loadu_si256(p.cast());
+            let x = _mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h));
+            _mm512_castsi512_ps(quiet_nans(self, x))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const f16) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16, v: __m512) {
+        // `bf16_bits` lane-wise, then `vpmovdw` (truncating; the lanes are in [0, 0xFFFF]).
+        // SAFETY: see the impl.
+        unsafe {
+            let x = _mm512_castps_si512(v);
+            let hi = _mm512_srli_epi32::<16>(x);
+            let lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+            let up = _mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)), lsb);
+            let r = _mm512_srli_epi32::<16>(up);
+            let abs = _mm512_and_si512(x, _mm512_set1_epi32(0x7FFF_FFFF));
+            let nan = _mm512_cmpgt_epi32_mask(abs, _mm512_set1_epi32(0x7F80_0000));
+            let r = _mm512_mask_or_epi32(r, nan, hi, _mm512_set1_epi32(0x40));
+            _mm256_storeu_si256(p.cast(), _mm512_cvtepi32_epi16(r))
+        }
+    }
+    #[inline(always)]
+    unsafe fn store_f16(self, p: *mut f16, v: __m512) {
+        // SAFETY: see the impl.
+        unsafe {
+            let h = _mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v);
+            _mm256_storeu_si256(p.cast(), h)
+        }
     }
     #[inline(always)]
     fn prefetch(self, p: *const f32) {

@@ -11,7 +11,8 @@
 //! token implementations ([`Avx512`] in `avx512.rs`, [`Avx2`] in `avx2.rs`, [`Portable`] in
 //! `portable.rs`: with the GEMM micro-kernels' wrappers, the only code that names an
 //! intrinsic), and [`vectorize`], which runs a [`Kernel`] written once over [`Simd`] inside
-//! the `#[target_feature]` function of an ISA.
+//! the `#[target_feature]` function of an ISA. [`convert`] widens and narrows `bf16`/`f16`
+//! through the trait, the same bits on every ISA.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -22,6 +23,7 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 pub mod cache;
+pub mod convert;
 mod portable;
 mod simd;
 
@@ -41,7 +43,8 @@ pub(crate) use simd::{
 pub enum Isa {
     /// Portable SIMD on the `wide` crate; runs everywhere.
     Portable = 1,
-    /// x86-64 AVX2 + FMA (256-bit vectors, 16 registers).
+    /// x86-64 AVX2 + FMA + F16C (256-bit vectors, 16 registers; F16C converts f16, and every
+    /// AVX2 CPU has it).
     Avx2 = 2,
     /// x86-64 AVX-512F (512-bit vectors, 32 registers, masked tails).
     Avx512 = 3,
@@ -70,7 +73,11 @@ impl Isa {
         match self {
             Isa::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => is_x86_feature_detected!("avx512f"),
             #[cfg(not(target_arch = "x86_64"))]
@@ -97,7 +104,7 @@ impl Isa {
                 arg: "isa",
                 requirement: match self {
                     Isa::Avx512 => "AVX-512F is not supported by this CPU",
-                    Isa::Avx2 => "AVX2 and FMA are not supported by this CPU",
+                    Isa::Avx2 => "AVX2, FMA and F16C are not supported by this CPU",
                     Isa::Portable => "unreachable: portable is always supported",
                 },
             })

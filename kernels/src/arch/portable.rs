@@ -2,8 +2,10 @@
 //! (a pair of SSE registers on the x86-64 baseline). No `unsafe` beyond the raw-pointer
 //! methods the trait shares with the other ISAs.
 
+use attn_core::dtype::{bf16, f16};
 use wide::{f32x8, i32x8};
 
+use super::convert::bf16_bits;
 use super::simd::{Simd, ROUND_MAGIC_BITS, TWO_POW_M64};
 use super::Isa;
 
@@ -77,6 +79,29 @@ impl Simd for Portable {
     unsafe fn stream(self, p: *mut f32, v: f32x8) {
         // SAFETY: forwarded contract (an ordinary store here).
         unsafe { self.store(p, v) }
+    }
+    // The half-precision conversions are `half`'s own lane by lane (bf16 narrowing as its bit
+    // formula `bf16_bits`, which the compiler vectorises): the bits every ISA is tested against.
+    #[inline(always)]
+    unsafe fn load_bf16(self, p: *const bf16) -> f32x8 {
+        // SAFETY: the caller guarantees 8 readable bf16.
+        f32x8::new(unsafe { p.cast::<[bf16; 8]>().read_unaligned() }.map(bf16::to_f32))
+    }
+    #[inline(always)]
+    unsafe fn load_f16(self, p: *const f16) -> f32x8 {
+        // SAFETY: the caller guarantees 8 readable f16.
+        f32x8::new(unsafe { p.cast::<[f16; 8]>().read_unaligned() }.map(f16::to_f32))
+    }
+    #[inline(always)]
+    unsafe fn store_bf16(self, p: *mut bf16, v: f32x8) {
+        let b = v.to_array().map(|x| bf16::from_bits(bf16_bits(x.to_bits())));
+        // SAFETY: the caller guarantees 8 writable bf16.
+        unsafe { p.cast::<[bf16; 8]>().write_unaligned(b) }
+    }
+    #[inline(always)]
+    unsafe fn store_f16(self, p: *mut f16, v: f32x8) {
+        // SAFETY: the caller guarantees 8 writable f16.
+        unsafe { p.cast::<[f16; 8]>().write_unaligned(v.to_array().map(f16::from_f32)) }
     }
     #[inline(always)]
     fn prefetch(self, _p: *const f32) {}

@@ -14,6 +14,8 @@
 use std::cell::Cell;
 use std::marker::PhantomData;
 
+use attn_core::dtype::{bf16, f16};
+
 use super::Isa;
 use super::Portable;
 
@@ -81,6 +83,34 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// `p` valid for writing `LANES` f32 and, when `HAS_STREAM`, aligned to `LANES × 4` bytes.
     unsafe fn stream(self, p: *mut f32, v: Self::V);
+    /// `LANES` bf16 widened to f32: exact (the bits shifted left by 16); a NaN keeps its sign
+    /// and payload and gets its quiet bit set, as `half`'s `bf16::to_f32` does.
+    ///
+    /// # Safety
+    /// `p` valid for reading `LANES` bf16.
+    unsafe fn load_bf16(self, p: *const bf16) -> Self::V;
+    /// `LANES` f16 widened to f32: exact (`vcvtph2ps`); a NaN keeps its sign and payload and
+    /// gets its quiet bit set, as `half`'s `f16::to_f32` does.
+    ///
+    /// # Safety
+    /// `p` valid for reading `LANES` f16.
+    unsafe fn load_f16(self, p: *const f16) -> Self::V;
+    /// Stores `LANES` f32 rounded to bf16: nearest, ties to even, subnormals kept (integer
+    /// arithmetic, see [`bf16_bits`](super::convert::bf16_bits), not `vcvtneps2bf16`, which
+    /// flushes them), overflow to `±∞`; a NaN becomes `(bits >> 16) | 0x40` (sign and top
+    /// payload kept, quiet). The bits of `half`'s `bf16::from_f32` on every ISA.
+    ///
+    /// # Safety
+    /// `p` valid for writing `LANES` bf16.
+    unsafe fn store_bf16(self, p: *mut bf16, v: Self::V);
+    /// Stores `LANES` f32 rounded to f16: nearest, ties to even (`vcvtps2ph` with an explicit
+    /// round-to-nearest immediate, whatever MXCSR says), f16 subnormals kept, `|x| ≥ 65520` to
+    /// `±∞`; a NaN becomes `sign | 0x7E00 | (mantissa >> 13)` (quiet, top payload kept). The
+    /// bits of `half`'s `f16::from_f32` on every ISA.
+    ///
+    /// # Safety
+    /// `p` valid for writing `LANES` f16.
+    unsafe fn store_f16(self, p: *mut f16, v: Self::V);
     /// Hints that the cache line holding `p` will be read soon (into L1). Any address is
     /// allowed: a prefetch never faults. No-op on [`Portable`].
     fn prefetch(self, p: *const f32);
@@ -179,6 +209,10 @@ pub(crate) trait Kernel {
     /// `#[target_feature]` wrapper of the ISA.
     fn run<S: Simd>(self, s: S) -> Self::Output;
 }
+
+/// The largest [`Simd::LANES`] of any implementation: the size of the stack buffers that tails
+/// of half-precision loads and stores go through ([`super::convert`]).
+pub(crate) const MAX_LANES: usize = 16;
 
 /// Runs `k` with the vector code of `isa`, which must be supported (callers obtained it through
 /// [`Isa::require`] or [`super::selected`]); an unsupported ISA falls back to portable code

@@ -22,22 +22,24 @@ use super::blocking::{Blocking, PAR_MIN_MNK};
 use super::pack::{pack_a, pack_b, with_buf, Slot};
 use super::ukernel::{macro_kernel, ABlock, Kernel};
 use super::PackedPanels;
+use crate::arch::convert::SimdElement;
 use crate::par::Parallelism;
 
-/// Where the A operand comes from: a strided view, packed block by block or read in place.
+/// Where the A operand (of element type `T`) comes from: a strided view, packed (and widened)
+/// block by block, or an f32 view read in place.
 #[derive(Clone, Copy)]
-pub(crate) enum ASrc<'a> {
+pub(crate) enum ASrc<'a, T = f32> {
     /// A checked `m × k` view, packed block by block.
-    View(MatRef<'a>),
-    /// A checked `m × k` view read in place by the micro-kernels (no packing).
+    View(MatRef<'a, T>),
+    /// A checked `m × k` f32 view read in place by the micro-kernels (no packing).
     Direct(MatRef<'a>),
 }
 
 /// Where the B operand comes from: a strided view packed block by block, or already packed.
 #[derive(Clone, Copy)]
-pub(crate) enum BSrc<'a> {
+pub(crate) enum BSrc<'a, T = f32> {
     /// A checked `k × n` view.
-    View(MatRef<'a>),
+    View(MatRef<'a, T>),
     /// Packed with the same kernel and blocking, `k × n`.
     Packed(&'a PackedPanels),
 }
@@ -62,7 +64,7 @@ unsafe impl Sync for CPtr {}
 
 /// One GEMM problem after validation: `C[m×n] ← α·A·B + β·C` with `m, n, k > 0`, `α ≠ 0`.
 #[derive(Clone, Copy)]
-pub(crate) struct Problem<'a> {
+pub(crate) struct Problem<'a, TA = f32, TB = f32> {
     pub kern: &'static Kernel,
     /// KC / MC / NC (a packed B's own, which it was packed with).
     pub bl: Blocking,
@@ -71,8 +73,8 @@ pub(crate) struct Problem<'a> {
     pub k: usize,
     pub alpha: f32,
     pub beta: f32,
-    pub a: ASrc<'a>,
-    pub b: BSrc<'a>,
+    pub a: ASrc<'a, TA>,
+    pub b: BSrc<'a, TB>,
     pub c: CPtr,
 }
 
@@ -89,7 +91,10 @@ pub(crate) struct Problem<'a> {
 /// The views in `a` / `b` passed their checks and have the problem's shapes; a packed B was
 /// packed by `kern` with this shape and `bl`; `c` addresses an injective `m × n` view valid for
 /// reads and writes that nobody else touches during the call.
-pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
+pub(crate) unsafe fn run<TA: SimdElement, TB: SimdElement>(
+    pb: &Problem<'_, TA, TB>,
+    par: Parallelism,
+) {
     let work = pb.m.saturating_mul(pb.n).saturating_mul(pb.k);
     // `count()` is at most the machine's cores; the products below saturate all the same.
     let threads = if work >= PAR_MIN_MNK { par.count() } else { 1 };
@@ -124,7 +129,13 @@ pub(crate) unsafe fn run(pb: &Problem<'_>, par: Parallelism) {
 /// # Safety
 ///
 /// As [`run`]; no other thread touches this rectangle of C during the call.
-unsafe fn run_blocks(pb: &Problem<'_>, i_lo: usize, i_hi: usize, j_lo: usize, j_hi: usize) {
+unsafe fn run_blocks<TA: SimdElement, TB: SimdElement>(
+    pb: &Problem<'_, TA, TB>,
+    i_lo: usize,
+    i_hi: usize,
+    j_lo: usize,
+    j_hi: usize,
+) {
     let nr = pb.kern.nr;
     let bl = pb.bl;
     // LOOP 5: n in NC-column blocks.
@@ -160,8 +171,8 @@ unsafe fn run_blocks(pb: &Problem<'_>, i_lo: usize, i_hi: usize, j_lo: usize, j_
 /// As [`run`]; `bpack` is the packed B block `(pc, kc, jc, nc)`; no other thread touches these
 /// C rows × columns.
 #[allow(clippy::too_many_arguments)]
-unsafe fn row_range(
-    pb: &Problem<'_>,
+unsafe fn row_range<TA: SimdElement, TB: SimdElement>(
+    pb: &Problem<'_, TA, TB>,
     pc: usize,
     kc: usize,
     jc: usize,

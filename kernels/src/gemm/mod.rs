@@ -19,6 +19,8 @@
 //! # Public API
 //!
 //! - [`sgemm`] (ISA from [`arch::selected`]) and [`sgemm_with_isa`];
+//! - [`gemm`] / [`gemm_with_isa`]: A and B of f32, bf16 or f16 (each its own), C of f32; the
+//!   half-precision operands are widened while packed, the micro-kernels are the f32 ones;
 //! - [`PackedB`] + [`sgemm_packed_b`]: pack B once, multiply by many A.
 //!
 //! Semantics (all entry points): `A: m×k`, `B: k×n`, `C: m×n`, any row / column strides and
@@ -47,6 +49,7 @@ pub(crate) mod ukernel;
 use attn_core::error::{expect_dim, expect_finite};
 use attn_core::{Error, MatLayout, MatMut, MatRef, Result};
 
+use crate::arch::convert::Convertible;
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 
@@ -90,6 +93,34 @@ pub fn sgemm_with_isa(
     c: MatMut<'_>,
     par: Parallelism,
 ) -> Result<()> {
+    gemm_with_isa(isa, alpha, a, b, beta, c, par)
+}
+
+/// `C ← α·A·B + β·C` with A and B each of f32, bf16 or f16 and C of f32, with the ISA from
+/// [`arch::selected`]. Half-precision operands are widened to their exact f32 values while
+/// they are packed and the f32 micro-kernels run on them, so the semantics, errors and the
+/// accuracy bound are [`sgemm`]'s, with A and B the exact values the operands represent.
+pub fn gemm<TA: Convertible, TB: Convertible>(
+    alpha: f32,
+    a: MatRef<'_, TA>,
+    b: MatRef<'_, TB>,
+    beta: f32,
+    c: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
+    gemm_with_isa(arch::selected(), alpha, a, b, beta, c, par)
+}
+
+/// [`gemm`] with an explicit ISA (an error if this CPU lacks it).
+pub fn gemm_with_isa<TA: Convertible, TB: Convertible>(
+    isa: Isa,
+    alpha: f32,
+    a: MatRef<'_, TA>,
+    b: MatRef<'_, TB>,
+    beta: f32,
+    c: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
     let k = a.layout.cols;
     check_args(alpha, &a, k, b.layout.rows, Some(&b), beta, &c, b.layout.cols)?;
     let kern = kernel_for(isa.require()?);
@@ -101,18 +132,53 @@ pub fn sgemm_with_isa(
         scale(beta, c);
         return Ok(());
     }
+    // SAFETY: the view was checked against the slice; `offset` is in bounds (m, n > 0).
+    let ptr = unsafe { c.data.as_mut_ptr().add(c.layout.offset) };
     // The micro-kernels store rows of C with vector stores: a column-major C is handled as
     // Cᵀ = Bᵀ·Aᵀ, which is the same problem with every view transposed.
     let transpose = c.layout.col_stride != 1 && c.layout.row_stride == 1;
-    let (a, b, cl) = if transpose {
-        (
-            MatRef::new(b.data, b.layout.transposed()),
-            MatRef::new(a.data, a.layout.transposed()),
-            c.layout.transposed(),
-        )
-    } else {
-        (a, b, c.layout)
-    };
+    // SAFETY (both arms): views checked above, shapes consistent, C injective and exclusively
+    // borrowed, `ptr` its element (0, 0).
+    unsafe {
+        if transpose {
+            let (at, bt) = (b.layout.transposed(), a.layout.transposed());
+            launch(
+                kern,
+                alpha,
+                MatRef::new(b.data, at),
+                MatRef::new(a.data, bt),
+                beta,
+                c.layout.transposed(),
+                ptr,
+                k,
+                par,
+            )
+        } else {
+            launch(kern, alpha, a, b, beta, c.layout, ptr, k, par)
+        }
+    }
+    Ok(())
+}
+
+/// Runs the loop nest on checked operands, C given by its layout `cl` and the address `ptr` of
+/// its element (0, 0).
+///
+/// # Safety
+///
+/// `a` (`m × k`) and `b` (`k × n`) passed their checks; `ptr` addresses an injective `m × n`
+/// view with `cl`'s strides, valid for reads and writes that nobody else touches; `m, n, k > 0`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch<TA: Convertible, TB: Convertible>(
+    kern: &'static Kernel,
+    alpha: f32,
+    a: MatRef<'_, TA>,
+    b: MatRef<'_, TB>,
+    beta: f32,
+    cl: MatLayout,
+    ptr: *mut f32,
+    k: usize,
+    par: Parallelism,
+) {
     let pb = Problem {
         kern,
         bl: blocking::for_kernel(kern.isa, kern.mr, kern.nr),
@@ -123,16 +189,10 @@ pub fn sgemm_with_isa(
         beta,
         a: a_source(a, cl.cols),
         b: BSrc::View(b),
-        // SAFETY: the view was checked against the slice; `offset` is in bounds (m, n > 0).
-        c: CPtr {
-            ptr: unsafe { c.data.as_mut_ptr().add(cl.offset) },
-            rs: cl.row_stride,
-            cs: cl.col_stride,
-        },
+        c: CPtr { ptr, rs: cl.row_stride, cs: cl.col_stride },
     };
-    // SAFETY: views checked above, shapes consistent, C injective and exclusively borrowed.
+    // SAFETY: forwarded.
     unsafe { loops::run(&pb, par) };
-    Ok(())
 }
 
 /// `C ← α·A·B + β·C` with B pre-packed (see [`PackedB`]); same semantics and errors as
@@ -148,7 +208,7 @@ pub fn sgemm_packed_b(
     par: Parallelism,
 ) -> Result<()> {
     let k = a.layout.cols;
-    check_args(alpha, &a, k, b.p.k, None, beta, &c, b.p.n)?;
+    check_args::<f32, f32>(alpha, &a, k, b.p.k, None, beta, &c, b.p.n)?;
     let (m, n) = (c.layout.rows, c.layout.cols);
     if m == 0 || n == 0 {
         return Ok(());
@@ -167,7 +227,7 @@ pub fn sgemm_packed_b(
         alpha,
         beta,
         a: a_source(a, n),
-        b: BSrc::Packed(&b.p),
+        b: BSrc::<f32>::Packed(&b.p),
         // SAFETY: as in `sgemm_with_isa`.
         c: CPtr {
             ptr: unsafe { c.data.as_mut_ptr().add(cl.offset) },
@@ -188,13 +248,13 @@ pub struct PackedB {
 }
 
 impl PackedB {
-    /// Packs `b` for the ISA of [`arch::selected`].
-    pub fn new(b: MatRef<'_>) -> Result<Self> {
+    /// Packs `b` (f32, bf16 or f16, widened to f32) for the ISA of [`arch::selected`].
+    pub fn new<T: Convertible>(b: MatRef<'_, T>) -> Result<Self> {
         Self::with_isa(arch::selected(), b)
     }
 
     /// Packs `b` for `isa` (an error if this CPU lacks it, or if `b`'s view overruns its slice).
-    pub fn with_isa(isa: Isa, b: MatRef<'_>) -> Result<Self> {
+    pub fn with_isa<T: Convertible>(isa: Isa, b: MatRef<'_, T>) -> Result<Self> {
         let mut p = Self::empty(isa)?;
         p.pack(b)?;
         Ok(p)
@@ -207,8 +267,8 @@ impl PackedB {
         Ok(Self { p: PackedPanels::empty(kern) })
     }
 
-    /// Repacks from `b` (any shape and strides), reusing the storage.
-    pub fn pack(&mut self, b: MatRef<'_>) -> Result<()> {
+    /// Repacks from `b` (any shape and strides; f32, bf16 or f16), reusing the storage.
+    pub fn pack<T: Convertible>(&mut self, b: MatRef<'_, T>) -> Result<()> {
         b.check("b")?;
         self.p.pack(b, "b")
     }
@@ -270,7 +330,7 @@ impl PackedPanels {
     /// elements), so the packed size is computed with checked arithmetic and allocated
     /// fallibly: a size that overflows or cannot be allocated is `InvalidParameter` naming
     /// `arg`, and leaves the operand as it was.
-    fn pack(&mut self, x: MatRef<'_>, arg: &'static str) -> Result<()> {
+    fn pack<T: Convertible>(&mut self, x: MatRef<'_, T>, arg: &'static str) -> Result<()> {
         let (k, n) = (x.layout.rows, x.layout.cols);
         let (nr, kc_max) = (self.kern.nr, self.bl.kc);
         let too_big = Error::InvalidParameter {
@@ -310,24 +370,26 @@ impl PackedPanels {
 /// Packs A unless reading it in place is cheaper: packing costs a pass over A per NC block,
 /// which a wide C amortises but a narrow one does not; reading in place needs a unit stride so
 /// each of the MR rows (or each step) is a contiguous stream.
-fn a_source(a: MatRef<'_>, n: usize) -> ASrc<'_> {
+/// Only an f32 A is read in place; a half-precision one is always packed (and widened).
+fn a_source<T: Convertible>(a: MatRef<'_, T>, n: usize) -> ASrc<'_, T> {
     let unit = a.layout.row_stride == 1 || a.layout.col_stride == 1;
-    if unit && n <= blocking::DIRECT_A_MAX_N {
-        ASrc::Direct(a)
-    } else {
-        ASrc::View(a)
+    match T::as_f32(a.data) {
+        Some(data) if unit && n <= blocking::DIRECT_A_MAX_N => {
+            ASrc::Direct(MatRef::new(data, a.layout))
+        }
+        _ => ASrc::View(a),
     }
 }
 
 /// Argument checks shared by the entry points, in the reference's order (`b` is `None` when
 /// it is pre-packed, hence already checked).
 #[allow(clippy::too_many_arguments)]
-fn check_args(
+fn check_args<TA: Copy, TB: Copy>(
     alpha: f32,
-    a: &MatRef<'_>,
+    a: &MatRef<'_, TA>,
     k: usize,
     b_rows: usize,
-    b: Option<&MatRef<'_>>,
+    b: Option<&MatRef<'_, TB>>,
     beta: f32,
     c: &MatMut<'_>,
     n: usize,

@@ -8,10 +8,15 @@
 //!
 //! Rows / columns past the edge of the operand are written as zeros, so a micro-kernel can
 //! always run a full tile and the padding only produces zeros in the bounce tile.
+//!
+//! The operands may be f32, bf16 or f16 ([`SimdElement`]): packing widens each element to its
+//! exact f32 value, so the micro-kernels only ever see f32.
 
 use std::cell::Cell;
 
 use attn_core::MatRef;
+
+use crate::arch::convert::SimdElement;
 
 /// A growable f32 buffer whose slices start on a 64-byte boundary (one cache line, one zmm), so
 /// B panels are read with aligned vector loads. Grows only; reused across calls.
@@ -90,15 +95,15 @@ pub(crate) fn with_buf<R>(slot: Slot, f: impl FnOnce(&mut AlignedBuf) -> R) -> R
     r
 }
 
-/// Packs `A[i0 .. i0+mc, p0 .. p0+kc]` into `MR`-row micro-panels in `dst`.
+/// Packs `A[i0 .. i0+mc, p0 .. p0+kc]` into `MR`-row micro-panels in `dst`, widened to f32.
 ///
 /// # Safety
 ///
 /// `a`'s view fits its slice (`a.check` succeeded), `i0 + mc ≤ rows`, `p0 + kc ≤ cols`, and
 /// `dst.len() ≥ ceil(mc/mr)·mr·kc`.
-pub(crate) unsafe fn pack_a(
+pub(crate) unsafe fn pack_a<T: SimdElement>(
     mr: usize,
-    a: &MatRef<'_>,
+    a: &MatRef<'_, T>,
     i0: usize,
     mc: usize,
     p0: usize,
@@ -117,13 +122,15 @@ pub(crate) unsafe fn pack_a(
         if rs == 1 && rows == mr {
             // Column-major A: each step is MR contiguous values.
             match mr {
-                4 => unsafe { copy_rows::<4>(panel, src, base, cs) },
-                6 => unsafe { copy_rows::<6>(panel, src, base, cs) },
-                12 => unsafe { copy_rows::<12>(panel, src, base, cs) },
+                4 => unsafe { copy_rows::<T, 4>(panel, src, base, cs) },
+                6 => unsafe { copy_rows::<T, 6>(panel, src, base, cs) },
+                12 => unsafe { copy_rows::<T, 12>(panel, src, base, cs) },
                 _ => {
                     for (p, out) in panel.chunks_exact_mut(mr).enumerate() {
                         let s = unsafe { core::slice::from_raw_parts(src.add(base + p * cs), mr) };
-                        out.copy_from_slice(s);
+                        for (o, x) in out.iter_mut().zip(s) {
+                            *o = x.widen();
+                        }
                     }
                 }
             }
@@ -132,9 +139,9 @@ pub(crate) unsafe fn pack_a(
             // height known at compile time, so each step is MR loads and one fixed-size store.
             unsafe {
                 match mr {
-                    4 => gather_lines::<4>(panel, src, base, rs, cs),
-                    6 => gather_lines::<6>(panel, src, base, rs, cs),
-                    _ => gather_lines::<12>(panel, src, base, rs, cs),
+                    4 => gather_lines::<T, 4>(panel, src, base, rs, cs),
+                    6 => gather_lines::<T, 6>(panel, src, base, rs, cs),
+                    _ => gather_lines::<T, 12>(panel, src, base, rs, cs),
                 }
             }
         } else {
@@ -146,22 +153,22 @@ pub(crate) unsafe fn pack_a(
             for i in 0..rows {
                 let row = base + i * rs;
                 for p in 0..kc {
-                    panel[p * mr + i] = unsafe { *src.add(row + p * cs) };
+                    panel[p * mr + i] = unsafe { *src.add(row + p * cs) }.widen();
                 }
             }
         }
     }
 }
 
-/// Packs `B[p0 .. p0+kc, j0 .. j0+nc]` into `NR`-column micro-panels in `dst`.
+/// Packs `B[p0 .. p0+kc, j0 .. j0+nc]` into `NR`-column micro-panels in `dst`, widened to f32.
 ///
 /// # Safety
 ///
 /// `b`'s view fits its slice (`b.check` succeeded), `p0 + kc ≤ rows`, `j0 + nc ≤ cols`, and
 /// `dst.len() ≥ ceil(nc/nr)·nr·kc`.
-pub(crate) unsafe fn pack_b(
+pub(crate) unsafe fn pack_b<T: SimdElement>(
     nr: usize,
-    b: &MatRef<'_>,
+    b: &MatRef<'_, T>,
     p0: usize,
     kc: usize,
     j0: usize,
@@ -182,9 +189,9 @@ pub(crate) unsafe fn pack_b(
 /// # Safety
 ///
 /// As [`pack_b`], for columns `j .. j + cols` with `cols ≤ nr`, and `panel.len() == nr·kc`.
-unsafe fn pack_b_panel(
+unsafe fn pack_b_panel<T: SimdElement>(
     nr: usize,
-    b: &MatRef<'_>,
+    b: &MatRef<'_, T>,
     p0: usize,
     kc: usize,
     j: usize,
@@ -201,12 +208,14 @@ unsafe fn pack_b_panel(
     if cs == 1 && cols == nr {
         // Row-major B: each step is NR contiguous values.
         match nr {
-            16 => unsafe { copy_rows::<16>(panel, src, base, rs) },
-            32 => unsafe { copy_rows::<32>(panel, src, base, rs) },
+            16 => unsafe { copy_rows::<T, 16>(panel, src, base, rs) },
+            32 => unsafe { copy_rows::<T, 32>(panel, src, base, rs) },
             _ => {
                 for (p, out) in panel.chunks_exact_mut(nr).enumerate() {
                     let s = unsafe { core::slice::from_raw_parts(src.add(base + p * rs), nr) };
-                    out.copy_from_slice(s);
+                    for (o, x) in out.iter_mut().zip(s) {
+                        *o = x.widen();
+                    }
                 }
             }
         }
@@ -215,8 +224,8 @@ unsafe fn pack_b_panel(
         // streams, one fixed-size store per step.
         unsafe {
             match nr {
-                16 => gather_lines::<16>(panel, src, base, cs, rs),
-                _ => gather_lines::<32>(panel, src, base, cs, rs),
+                16 => gather_lines::<T, 16>(panel, src, base, cs, rs),
+                _ => gather_lines::<T, 32>(panel, src, base, cs, rs),
             }
         }
     } else {
@@ -228,46 +237,52 @@ unsafe fn pack_b_panel(
         for jj in 0..cols {
             let col = base + jj * cs;
             for p in 0..kc {
-                panel[p * nr + jj] = unsafe { *src.add(col + p * rs) };
+                panel[p * nr + jj] = unsafe { *src.add(col + p * rs) }.widen();
             }
         }
     }
 }
 
 /// Copies `N` contiguous values from `src + base + p·stride` to `dst[p·N ..]` for every `p`,
-/// as fixed-size moves (a runtime-length `copy_from_slice` would call `memcpy` per row).
+/// widened to f32, as fixed-size moves (a runtime-length `copy_from_slice` would call `memcpy`
+/// per row; for f32 the widening is the identity).
 ///
 /// # Safety
 ///
 /// `src + base + p·stride .. + N` is readable for every `p < dst.len() / N`.
 #[inline(always)]
-unsafe fn copy_rows<const N: usize>(dst: &mut [f32], src: *const f32, base: usize, stride: usize) {
+unsafe fn copy_rows<T: SimdElement, const N: usize>(
+    dst: &mut [f32],
+    src: *const T,
+    base: usize,
+    stride: usize,
+) {
     for (p, out) in dst.chunks_exact_mut(N).enumerate() {
         // SAFETY: the caller guarantees the N values are readable.
-        let row = unsafe { src.add(base + p * stride).cast::<[f32; N]>().read_unaligned() };
-        out.copy_from_slice(&row);
+        let row = unsafe { src.add(base + p * stride).cast::<[T; N]>().read_unaligned() };
+        out.copy_from_slice(&row.map(T::widen));
     }
 }
 
-/// Interleaves `N` strided lines: `dst[p·N + i] = src[base + i·line + p·step]` for every
+/// Interleaves `N` strided lines, widened: `dst[p·N + i] = src[base + i·line + p·step]` for every
 /// `p < dst.len() / N`, `i < N` (a transposing gather: lines are A's rows or B's columns).
 ///
 /// # Safety
 ///
 /// Every `src + base + i·line + p·step` above is readable.
 #[inline(always)]
-unsafe fn gather_lines<const N: usize>(
+unsafe fn gather_lines<T: SimdElement, const N: usize>(
     dst: &mut [f32],
-    src: *const f32,
+    src: *const T,
     base: usize,
     line: usize,
     step: usize,
 ) {
     // SAFETY: the caller guarantees the line starts and all their steps are readable.
-    let lines: [*const f32; N] = core::array::from_fn(|i| unsafe { src.add(base + i * line) });
+    let lines: [*const T; N] = core::array::from_fn(|i| unsafe { src.add(base + i * line) });
     for (p, out) in dst.chunks_exact_mut(N).enumerate() {
         // SAFETY: as above.
-        let v: [f32; N] = core::array::from_fn(|i| unsafe { *lines[i].add(p * step) });
+        let v: [f32; N] = core::array::from_fn(|i| unsafe { *lines[i].add(p * step) }.widen());
         out.copy_from_slice(&v);
     }
 }
