@@ -157,6 +157,44 @@ fn flash_blocks_on_both_sides_of_the_table_exp_range() {
     }
 }
 
+/// Every path flushes a weight below `e^(−87)` (where it would be subnormal) to 0, and keeps
+/// one just above: keys at scores 0, −86 and −88 with values 0, 1 and 10³⁰ give
+/// `o = e^(−86)/(1 + e^(−86)) ≈ 4.4·10⁻³⁸` (a normal f32), not the
+/// `+ e^(−88)·10³⁰ ≈ 6·10⁻⁹` of an unflushed weight. That gap is within the bound's
+/// `1.4·2⁻¹²⁶·Σ|v|` term (checked too), so the flushing is allowed, and the value shows that it
+/// happened. Also with 20 padding keys at score −∞ (the vector loop, not only the tail).
+#[test]
+fn weights_below_e_minus_87_flush_to_zero_on_every_path() {
+    for pad in [0usize, 20] {
+        let nk = 3 + pad;
+        let mut k = vec![0.0f32, -86.0, -88.0];
+        k.resize(nk, f32::NEG_INFINITY);
+        let mut v = vec![0.0f32, 1.0, 1e30];
+        v.resize(nk, 0.0);
+        let want = (-86f64).exp() / (1.0 + (-86f64).exp() + (-88f64).exp());
+        let bound = f64::from(f32::MIN_POSITIVE) * (1.0 + 1.4 * (1.0 + 1e30));
+        for (name, path) in PATHS {
+            for isa in Isa::supported() {
+                let mut o = [f32::NAN];
+                Attention::new(
+                    TensorRef::new(&[1.0], Tensor4Layout::bhsd(1, 1, 1, 1)),
+                    TensorRef::new(&k, Tensor4Layout::bhsd(1, 1, nk, 1)),
+                    TensorRef::new(&v, Tensor4Layout::bhsd(1, 1, nk, 1)),
+                )
+                .scale(1.0)
+                .path(path)
+                .isa(isa)
+                .run(TensorMut::new(&mut o, Tensor4Layout::bhsd(1, 1, 1, 1)))
+                .unwrap();
+                let got = f64::from(o[0]);
+                let unflushed = want + (-88f64).exp() * 1e30;
+                assert!((got - want).abs() <= 1e-5 * want, "{name}/{isa} pad {pad}: {got:e}");
+                assert!((got - unflushed).abs() <= bound, "{name}/{isa}: outside the bound");
+            }
+        }
+    }
+}
+
 /// `Path::Auto` (the default) takes the decode path up to 16 queries and the flash path above:
 /// its results are bit-identical to the explicit path's, with the default ISA or an explicit one.
 #[test]
