@@ -52,6 +52,7 @@ pub use attn_core::{error, mask, shape, variants};
 pub use error::{Error, Result};
 pub use mask::Mask;
 pub use shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+pub use variants::Variants;
 
 pub use encoder::{
     activate, encoder_block, feed_forward, Activation, EncoderConfig, EncoderWeights,

@@ -27,7 +27,7 @@ use attn_kernels::layers::{self, EncoderConfig, MhaConfig};
 use attn_kernels::Parallelism;
 use attn_reference::{
     Activation, EncoderWeights, FeedForwardWeights, LayerNormWeights, Mask, MatLayout, MatRef,
-    MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef,
+    MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef, Variants,
 };
 
 use super::{attention, Ctx, Work};
@@ -145,6 +145,7 @@ impl Problem {
             bk: Some(&self.bqkv[qw..qw + kw]),
             bv: Some(&self.bqkv[qw + kw..]),
             bo: Some(&self.bo),
+            variants: Variants::NONE,
         }
     }
 

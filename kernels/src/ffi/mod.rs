@@ -21,6 +21,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use attn_core::{
     Activation, EncoderConfig, EncoderWeights, Error, FeedForwardWeights, LayerNormWeights, Mask,
     MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Tensor4Layout, TensorMut, TensorRef,
+    Variants,
 };
 
 use crate::attention::{Attention, Path};
@@ -705,6 +706,7 @@ impl CWeights for AttnMhaWeights {
                 bk: opt("bk", self.bk, cfg.k_width())?,
                 bv: opt("bv", self.bv, cfg.v_width())?,
                 bo: opt("bo", self.bo, cfg.in_dim)?,
+                variants: Variants::NONE,
             })
         }
     }
