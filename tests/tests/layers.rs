@@ -859,7 +859,9 @@ fn bad_variants_same_error_as_reference() {
         f(&mut v);
         v
     };
-    let bad: [(VariantSpec, fn(&Error) -> bool); 9] = [
+    // Each bad spec with the test its error must pass.
+    type Expect = fn(&Error) -> bool;
+    let bad: [(VariantSpec, Expect); 9] = [
         (spec(|v| v.sinks = Some(vec![0.0, f32::NAN])), |e| {
             matches!(e, Error::NonFinite { arg: "sinks", .. })
         }),
