@@ -20,10 +20,9 @@ use crate::shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRe
 /// `head_h = softmax(Q_h·K_gᵀ / √k_dim + mask)·V_g` with `g = h / (num_heads / kv_heads)`;
 /// `y[b] = concat_h(head_h)·Wo + bo`.
 ///
-/// With `w.variants` set, each head is
-/// [`attention_with_variants`](crate::attention::attention_with_variants) instead (window,
-/// softcap, sink and ALiBi slope of query head `h`; the window and ALiBi measure from the
-/// mask's causal offset, `0` for self-attention without a causal mask).
+/// With `w.variants` set, each head is [`crate::attention::attention_with_variants`] instead
+/// (window, softcap, sink and ALiBi slope of query head `h`; the window and ALiBi measure from
+/// the mask's causal offset, `0` for self-attention without a causal mask).
 ///
 /// `x` and `y` are `[batch, 1, n, in_dim]` tensors ([`Tensor4Layout::batch_seq`] for contiguous
 /// `[batch, n, in_dim]` storage). The mask addresses `[batch, num_heads, n, n]`; unlike the
