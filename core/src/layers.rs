@@ -6,6 +6,7 @@
 use crate::attention::default_scale;
 use crate::error::{checked_product, expect_dim, expect_finite, Error, Result};
 use crate::shape::MatRef;
+use crate::variants::Variants;
 
 /// The shape of a multi-head attention layer (self- or cross-attention).
 ///
@@ -123,6 +124,12 @@ impl MhaConfig {
 /// `wv: [c.kv_in_dim, c.v_width()]`, `wo: [c.o_width(), c.in_dim]`; biases of the matching
 /// output widths. Columns `h·k_dim .. (h+1)·k_dim` of the Q projection belong to head `h` (the
 /// seed's `view(batch, n, heads, k_dim)`), likewise for K, V and the concatenated output.
+///
+/// `variants` are the layer's attention [`Variants`] (sliding window, logit softcap, sinks,
+/// ALiBi; [`Variants::NONE`] for plain attention): they belong to a layer as its weights do (a
+/// gpt-oss layer has its own learned sinks and its own window, Gemma 2 alternates local and
+/// global layers), so they are set up with it and every call of it uses them. Sinks and slopes
+/// hold one value per query head (`c.num_heads`).
 #[derive(Clone, Copy, Debug)]
 pub struct MhaWeights<'a> {
     /// Query projection.
@@ -141,13 +148,17 @@ pub struct MhaWeights<'a> {
     pub bv: Option<&'a [f32]>,
     /// Output bias (the seed's `proj_o` has one).
     pub bo: Option<&'a [f32]>,
+    /// The heads' attention variants ([`Variants::NONE`]: plain attention).
+    pub variants: Variants<'a>,
 }
 
 impl MhaWeights<'_> {
-    /// Checks every weight's shape against `cfg` and every view against its slice.
+    /// Checks every weight's shape against `cfg` and every view against its slice, then the
+    /// variants against `cfg.num_heads` ([`Variants::check`]).
     ///
     /// Errors: [`Error::ShapeMismatch`] naming `wq`, `wk`, `wv`, `wo`, `bq`, `bk`, `bv` or `bo`;
-    /// [`Error::OutOfBounds`] / [`Error::IndexOverflow`] for a view overrunning its slice.
+    /// [`Error::OutOfBounds`] / [`Error::IndexOverflow`] for a view overrunning its slice; those
+    /// of [`Variants::check`] (`softcap`, `sinks`, `alibi`).
     pub fn check(&self, cfg: &MhaConfig) -> Result<()> {
         let mats = [
             ("wq", &self.wq, cfg.in_dim, cfg.q_width()),
@@ -170,7 +181,7 @@ impl MhaWeights<'_> {
                 expect_dim(arg, "len", len, b.len())?;
             }
         }
-        Ok(())
+        self.variants.check(cfg.num_heads)
     }
 }
 

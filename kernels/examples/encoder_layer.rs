@@ -12,7 +12,7 @@ use attn_kernels::layers::{
     FeedForwardWeights, LayerNormWeights, MatRef, MhaConfig, MhaWeights, PositionalEncoding,
     TensorMut, TensorRef,
 };
-use attn_kernels::{Mask, MatLayout, Parallelism, Result, Tensor4Layout};
+use attn_kernels::{Mask, MatLayout, Parallelism, Result, Tensor4Layout, Variants};
 
 /// Deterministic stand-in for weights loaded from a checkpoint.
 fn fill(len: usize, seed: u32, scale: f32) -> Vec<f32> {
@@ -72,6 +72,7 @@ fn main() -> Result<()> {
             bk: Some(&in_proj_bias[d..2 * d]),
             bv: Some(&in_proj_bias[2 * d..]),
             bo: Some(&out_proj_bias),
+            variants: Variants::NONE,
         },
         norm1: norm,
         ff: FeedForwardWeights {

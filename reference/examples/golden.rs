@@ -9,7 +9,7 @@ use attn_reference::attention::{attention, default_scale};
 use attn_reference::softmax::softmax;
 use attn_reference::{
     dot_product_scores, linear, multi_head_attention, scaled_dot_product_scores, Mask, MatMut,
-    MatRef, MhaConfig, MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef,
+    MatRef, MhaConfig, MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef, Variants,
 };
 
 const X: [f32; 12] = [1., 0., 1., 0., 0., 2., 0., 2., 1., 1., 1., 1.];
@@ -130,6 +130,7 @@ fn main() -> Result<()> {
         bk: None,
         bv: None,
         bo: None,
+        variants: Variants::NONE,
     };
     let seq = Tensor4Layout::batch_seq(1, 3, 4);
     let mut y = vec![0.0; 12];

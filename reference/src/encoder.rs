@@ -69,7 +69,8 @@ pub fn feed_forward(
 ///
 /// Post-norm: each layer norm follows its residual sum (pre-norm blocks, which normalise before
 /// the sub-layer, are a different function). The activation is `cfg.activation` (ReLU by
-/// default, as in the original). `x` and `y` are `[batch, 1, n, d]`; the mask addresses
+/// default, as in the original); the attention has the variants `w.attn.variants` (see
+/// [`multi_head_attention`]). `x` and `y` are `[batch, 1, n, d]`; the mask addresses
 /// `[batch, num_heads, n, n]`. Each stage is a reference call rounded to f32 (the residual sums
 /// too), as an f32 engine stores its intermediates. `n = 0` gives an empty output.
 ///

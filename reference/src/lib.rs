@@ -55,6 +55,7 @@ pub use dtype::{dequantize_q8, widen};
 pub use error::{Error, Result};
 pub use mask::Mask;
 pub use shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef};
+pub use variants::Variants;
 
 pub use encoder::{
     activate, encoder_block, feed_forward, Activation, EncoderConfig, EncoderWeights,

@@ -8,7 +8,7 @@
 use crate::alloc;
 pub use attn_core::layers::{MhaConfig, MhaWeights};
 
-use crate::attention::attention;
+use crate::attention::attention_with_variants;
 use crate::error::{expect_dim, Result};
 use crate::linear::linear;
 use crate::mask::Mask;
@@ -20,6 +20,10 @@ use crate::shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRe
 /// `head_h = softmax(Q_h·K_gᵀ / √k_dim + mask)·V_g` with `g = h / (num_heads / kv_heads)`;
 /// `y[b] = concat_h(head_h)·Wo + bo`.
 ///
+/// With `w.variants` set, each head is [`crate::attention::attention_with_variants`] instead
+/// (window, softcap, sink and ALiBi slope of query head `h`; the window and ALiBi measure from
+/// the mask's causal offset, `0` for self-attention without a causal mask).
+///
 /// `x` and `y` are `[batch, 1, n, in_dim]` tensors ([`Tensor4Layout::batch_seq`] for contiguous
 /// `[batch, n, in_dim]` storage). The mask addresses `[batch, num_heads, n, n]`; unlike the
 /// seed's −1e9 fill, a fully masked row contributes a zero attention row (so that row of `y` is
@@ -27,8 +31,8 @@ use crate::shape::{MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRe
 /// accumulates in f64 and rounds its result to f32, as an f32 engine does between stages.
 /// `n = 0` or `batch = 0` gives an empty output.
 ///
-/// Errors: the config ([`MhaConfig::check`]), `cfg.kv_in_dim ≠ cfg.in_dim`, the weights
-/// ([`MhaWeights::check`]), `x` with more than one head or a width other than `in_dim`, `y` ≠
+/// Errors: `cfg.kv_in_dim ≠ cfg.in_dim`, the config ([`MhaConfig::check`]), the weights and
+/// variants ([`MhaWeights::check`]), `x` with more than one head or a width other than `in_dim`, `y` ≠
 /// `[batch, 1, n, in_dim]`, a mask of other dims, views overrunning their slices.
 pub fn multi_head_attention(
     cfg: &MhaConfig,
@@ -48,7 +52,9 @@ pub fn multi_head_attention(
 /// `head_h = softmax(Q_h·K_gᵀ / √k_dim + mask)·V_g`; `y[b] = concat_h(head_h)·Wo + bo`.
 ///
 /// The two sequences may differ in length and width. The mask addresses
-/// `[batch, num_heads, n1, n2]` (a causal mask's default offset is `n2 − n1`). `n2 = 0` gives
+/// `[batch, num_heads, n1, n2]` (a causal mask's default offset is `n2 − n1`, which the
+/// variants' window and ALiBi also measure from, as
+/// [`Variants::offset`](crate::variants::Variants::offset) says). `n2 = 0` gives
 /// zero attention rows (`y = bo`); `n1 = 0` gives an empty output. Same stages and rounding as
 /// [`multi_head_attention`].
 ///
@@ -102,12 +108,13 @@ fn forward(
         linear(x2.matrix(b, 0), w.wv, w.bv, MatMut::new(&mut v, slab(b, n2, vw)))?;
     }
     // [batch, n, heads·d] row-major is the [b, s, h, d] layout: heads split with no copy.
-    attention(
+    attention_with_variants(
         TensorRef::new(&q, Tensor4Layout::bshd(batch, n1, h, dk)),
         TensorRef::new(&k, Tensor4Layout::bshd(batch, n2, hkv, dk)),
         TensorRef::new(&v, Tensor4Layout::bshd(batch, n2, hkv, dv)),
         cfg.scale(),
         mask,
+        &w.variants,
         TensorMut::new(&mut o, Tensor4Layout::bshd(batch, n1, h, dv)),
         None,
     )?;

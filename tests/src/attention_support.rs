@@ -19,8 +19,10 @@
 //! Every term is relative to `A_id = Σ_j p_ij |v_jd|` (computed in f64 from the reference
 //! probabilities), so
 //! `|ô_id − o_id| ≤ (2δ_i + γ·(2·nk + dk + 16)·u)·A_id + 2⁻¹²⁶ + f·Σ_j |v_jd|` (the last
-//! terms: results in the subnormal range, and the weights below `e^(−64)` that the kernels
-//! flush to 0, `f` = [`flushed_weight`](crate::numerics::flushed_weight)), with `γ = 2`. For the logsumexp, `|l̂se_i − lse_i| ≤ δ_i +
+//! terms: results in the subnormal range, and the weights below `e^(−64)` that every path,
+//! flash, decode and unfused, flushes to 0, `f` =
+//! [`flushed_weight`](crate::numerics::flushed_weight)), with `γ = 2`. For the logsumexp,
+//! `|l̂se_i − lse_i| ≤ δ_i +
 //! γ·(nk + 8)·u + u·|lse_i|`. Two kernels compared with each other get the sum of their bounds.
 
 use attn_kernels::attention::Attention;
@@ -373,8 +375,9 @@ impl Case {
                     for d in 0..self.dv {
                         let vd = |j: usize| f64::from(v.at(b, kh, j, d)).abs();
                         let a: f64 = (0..self.nk).map(|j| p[j] * vd(j)).sum();
-                        // The kernels flush weights below e^(−64) to 0, against a row
-                        // sum ≥ 1: at most that much of each visible |v|.
+                        // Every path (flash, decode, unfused) flushes weights below e^(−64)
+                        // to 0, relative to a running max that is at most the row's, against a
+                        // row sum ≥ 1: at most that much of each visible |v|.
                         let flushed: f64 =
                             (0..self.nk).filter(|&j| logits[j].is_some()).map(vd).sum();
                         ob[row * self.dv + d] = rel * a

@@ -4,7 +4,7 @@
 //! `attn_tests::attention_support` (see its docs for the error analysis). Exact checks where the
 //! arithmetic is exact, error tables, and an ignored memory test (see `memory_n131072`).
 
-use attn_kernels::attention::{Attention, Path};
+use attn_kernels::attention::{Attention, Path, FLUSH_WEIGHTS_BELOW};
 use attn_kernels::{Isa, Mask, Parallelism, Tensor4Layout};
 use attn_reference::{Error, TensorMut, TensorRef};
 use attn_tests::attention_support::{compare, describe, par, Case, MaskKind, Rng};
@@ -152,6 +152,47 @@ fn flash_blocks_on_both_sides_of_the_table_exp_range() {
                 if let Err(e) = compare(&case, "flash", &got, &want, &bounds, 1.0) {
                     panic!("amp {amp}, {mask:?}, {isa}: {e}");
                 }
+            }
+        }
+    }
+}
+
+/// Every path flushes a weight below `e^(−64)` ([`FLUSH_WEIGHTS_BELOW`]) to 0, and keeps one
+/// just above: keys at scores 0, −62 and −66 with values 0, 1 and 10²⁰ give
+/// `o = e^(−62)/(1 + e^(−62)) ≈ 1.2·10⁻²⁷`, not the `+ e^(−66)·10²⁰ ≈ 2·10⁻⁹` of an unflushed
+/// weight. That gap is within the bound's `f·Σ|v|` term
+/// ([`flushed_weight`](attn_tests::numerics::flushed_weight), checked too), so the flushing is
+/// allowed, and the value shows that it happened. Also with 20 padding keys at score −∞ (the
+/// vector loop, not only the tail).
+#[test]
+fn weights_below_the_threshold_flush_to_zero_on_every_path() {
+    assert_eq!(FLUSH_WEIGHTS_BELOW, -64.0, "the keys below sit on either side of it");
+    for pad in [0usize, 20] {
+        let nk = 3 + pad;
+        let mut k = vec![0.0f32, -62.0, -66.0];
+        k.resize(nk, f32::NEG_INFINITY);
+        let mut v = vec![0.0f32, 1.0, 1e20];
+        v.resize(nk, 0.0);
+        let want = (-62f64).exp() / (1.0 + (-62f64).exp() + (-66f64).exp());
+        let bound =
+            f64::from(f32::MIN_POSITIVE) + attn_tests::numerics::flushed_weight() * (1.0 + 1e20);
+        for (name, path) in PATHS {
+            for isa in Isa::supported() {
+                let mut o = [f32::NAN];
+                Attention::new(
+                    TensorRef::new(&[1.0], Tensor4Layout::bhsd(1, 1, 1, 1)),
+                    TensorRef::new(&k, Tensor4Layout::bhsd(1, 1, nk, 1)),
+                    TensorRef::new(&v, Tensor4Layout::bhsd(1, 1, nk, 1)),
+                )
+                .scale(1.0)
+                .path(path)
+                .isa(isa)
+                .run(TensorMut::new(&mut o, Tensor4Layout::bhsd(1, 1, 1, 1)))
+                .unwrap();
+                let got = f64::from(o[0]);
+                let unflushed = want + (-66f64).exp() * 1e20;
+                assert!((got - want).abs() <= 1e-5 * want, "{name}/{isa} pad {pad}: {got:e}");
+                assert!((got - unflushed).abs() <= bound, "{name}/{isa}: outside the bound");
             }
         }
     }

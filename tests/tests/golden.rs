@@ -129,6 +129,7 @@ fn golden_through_multi_head_attention() {
         bk: None,
         bv: None,
         bo: None,
+        variants: Variants::NONE,
     };
     let seq = Tensor4Layout::batch_seq(1, 3, 4);
     let mut y = vec![f32::NAN; 12];
@@ -192,6 +193,7 @@ fn shape_example_1_5_64() {
         bk: Some(&bk),
         bv: Some(&bv),
         bo: None,
+        variants: Variants::NONE,
     };
     let mut y = vec![f32::NAN; n * d];
     let cfg = MhaConfig::new(d, d, d, 1);

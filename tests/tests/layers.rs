@@ -6,11 +6,13 @@
 mod layers_support;
 
 use attn_kernels::layers::{self, *};
-use attn_kernels::Parallelism;
+use attn_kernels::{alibi_slopes, Parallelism};
 use attn_reference::{
     self as r, Error, Mask, MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef,
 };
+use attn_tests::fuzz_decode::VariantSpec;
 use layers_support::*;
+use proptest::prelude::*;
 
 const SEQ: Parallelism = Parallelism::Sequential;
 
@@ -633,5 +635,330 @@ fn encoder_is_bitwise_identical_across_thread_counts() {
         for threads in [2, 3, 8] {
             assert!(run(Parallelism::threads(threads)) == one, "{threads} threads, n {n}");
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention variants in the layers (issue 22): `MhaWeights::variants` reaches every head of
+// multi-head attention, cross-attention and the encoder block, as in the reference.
+
+/// Owned variants for `h` query heads from the strategy's choices.
+fn variant_spec(
+    h: usize,
+    seed: u64,
+    window: Option<(usize, usize)>,
+    softcap: Option<f32>,
+    sinks: bool,
+    alibi: Option<bool>,
+) -> VariantSpec {
+    let mut g = Gen::new(seed ^ 0x5EED);
+    VariantSpec {
+        window,
+        softcap,
+        sinks: sinks.then(|| g.vec(h, 3.0)),
+        // `Some(true)`: the standard slopes; `Some(false)`: random ones of either sign.
+        alibi: alibi.map(|std| if std { alibi_slopes(h) } else { g.vec(h, 0.5) }),
+    }
+}
+
+/// A layer shape, its variants and a mask: `(cfg, batch, n, n2, mask, variants, fused, seed)`.
+type LayerCase = (MhaConfig, usize, usize, usize, Mask<'static>, VariantSpec, bool, u64);
+
+/// Small layers (both attention paths: n ≤ 16 decodes, n > 16 takes the flash path) with
+/// random variants, each on about half the time, with no mask or a causal one (any offset).
+fn layer_case() -> impl Strategy<Value = LayerCase> {
+    let heads = vec![(1usize, 1usize), (2, 1), (2, 2), (3, 3), (4, 2), (4, 1)];
+    let side = prop::sample::select(vec![0usize, 1, 3, 8, usize::MAX]);
+    let window = prop_oneof![1 => Just(None), 2 => (side.clone(), side).prop_map(Some)];
+    let mask = prop::sample::select(vec![
+        Mask::None,
+        Mask::CAUSAL,
+        Mask::Causal { offset: Some(-2) },
+        Mask::Causal { offset: Some(3) },
+    ]);
+    (
+        (
+            prop::sample::select(heads),
+            prop::sample::select(vec![4usize, 8, 12]),
+            prop::sample::select(vec![1usize, 4, 8]),
+            prop::sample::select(vec![1usize, 4, 8]),
+        ),
+        (
+            1usize..=2,
+            prop::sample::select(vec![1usize, 3, 16, 17, 40]),
+            prop::sample::select(vec![0usize, 1, 5, 33]),
+        ),
+        mask,
+        (
+            window,
+            prop::option::of(prop::sample::select(vec![0.5f32, 2.0, 30.0])),
+            any::<bool>(),
+            prop::option::of(any::<bool>()),
+        ),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(
+                ((h, hkv), d, dk, dv),
+                (batch, n, n2),
+                mask,
+                (win, cap, sinks, alibi),
+                fused,
+                seed,
+            )| {
+                let cfg = MhaConfig::new(d, dk, dv, h).with_kv_heads(hkv);
+                let var = variant_spec(h, seed, win, cap, sinks, alibi);
+                (cfg, batch, n, n2, mask, var, fused, seed)
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Self-attention, the layer type and the no-allocation form with variants: within the
+    /// stage-by-stage bound of the reference (`mha_b`, whose attention stage adds the softcap's
+    /// and the ALiBi term's errors), the three forms bitwise equal.
+    #[test]
+    fn mha_with_variants_matches_reference(case in layer_case()) {
+        let (cfg, batch, n, _, mask, var, fused, seed) = case;
+        let mut g = Gen::new(seed);
+        let p = MhaParams::new(cfg, seed % 3 != 0, fused, &mut g).with_variants(var);
+        let x = g.vec(batch * n * cfg.in_dim, 1.0);
+        let want = mha_b(&p, &Bounded::exact(x.clone(), batch * n, cfg.in_dim), None, batch, &mask);
+        let y = kernel_mha(&p, &x, batch, n, &mask);
+        assert_bounded(&y, &want, &format!("mha {cfg:?} b{batch} n{n} {mask:?} {:?}", p.var));
+        let layer = MultiHeadAttention::new(cfg, p.weights()).unwrap();
+        let l = seq(batch, n, cfg.in_dim);
+        let mut y2 = vec![f32::NAN; y.len()];
+        let mut ws = vec![f32::NAN; layer.workspace_len(batch, n)];
+        layer.forward_in(TensorRef::new(&x, l), &mask, TensorMut::new(&mut y2, l), &mut ws, SEQ)
+            .unwrap();
+        prop_assert!(bits(&y2) == bits(&y), "layer type differs from the free function");
+    }
+
+    /// Cross-attention with variants (the window and ALiBi measure from the mask's offset,
+    /// `n2 − n1` by default) against the reference's stages; `n2 = 0` leaves only the sinks.
+    #[test]
+    fn cross_attention_with_variants_matches_reference(case in layer_case()) {
+        let (c, batch, n1, n2, mask, var, _, seed) = case;
+        let d2 = c.in_dim + 3;
+        let cfg = MhaConfig::cross(c.in_dim, d2, c.k_dim, c.v_dim, c.num_heads)
+            .with_kv_heads(c.kv_heads);
+        let mut g = Gen::new(seed);
+        let p = MhaParams::new(cfg, true, false, &mut g).with_variants(var);
+        let (d1, w) = (cfg.in_dim, p.weights());
+        let x1 = g.vec(batch * n1 * d1, 1.0);
+        let x2 = g.vec(batch * n2 * d2, 1.0);
+        let b2 = Bounded::exact(x2.clone(), batch * n2, d2);
+        let want = mha_b(&p, &Bounded::exact(x1.clone(), batch * n1, d1), Some(&b2), batch, &mask);
+        let (l1, l2) = (seq(batch, n1, d1), seq(batch, n2, d2));
+        let mut yr = vec![0.0; batch * n1 * d1];
+        let (t1, t2) = (TensorRef::new(&x1, l1), TensorRef::new(&x2, l2));
+        r::cross_attention(&cfg, &w, t1, t2, &mask, TensorMut::new(&mut yr, l1)).unwrap();
+        prop_assert!(bits(&yr) == bits(&want.val), "reference stages reproduce the module");
+        let mut y = vec![f32::NAN; yr.len()];
+        cross_attention(&cfg, &w, t1, t2, &mask, TensorMut::new(&mut y, l1), SEQ).unwrap();
+        assert_bounded(&y, &want, &format!("cross {cfg:?} n1 {n1} n2 {n2} {mask:?} {:?}", p.var));
+    }
+
+    /// The encoder block with variants on its attention, against the reference's stages.
+    #[test]
+    fn encoder_with_variants_matches_reference(case in layer_case()) {
+        let (attn, batch, n, _, mask, var, fused, seed) = case;
+        let act = if seed % 2 == 0 { Activation::Relu } else { Activation::GeluTanh };
+        let cfg = EncoderConfig { attn, ff_dim: 2 * attn.in_dim, activation: act, eps: 1e-5 };
+        let mut g = Gen::new(seed);
+        let mut p = EncoderParams::new(cfg, fused, &mut g);
+        p.attn.var = var;
+        let d = attn.in_dim;
+        let x = g.vec(batch * n * d, 1.0);
+        let want = encoder_b(&p, &Bounded::exact(x.clone(), batch * n, d), batch, &mask);
+        let l = seq(batch, n, d);
+        let mut yr = vec![0.0; x.len()];
+        let xt = TensorRef::new(&x, l);
+        r::encoder_block(&cfg, &p.weights(), xt, &mask, TensorMut::new(&mut yr, l)).unwrap();
+        prop_assert!(bits(&yr) == bits(&want.val), "reference stages reproduce the block");
+        let mut y = vec![f32::NAN; x.len()];
+        encoder_block(&cfg, &p.weights(), xt, &mask, TensorMut::new(&mut y, l), SEQ).unwrap();
+        assert_bounded(&y, &want, &format!("encoder {attn:?} n{n} {mask:?} {:?}", p.attn.var));
+        let layer = EncoderLayer::new(cfg, p.weights()).unwrap();
+        let mut y2 = vec![f32::NAN; x.len()];
+        layer.forward(xt, &mask, TensorMut::new(&mut y2, l), SEQ).unwrap();
+        prop_assert!(bits(&y2) == bits(&y), "layer type differs from the free function");
+    }
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Variants that change nothing (a window unbounded on both sides, ALiBi slopes of zero) give
+/// bitwise the plain layer's output, on both attention paths; so does `Variants::NONE` set
+/// explicitly. And a variant that changes something does change the output (the variants do
+/// reach the heads).
+#[test]
+fn neutral_variants_are_bitwise_plain() {
+    let mut g = Gen::new(22);
+    let cfg = MhaConfig::new(16, 8, 8, 4).with_kv_heads(2);
+    let plain = MhaParams::new(cfg, true, true, &mut g);
+    let neutral = [
+        VariantSpec { window: Some((usize::MAX, usize::MAX)), ..VariantSpec::default() },
+        VariantSpec { alibi: Some(vec![0.0; 4]), ..VariantSpec::default() },
+        VariantSpec {
+            window: Some((usize::MAX, usize::MAX)),
+            alibi: Some(vec![0.0; 4]),
+            ..VariantSpec::default()
+        },
+    ];
+    let with = |var: VariantSpec| {
+        let mut p = MhaParams::new(cfg, true, true, &mut Gen::new(0));
+        (p.wqkv, p.wo, p.bq, p.bk, p.bv, p.bo) = (
+            plain.wqkv.clone(),
+            plain.wo.clone(),
+            plain.bq.clone(),
+            plain.bk.clone(),
+            plain.bv.clone(),
+            plain.bo.clone(),
+        );
+        p.with_variants(var)
+    };
+    for (batch, n) in [(2, 5), (1, 40)] {
+        let x = g.vec(batch * n * 16, 1.0);
+        for mask in [Mask::None, Mask::CAUSAL] {
+            let base = bits(&kernel_mha(&plain, &x, batch, n, &mask));
+            for var in &neutral {
+                let y = kernel_mha(&with(var.clone()), &x, batch, n, &mask);
+                assert!(bits(&y) == base, "n {n} {mask:?} {var:?}");
+            }
+            let y = kernel_mha(
+                &with(VariantSpec { window: Some((1, 0)), ..Default::default() }),
+                &x,
+                batch,
+                n,
+                &mask,
+            );
+            assert!(bits(&y) != base, "a window of 2 keys changes the output (n {n}, {mask:?})");
+        }
+    }
+}
+
+/// Bad variants (non-finite or misnumbered sinks and slopes, a softcap that is not finite and
+/// positive) are the reference's typed errors in every layer and both forms, and the layer
+/// types refuse them at set-up.
+#[test]
+fn bad_variants_same_error_as_reference() {
+    let mut g = Gen::new(23);
+    let (batch, n, d, h) = (1, 4, 8, 2);
+    let cfg = MhaConfig::new(d, 4, 4, h);
+    let x = g.vec(batch * n * d, 1.0);
+    let l = seq(batch, n, d);
+    let spec = |f: fn(&mut VariantSpec)| {
+        let mut v = VariantSpec::default();
+        f(&mut v);
+        v
+    };
+    // Each bad spec with the test its error must pass.
+    type Expect = fn(&Error) -> bool;
+    let bad: [(VariantSpec, Expect); 9] = [
+        (spec(|v| v.sinks = Some(vec![0.0, f32::NAN])), |e| {
+            matches!(e, Error::NonFinite { arg: "sinks", .. })
+        }),
+        (spec(|v| v.sinks = Some(vec![f32::NEG_INFINITY, 0.0])), |e| {
+            matches!(e, Error::NonFinite { arg: "sinks", .. })
+        }),
+        (spec(|v| v.alibi = Some(vec![0.5, f32::INFINITY])), |e| {
+            matches!(e, Error::NonFinite { arg: "alibi", .. })
+        }),
+        (spec(|v| v.alibi = Some(vec![0.5])), |e| {
+            matches!(e, Error::ShapeMismatch { arg: "alibi", .. })
+        }),
+        (spec(|v| v.sinks = Some(vec![0.5; 3])), |e| {
+            matches!(e, Error::ShapeMismatch { arg: "sinks", .. })
+        }),
+        (spec(|v| v.softcap = Some(-1.0)), |e| {
+            matches!(e, Error::InvalidParameter { arg: "softcap", .. })
+        }),
+        (spec(|v| v.softcap = Some(0.0)), |e| {
+            matches!(e, Error::InvalidParameter { arg: "softcap", .. })
+        }),
+        (spec(|v| v.softcap = Some(f32::NAN)), |e| {
+            matches!(e, Error::NonFinite { arg: "softcap", .. })
+        }),
+        (spec(|v| v.softcap = Some(f32::INFINITY)), |e| {
+            matches!(e, Error::NonFinite { arg: "softcap", .. })
+        }),
+    ];
+    let dbg = |r: &r::Result<()>| format!("{r:?}");
+    for (var, is_expected) in bad {
+        let what = format!("{var:?}");
+        let p = MhaParams::new(cfg, true, true, &mut g).with_variants(var);
+        let w = p.weights();
+        let xt = TensorRef::new(&x, l);
+        let (mut y, mut yr) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+        let want = r::multi_head_attention(&cfg, &w, xt, &Mask::None, TensorMut::new(&mut yr, l));
+        assert!(want.as_ref().is_err_and(is_expected), "{what}: reference gives {want:?}");
+        let got = multi_head_attention(&cfg, &w, xt, &Mask::None, TensorMut::new(&mut y, l), SEQ);
+        assert_eq!(dbg(&got), dbg(&want), "{what}: mha");
+        let got = multi_head_attention_in(
+            &cfg,
+            &w,
+            xt,
+            &Mask::None,
+            TensorMut::new(&mut y, l),
+            &mut [],
+            SEQ,
+        );
+        assert_eq!(dbg(&got), dbg(&want), "{what}: mha (workspace form)");
+        assert_eq!(dbg(&MultiHeadAttention::new(cfg, w).map(|_| ())), dbg(&want), "{what}");
+
+        let ccfg = MhaConfig::cross(d, 5, 4, 4, h);
+        let cp = MhaParams::new(ccfg, true, false, &mut g).with_variants(p.var.clone());
+        let x2 = g.vec(batch * 3 * 5, 1.0);
+        let x2t = TensorRef::new(&x2, seq(batch, 3, 5));
+        let want = r::cross_attention(
+            &ccfg,
+            &cp.weights(),
+            xt,
+            x2t,
+            &Mask::None,
+            TensorMut::new(&mut yr, l),
+        );
+        assert!(want.as_ref().is_err_and(is_expected), "{what}: reference cross gives {want:?}");
+        let got = cross_attention(
+            &ccfg,
+            &cp.weights(),
+            xt,
+            x2t,
+            &Mask::None,
+            TensorMut::new(&mut y, l),
+            SEQ,
+        );
+        assert_eq!(dbg(&got), dbg(&want), "{what}: cross");
+        let got = CrossAttention::new(ccfg, cp.weights()).map(|_| ());
+        assert_eq!(dbg(&got), dbg(&want), "{what}: cross layer");
+
+        let ecfg = EncoderConfig { attn: cfg, ff_dim: 8, activation: Activation::Relu, eps: 1e-5 };
+        let mut ep = EncoderParams::new(ecfg, false, &mut g);
+        ep.attn.var = p.var.clone();
+        let want =
+            r::encoder_block(&ecfg, &ep.weights(), xt, &Mask::None, TensorMut::new(&mut yr, l));
+        assert!(want.as_ref().is_err_and(is_expected), "{what}: reference encoder gives {want:?}");
+        let got =
+            encoder_block(&ecfg, &ep.weights(), xt, &Mask::None, TensorMut::new(&mut y, l), SEQ);
+        assert_eq!(dbg(&got), dbg(&want), "{what}: encoder");
+        let got = encoder_block_in(
+            &ecfg,
+            &ep.weights(),
+            xt,
+            &Mask::None,
+            TensorMut::new(&mut y, l),
+            &mut [],
+            SEQ,
+        );
+        assert_eq!(dbg(&got), dbg(&want), "{what}: encoder (workspace form)");
+        let got = EncoderLayer::new(ecfg, ep.weights()).map(|_| ());
+        assert_eq!(dbg(&got), dbg(&want), "{what}: encoder layer");
     }
 }

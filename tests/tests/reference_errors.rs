@@ -65,6 +65,7 @@ impl Layer {
             bk: None,
             bv: None,
             bo: Some(&Z[..c.in_dim]),
+            variants: Variants::NONE,
         }
     }
 }
@@ -959,6 +960,7 @@ fn empty_views_with_huge_dimensions_return_quickly() {
         bk: None,
         bv: None,
         bo: None,
+        variants: Variants::NONE,
     };
     multi_head_attention(&cfg, &w, TensorRef::new(&[], s), &Mask::None, TensorMut::new(&mut [], s))
         .unwrap();
@@ -1159,6 +1161,7 @@ mod no_panic {
                 bk: None,
                 bv: bias(cfg.v_width()),
                 bo: bias(in_dim),
+                variants: Variants::NONE,
             };
             let l1 = Tensor4Layout::batch_seq(batch, n1, in_dim);
             let l2 = Tensor4Layout::batch_seq(batch, n2, kv_in);

@@ -266,6 +266,7 @@ impl Owned {
             bk: Some(&self.bk),
             bv: Some(&self.bv),
             bo: Some(&self.bo),
+            variants: Variants::NONE,
         }
     }
 }

@@ -14,6 +14,7 @@ use attn_kernels::gemm::{sgemm, sgemm_packed_b, PackedB};
 use attn_kernels::layers::{
     cross_attention, encoder_block, feed_forward, linear, multi_head_attention, Activation,
     EncoderConfig, EncoderWeights, FeedForwardWeights, LayerNormWeights, MhaConfig, MhaWeights,
+    Variants,
 };
 use attn_kernels::par::max_threads;
 use attn_kernels::softmax::{
@@ -184,6 +185,7 @@ fn layer_entry_points() {
         bk: None,
         bv: None,
         bo: None,
+        variants: Variants::NONE,
     };
     let x = vals(n * d, 11);
     let x2 = vals(n / 2 * d, 12);

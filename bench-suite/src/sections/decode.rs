@@ -7,14 +7,21 @@
 //! Whether those bytes come from DRAM or partly from L3 depends on the case (K + V are 128 MiB
 //! with 32 K/V heads, 32 MiB with 8 — the size of this machine's L3), and the stream-sum row
 //! shows which: `attn-kernels / stream-sum` is the fraction of the attainable read bandwidth.
+//!
+//! Last, the GQA case with the standard ALiBi slopes (`mask` "alibi"), alternating with plain
+//! decode on the same operands (`plain` in the ratios): its scores spread over hundreds, so
+//! many weights fall below `e^(−64)`, where their products with the values would be subnormal
+//! if they were not flushed to 0 (a subnormal costs a microcode assist in each multiply-add
+//! it feeds; `attn_kernels::attention::FLUSH_WEIGHTS_BELOW`).
 
 use std::hint::black_box;
 
-use attn_kernels::Parallelism;
+use attn_kernels::attention::Path;
+use attn_kernels::{alibi_slopes, Parallelism, Variants};
 use rayon::prelude::*;
 
 use super::attention::{check_all, Problem, IMPLS};
-use super::{Ctx, Work};
+use super::{Call, Ctx, Work};
 use crate::record::Shape;
 
 const OP: &str = "decode";
@@ -89,5 +96,21 @@ pub fn run(ctx: &mut Ctx) {
                 Ok::<(), std::convert::Infallible>(())
             });
         }
+    }
+    // Spread scores: ALiBi over the whole cache, against plain decode on the same operands.
+    let kv_heads = heads / 4;
+    let sh = Shape::Attn { batch: 1, heads, kv_heads, nq: 1, nk, dk: d, dv: d, mask: "alibi" };
+    let p = Problem::new(sh.clone(), (kv_heads * nk) as u64);
+    let slopes = alibi_slopes(heads);
+    let var = Variants::NONE.alibi(&slopes);
+    let work = Work::Bytes(p.kv_bytes());
+    let (mut o1, mut o2) = (vec![0.0f32; p.out_len()], vec![0.0f32; p.out_len()]);
+    for &t in &ctx.threads.clone() {
+        let mut ours = || p.run_variants(&var, Path::Decode, &mut o1, t).map_err(|e| e.to_string());
+        let mut plain =
+            || p.run_variants(&Variants::NONE, Path::Decode, &mut o2, t).map_err(|e| e.to_string());
+        let imps: &mut [(&'static str, Call<'_>)] =
+            &mut [("attn-kernels", &mut ours), ("plain", &mut plain)];
+        ctx.bench_alternating(OP, sh.clone(), t, work, None, imps);
     }
 }

@@ -21,13 +21,18 @@
 //! (q_w = heads·d_k, k_w = kv_heads·d_k, v_w = kv_heads·d_v, o_w = heads·d_v; pairs = n² without
 //! a mask). Residual adds, layer norms, the ReLU, the scale and the softmax's exp are not
 //! counted: O(rows·d) and O(n²·heads) against the O(rows·d²) and O(n²·d) counted.
+//!
+//! Last, the attention layer at N = 4096 with the causal mask, and with Mistral's sliding
+//! window of 1024 keys on top (mask "causal+window1024", the layer's `MhaWeights::variants`):
+//! pairs are then the visible ones only, `Σ_i min(i + 1, w)`, so the two rates compare
+//! directly (ours and the unfused composition, which runs the same variants).
 
 use attn_kernels::attention::{Attention, Path};
 use attn_kernels::layers::{self, EncoderConfig, MhaConfig};
 use attn_kernels::Parallelism;
 use attn_reference::{
     Activation, EncoderWeights, FeedForwardWeights, LayerNormWeights, Mask, MatLayout, MatRef,
-    MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef,
+    MhaWeights, Result, Tensor4Layout, TensorMut, TensorRef, Variants,
 };
 
 use super::{attention, Ctx, Work};
@@ -72,6 +77,9 @@ struct Problem {
     ff: [Vec<f32>; 4],
     x: Vec<f32>,
     mask: Mask<'static>,
+    /// Keys a query sees under a sliding window (Mistral's `w`: itself and `w − 1` before), from
+    /// a mask named "causal+window{w}"; `None` for none.
+    window: Option<usize>,
 }
 
 impl Problem {
@@ -111,7 +119,12 @@ impl Problem {
                 uniform(dn, 0.5, 0.0),
             ],
             x: uniform(batch * n * d, 1.0, 0.0),
-            mask: if mask == "causal" { Mask::Causal { offset: None } } else { Mask::None },
+            mask: if mask.starts_with("causal") {
+                Mask::Causal { offset: None }
+            } else {
+                Mask::None
+            },
+            window: mask.strip_prefix("causal+window").and_then(|w| w.parse().ok()),
             cfg,
             encoder,
             batch,
@@ -145,6 +158,10 @@ impl Problem {
             bk: Some(&self.bqkv[qw..qw + kw]),
             bv: Some(&self.bqkv[qw + kw..]),
             bo: Some(&self.bo),
+            variants: match self.window {
+                Some(w) => Variants::NONE.window(w.saturating_sub(1), 0),
+                None => Variants::NONE,
+            },
         }
     }
 
@@ -171,7 +188,14 @@ impl Problem {
         let qkv = (c.q_width() + c.k_width() + c.v_width()) as f64;
         let proj = 2.0 * rows * d * qkv + 2.0 * rows * c.o_width() as f64 * d;
         let heads = self.batch * c.num_heads;
-        let attn = attention::flops(heads, self.n, self.n, c.k_dim, c.v_dim, &self.mask);
+        let attn = match self.window {
+            // Causal (offset 0) within the window: query i sees min(i + 1, w) keys.
+            Some(w) => {
+                let pairs: usize = (0..self.n).map(|i| (i + 1).min(w)).sum();
+                (pairs * heads) as f64 * 2.0 * (c.k_dim + c.v_dim) as f64
+            }
+            None => attention::flops(heads, self.n, self.n, c.k_dim, c.v_dim, &self.mask),
+        };
         let ff = if self.encoder { 4.0 * rows * d * self.cfg.ff_dim as f64 } else { 0.0 };
         proj + attn + ff
     }
@@ -231,6 +255,7 @@ impl Problem {
         )
         .scale(c.scale())
         .mask(self.mask)
+        .variants(w.variants)
         .parallelism(par)
         .path(Path::Unfused)
         .run(TensorMut::new(o, split(c.num_heads, c.v_dim)))?;
@@ -385,6 +410,29 @@ pub fn run(ctx: &mut Ctx) {
                         (imp.call)(&p, &mut s, &mut y, t)
                     });
                 }
+            }
+        }
+    }
+    // A long sequence, causal, without and with a sliding window (see the module docs).
+    let (n, window) =
+        if ctx.quick { (512, "causal+window128") } else { (4096, "causal+window1024") };
+    for mask in ["causal", window] {
+        let shape = layer_shape("mha", 1, n, d, heads, heads, 0, mask);
+        let p = match Problem::new(shape.clone(), (n * d) as u64) {
+            Ok(p) => p,
+            Err(e) => {
+                ctx.check(OP, "attn-kernels", shape, 1, Err(e.to_string()));
+                continue;
+            }
+        };
+        let mut s = Scratch::new(&p);
+        let mut y = vec![0.0f32; p.rows() * d];
+        let work = Work::Flops(p.flops());
+        for &t in &ctx.threads.clone() {
+            for imp in IMPLS.iter().filter(|i| i.name != "reference") {
+                ctx.bench(OP, imp.name, p.shape.clone(), t, work, None, || {
+                    (imp.call)(&p, &mut s, &mut y, t)
+                });
             }
         }
     }

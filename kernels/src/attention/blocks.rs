@@ -21,9 +21,10 @@
 //!   factors of `QR` queries are `QV` vectors.
 
 use super::blocking::QV;
+use super::FLUSH_WEIGHTS_BELOW;
 use crate::arch::{load, prefetch_l1_at, store, Isa, Simd};
 use crate::gemm::ukernel::{kernel_for, panel_product, Kernel as GemmKernel};
-use crate::math::exp::exp_rr2_p7;
+use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
 
 // ---------------------------------------------------------------------------------------------
 // Flash block products on the GEMM micro-kernels
@@ -185,8 +186,35 @@ pub(crate) fn axpy<S: Simd>(s: S, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
-/// `x_j ← e^(x_j − m)` in place; returns `Σ_j e^(x_j − m)` (f32). `m` is the row's running
-/// maximum (never below `f32::MIN`), so `−∞` scores give exactly 0.
+/// The probabilities `e^d` of `K` vectors of scores `d = S − m ≤ 0` below the running max: every
+/// path's softmax weights (flash, decode, unfused)
+/// (or NaN, which stays NaN), flushed to 0 below `d <` [`FLUSH_WEIGHTS_BELOW`] (see there for
+/// why, and what it costs in accuracy): the softmax's table exp ([`exp_neg_lut8_p3`], 8
+/// FMA-pipe operations per vector against the full-range exp's 13) on `max(d, LUT8_MIN)`, its
+/// range, since every lane that the clamp moves is flushed anyway. Masked keys (`−∞`) come out
+/// 0 the same way.
+///
+/// The online softmax's rescale factor `α = e^(m − m')` goes through here too: flushing it
+/// drops the earlier keys, whose weights `P_j·α ≤ α` are then below the threshold as well, so
+/// the same bound covers them (each key is dropped at most once, by one or the other).
+#[inline(always)]
+pub(crate) fn weights<S: Simd, const K: usize>(s: S, d: [S::V; K]) -> [S::V; K] {
+    const { assert!(LUT8_MIN <= FLUSH_WEIGHTS_BELOW) };
+    let (lo, flush, zero) = (s.splat(LUT8_MIN), s.splat(FLUSH_WEIGHTS_BELOW), s.splat(0.0));
+    let mut c = d;
+    for x in &mut c {
+        *x = s.max(lo, *x); // a NaN `x` is kept (`max` returns its second operand)
+    }
+    let mut e = exp_neg_lut8_p3(s, c);
+    for (e, d) in e.iter_mut().zip(d) {
+        *e = s.select(s.lt(d, flush), zero, *e);
+    }
+    e
+}
+
+/// `x_j ← e^(x_j − m)` in place, flushed to 0 below `e^(−64)` ([`weights`]); returns their sum
+/// (f32). `m` is the row's running maximum (never below `f32::MIN`), so `−∞` scores give
+/// exactly 0.
 #[inline(always)]
 pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
     let l = S::LANES;
@@ -194,7 +222,7 @@ pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
     let mut sum = s.splat(0.0);
     let mut i = 0;
     while i + l <= x.len() {
-        let p = exp_rr2_p7(s, s.sub(load(s, &x[i..]), vm));
+        let [p] = weights(s, [s.sub(load(s, &x[i..]), vm)]);
         store(s, &mut x[i..], p);
         sum = s.add(sum, p);
         i += l;
@@ -206,7 +234,7 @@ pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
         tail[..n].copy_from_slice(&x[i..]);
         let mut buf = [0.0f32; 16];
         for (c, chunk) in tail.chunks_exact(l).enumerate() {
-            let p = exp_rr2_p7(s, s.sub(load(s, chunk), vm));
+            let [p] = weights(s, [s.sub(load(s, chunk), vm)]);
             store(s, &mut buf[c * l..], p);
         }
         x[i..].copy_from_slice(&buf[..n]);

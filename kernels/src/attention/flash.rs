@@ -27,13 +27,13 @@ use rayon::prelude::*;
 use attn_core::{Error, Result};
 
 use super::blocking::{FlashBlocking, QV};
-use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows};
+use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows, weights};
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{matrix, scale_query, zeros, Problem, FLUSH_WEIGHTS_BELOW};
 use crate::arch::{load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
-use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7_scalar, LUT8_MIN};
+use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7_scalar};
 use crate::par::Parallelism;
 
 /// Largest query tile of any ISA (AVX-512: 2 × 16 lanes); scratch is sized for it.
@@ -296,31 +296,6 @@ fn softmax_step<S: Simd>(
         store(s, &mut lanes[v * l..], *pm);
     }
     lanes[..qr].contains(&0.0)
-}
-
-/// The probabilities `e^d` of `K` vectors of scores `d = S − m ≤ 0` below the running max
-/// (or NaN, which stays NaN), flushed to 0 below `d <` [`FLUSH_WEIGHTS_BELOW`] (see there for
-/// why, and what it costs in accuracy): the softmax's table exp ([`exp_neg_lut8_p3`], 8
-/// FMA-pipe operations per vector against the full-range exp's 13) on `max(d, LUT8_MIN)`, its
-/// range, since every lane that the clamp moves is flushed anyway. Masked keys (`−∞`) come out
-/// 0 the same way.
-///
-/// The online softmax's rescale factor `α = e^(m − m')` goes through here too: flushing it
-/// drops the earlier keys, whose weights `P_j·α ≤ α` are then below the threshold as well, so
-/// the same bound covers them (each key is dropped at most once, by one or the other).
-#[inline(always)]
-fn weights<S: Simd, const K: usize>(s: S, d: [S::V; K]) -> [S::V; K] {
-    const { assert!(LUT8_MIN <= FLUSH_WEIGHTS_BELOW) };
-    let (lo, flush, zero) = (s.splat(LUT8_MIN), s.splat(FLUSH_WEIGHTS_BELOW), s.splat(0.0));
-    let mut c = d;
-    for x in &mut c {
-        *x = s.max(lo, *x); // a NaN `x` is kept (`max` returns its second operand)
-    }
-    let mut e = exp_neg_lut8_p3(s, c);
-    for (e, d) in e.iter_mut().zip(d) {
-        *e = s.select(s.lt(d, flush), zero, *e);
-    }
-    e
 }
 
 /// [`softmax_step`] for the lanes `at..at + LANES` of which at least one reaches a `+∞`

@@ -74,7 +74,7 @@ use blocks::Strided;
 
 pub use additive::{AdditiveAttention, AdditiveWeights};
 
-/// The flash path flushes a probability `e^(s − m)` (the
+/// Every attention path (flash, decode, unfused) flushes a probability `e^(s − m)` (the
 /// score's distance below its row's running maximum `m`) to 0 when `s − m` is below this:
 /// `e^(−64) ≈ 1.6·10⁻²⁸`.
 ///

@@ -1,6 +1,7 @@
 //! The C ABI: `extern "C"` entry points for sgemm, scale-mask-softmax, attention (with its
 //! decode path), layer norm,
-//! multi-head / cross-attention and the encoder block, with explicit dims and strides.
+//! multi-head / cross-attention and the encoder block (with attention variants through
+//! `AttnVariants`), with explicit dims and strides.
 //! `include/attn_kernels.h` is generated from this file by cbindgen (`cbindgen.toml`); a test
 //! regenerates it and fails when the committed header differs (`ATTN_BLESS=1` rewrites it).
 //!
@@ -17,10 +18,12 @@ mod raw;
 use std::cell::RefCell;
 use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::ptr::null;
 
 use attn_core::{
     Activation, EncoderConfig, EncoderWeights, Error, FeedForwardWeights, LayerNormWeights, Mask,
     MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Tensor4Layout, TensorMut, TensorRef,
+    Variants,
 };
 
 use crate::attention::{Attention, Path};
@@ -59,13 +62,16 @@ use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 /// `attn_softmax` with `y` exactly `x` (same data, dims, strides and offset).
 ///
 /// **Enum and bool fields** (`AttnMask.kind`, `AttnMask.causal_default_offset`, keep-mask
-/// bytes, `AttnEncoderConfig.activation`, `AttnAttentionArgs.path` and `.has_scale`) are
+/// bytes, `AttnEncoderConfig.activation`, `AttnAttentionArgs.path`, `.has_scale` and
+/// `.has_window`, `AttnVariants.has_window`) are
 /// fixed-width integers, validated before use: any value that is not listed is
 /// `ATTN_STATUS_INVALID_PARAMETER` naming the field.
 ///
 /// **Growing.** `attn_attention_run` takes its operands and settings in one struct,
 /// `AttnAttentionArgs`, that starts with its own `struct_size` and grows only at its end; new
 /// attention settings are added there, never as new positional functions (see the struct).
+/// The layers (`attn_*_forward_with_variants`) take their attention settings the same way, in
+/// `AttnVariants` (its own `struct_size`; NULL for none).
 ///
 /// **Threads.** `threads` is a request, the same policy as the Rust API's
 /// `Parallelism::threads`: 0 = every available core, 1 = the calling thread only, n ≥ 2 = at
@@ -400,6 +406,56 @@ pub struct AttnMhaConfig {
     pub kv_heads: usize,
 }
 
+/// The attention variants of a layer (see the Rust `Variants`), for
+/// [`attn_mha_forward_with_variants`], [`attn_cross_attention_forward_with_variants`] and
+/// [`attn_encoder_forward_with_variants`]: the same settings as the variant fields of
+/// [`AttnAttentionArgs`], applied to every head of the layer. A NULL `const AttnVariants*`
+/// means none (plain attention, as the entry points without `_with_variants`).
+///
+/// **Versioning** as [`AttnAttentionArgs`]: the struct starts with `struct_size` and only ever
+/// grows at its end (new attention settings of the layers are appended here, so the layer
+/// entry points keep their arguments). Zero-initialise it, set
+/// `struct_size = sizeof(AttnVariants)`, then the fields you need. Refused with
+/// `ATTN_STATUS_INVALID_PARAMETER` naming `variants.struct_size`: a size below this first
+/// version's (the whole struct, 56 bytes on 64-bit targets; it ends with a pointer, so a
+/// field appended later always grows `sizeof`) or above 4096, and a larger struct
+/// with a nonzero byte past the fields this library knows. (The config and weight structs of
+/// the layers have no size field and stay as they are: that is why the variants come in a
+/// struct of their own, through new entry points, and a caller of the old ones is unaffected.)
+///
+/// Fields left zero give no window, no softcap, no sinks and no ALiBi.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnVariants {
+    /// `sizeof(AttnVariants)` in the caller's header (see the versioning rule above).
+    pub struct_size: usize,
+    /// 1 = a sliding window of `window_left` keys before and `window_right` keys after the
+    /// causal diagonal (key `j` visible to query `i` when
+    /// `i + off − window_left ≤ j ≤ i + off + window_right`, `off` the causal offset: the
+    /// causal mask's, else `n_kv − n_q`, so 0 for self-attention; `SIZE_MAX` is unbounded);
+    /// 0 = no window, the two fields ignored. Any other value is
+    /// `ATTN_STATUS_INVALID_PARAMETER` naming `variants.has_window`.
+    pub has_window: u8,
+    /// Keys visible before the diagonal (when `has_window` is 1).
+    pub window_left: usize,
+    /// Keys visible after the diagonal (when `has_window` is 1).
+    pub window_right: usize,
+    /// Logit softcap `c`: scores become `c·tanh(s/c)` after scaling, before the mask. 0 = none;
+    /// otherwise finite and `> 0` (`ATTN_STATUS_NON_FINITE` / `ATTN_STATUS_INVALID_PARAMETER`
+    /// naming `softcap`).
+    pub softcap: f32,
+    /// NULL, or `num_heads` finite sink logits (one per query head) that join each row's
+    /// softmax denominator and carry no value (else `ATTN_STATUS_NON_FINITE` naming `sinks`).
+    pub sinks: *const f32,
+    /// NULL, or `num_heads` finite ALiBi slopes: `slope_h·(j − i − off)` is added to each score
+    /// (else `ATTN_STATUS_NON_FINITE` naming `alibi`).
+    pub alibi: *const f32,
+}
+
+/// The smallest `struct_size` the layer entry points accept for [`AttnVariants`]: its first
+/// version, the whole struct. Fixed for good.
+const VARIANTS_MIN_SIZE: usize = std::mem::size_of::<AttnVariants>();
+
 /// Caller-owned MHA weights, each `[in, out]` (`y = x·W + b`): `wq: [in_dim, heads·k_dim]`,
 /// `wk: [kv_in_dim, kv_heads·k_dim]`, `wv: [kv_in_dim, kv_heads·v_dim]`,
 /// `wo: [heads·v_dim, in_dim]`. Biases may be null (none); otherwise they hold the matching
@@ -663,6 +719,10 @@ trait CWeights {
     /// # Safety
     /// Every non-null pointer addresses its view (vectors: the width `cfg` implies).
     unsafe fn view<'a>(&self, cfg: &Self::Config) -> Result<Self::Weights<'a>, Failure>;
+    /// Query heads of the layer's attention (the length of its sinks and slopes).
+    fn heads(cfg: &Self::Config) -> usize;
+    /// Sets the attention variants of the weights.
+    fn set_variants<'a>(w: &mut Self::Weights<'a>, v: Variants<'a>);
 }
 
 impl CWeights for AttnMhaWeights {
@@ -705,8 +765,15 @@ impl CWeights for AttnMhaWeights {
                 bk: opt("bk", self.bk, cfg.k_width())?,
                 bv: opt("bv", self.bv, cfg.v_width())?,
                 bo: opt("bo", self.bo, cfg.in_dim)?,
+                variants: Variants::NONE,
             })
         }
+    }
+    fn heads(cfg: &MhaConfig) -> usize {
+        cfg.num_heads
+    }
+    fn set_variants<'a>(w: &mut MhaWeights<'a>, v: Variants<'a>) {
+        w.variants = v;
     }
 }
 
@@ -886,6 +953,12 @@ impl CWeights for AttnEncoderWeights {
                 },
             })
         }
+    }
+    fn heads(cfg: &EncoderConfig) -> usize {
+        cfg.attn.num_heads
+    }
+    fn set_variants<'a>(w: &mut EncoderWeights<'a>, v: Variants<'a>) {
+        w.attn.variants = v;
     }
 }
 
@@ -1184,22 +1257,19 @@ unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
             })
         }
     };
-    let window = match a.has_window {
-        0 => None,
-        1 => Some((a.window_left, a.window_right)),
-        v => {
-            return Err(Failure::BadValue {
-                arg: "args.has_window",
-                value: i64::from(v),
-                allowed: "must be 0 (no window) or 1 (window_left, window_right)",
-            })
-        }
+    let variants = CVariants {
+        has_window: (a.has_window, "args.has_window"),
+        window: (a.window_left, a.window_right),
+        softcap: a.softcap,
+        sinks: a.sinks,
+        alibi: a.alibi,
     };
+    variants.window()?;
     // Sinks and slopes: one per query head (the view's dims, checked against the other
     // operands by the Rust problem).
     let hq = a.q.dims[1];
     let mut inputs = vec![a.q.span("q")?, a.k.span("k")?, a.v.span("v")?];
-    inputs.extend([span("sinks", a.sinks, hq)?, span("alibi", a.alibi, hq)?]);
+    inputs.extend(variants.spans(hq)?);
     // SAFETY: forwarded from the caller.
     inputs.extend(unsafe { mask_span(a.mask)? });
     disjoint(&[a.o.span("o")?, span("lse", a.lse, a.lse_len)?], &inputs)?;
@@ -1216,22 +1286,95 @@ unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
     if let Some(lse) = lse {
         p = p.lse(lse);
     }
-    if let Some((left, right)) = window {
-        p = p.window(left, right);
-    }
-    if a.softcap != 0.0 {
-        p = p.softcap(a.softcap);
-    }
     // SAFETY: the caller's contract (`hq` floats at each non-null pointer); inputs only.
-    unsafe {
-        if !a.sinks.is_null() {
-            p = p.sinks(slice("sinks", a.sinks, hq)?);
-        }
-        if !a.alibi.is_null() {
-            p = p.alibi(slice("alibi", a.alibi, hq)?);
+    p = p.variants(unsafe { variants.view(hq)? });
+    Ok(p.run(o)?)
+}
+
+/// The variant fields of a C struct ([`AttnAttentionArgs`] from version 2, [`AttnVariants`]),
+/// one body for both: `has_window` comes with the name its error reports.
+struct CVariants {
+    has_window: (u8, &'static str),
+    window: (usize, usize),
+    softcap: f32,
+    sinks: *const f32,
+    alibi: *const f32,
+}
+
+impl CVariants {
+    /// The variants of a layer call: none for a NULL pointer, else the struct read by its
+    /// `struct_size`.
+    ///
+    /// # Safety
+    /// `p` is null or addresses `p->struct_size` readable, initialised bytes.
+    unsafe fn of_layer(p: *const AttnVariants) -> Result<Self, Failure> {
+        let v = if p.is_null() {
+            AttnVariants {
+                struct_size: VARIANTS_MIN_SIZE,
+                has_window: 0,
+                window_left: 0,
+                window_right: 0,
+                softcap: 0.0,
+                sinks: std::ptr::null(),
+                alibi: std::ptr::null(),
+            }
+        } else {
+            // SAFETY: the caller's contract; `AttnVariants` is `repr(C)`, starts with its
+            // `size_t struct_size`, and is valid when all-zero.
+            unsafe {
+                raw::read_sized(("variants", "variants.struct_size"), p, &[VARIANTS_MIN_SIZE])?
+            }
+        };
+        Ok(CVariants {
+            has_window: (v.has_window, "variants.has_window"),
+            window: (v.window_left, v.window_right),
+            softcap: v.softcap,
+            sinks: v.sinks,
+            alibi: v.alibi,
+        })
+    }
+
+    /// The window, after checking the `has_window` byte.
+    fn window(&self) -> Result<Option<(usize, usize)>, Failure> {
+        match self.has_window.0 {
+            0 => Ok(None),
+            1 => Ok(Some(self.window)),
+            v => Err(Failure::BadValue {
+                arg: self.has_window.1,
+                value: i64::from(v),
+                allowed: "must be 0 (no window) or 1 (window_left, window_right)",
+            }),
         }
     }
-    Ok(p.run(o)?)
+
+    /// Spans of the sinks and slopes, `hq` floats each (inputs of the call).
+    fn spans(&self, hq: usize) -> Result<[Span; 2], Failure> {
+        Ok([span("sinks", self.sinks, hq)?, span("alibi", self.alibi, hq)?])
+    }
+
+    /// The Rust variants (softcap 0 is none; the values are checked by the Rust call).
+    ///
+    /// # Safety
+    /// Non-null `sinks` and `alibi` address `hq` floats, unwritten during the call.
+    unsafe fn view<'a>(&self, hq: usize) -> Result<Variants<'a>, Failure> {
+        let mut v = Variants::NONE;
+        if let Some((left, right)) = self.window()? {
+            v = v.window(left, right);
+        }
+        if self.softcap != 0.0 {
+            v = v.softcap(self.softcap);
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if let Some(s) = opt("sinks", self.sinks, hq)? {
+                v = v.sinks(s);
+            }
+            if let Some(a) = opt("alibi", self.alibi, hq)? {
+                v = v.alibi(a);
+            }
+        }
+        Ok(v)
+    }
 }
 
 /// Layer norm of each row of `x: [n, d]` into `y: [n, d]` with `gamma`, `beta` of `d` floats:
@@ -1335,6 +1478,7 @@ pub unsafe extern "C" fn attn_mha_config_from_embed_dim(
 /// `ATTN_STATUS_OUT_OF_BOUNDS`); pass NULL and 0 to let the call allocate (NULL with a nonzero
 /// length is `ATTN_STATUS_NULL_POINTER`). The weights' contract, including when the Q/K/V
 /// projections run as one GEMM, is on [`AttnMhaWeights`]. `threads`: see [`AttnStatus`].
+/// [`attn_mha_forward_with_variants`] with no variants.
 ///
 /// # Safety
 ///
@@ -1352,13 +1496,44 @@ pub unsafe extern "C" fn attn_mha_forward(
     workspace_len: usize,
     threads: usize,
 ) -> AttnStatus {
+    let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { mha_call(cfg, weights, x, None, mask, y, workspace, workspace_len, threads) })
+    guard(|| unsafe { mha_call(cfg, weights, null(), x, None, mask, y, ws, threads) })
+}
+
+/// [`attn_mha_forward`] with the attention variants `variants` (sliding window, softcap,
+/// sinks, ALiBi) on every head; NULL is none. See [`AttnVariants`] (its `struct_size` is
+/// checked; sinks and slopes hold `cfg->num_heads` floats). Statuses: those of
+/// [`attn_mha_forward`], with `variants.struct_size` and `variants.has_window` checked after
+/// the config, and the variants' values (`softcap`, `sinks`, `alibi`) after the weights.
+///
+/// # Safety
+///
+/// As [`attn_mha_forward`]; `variants` is null or addresses `variants->struct_size` readable,
+/// initialised bytes (a whole `AttnVariants`), whose non-null `sinks` and `alibi` address
+/// `cfg->num_heads` floats.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attn_mha_forward_with_variants(
+    cfg: *const AttnMhaConfig,
+    weights: *const AttnMhaWeights,
+    variants: *const AttnVariants,
+    x: AttnTensor,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    workspace: *mut f32,
+    workspace_len: usize,
+    threads: usize,
+) -> AttnStatus {
+    let ws = (workspace, workspace_len);
+    // SAFETY: forwarded from the caller.
+    guard(|| unsafe { mha_call(cfg, weights, variants, x, None, mask, y, ws, threads) })
 }
 
 /// Cross-attention `y = CrossAttention(x1, x2)` (`x1`, `y`: `[batch, 1, n1, in_dim]`, `x2`:
 /// `[batch, 1, n2, kv_in_dim]`, mask over `[batch, heads, n1, n2]` or null); workspace,
 /// weights and `threads` as [`attn_mha_forward`] (adjacent `wk`/`wv` blocks run as one GEMM).
+/// [`attn_cross_attention_forward_with_variants`] with no variants.
 ///
 /// # Safety
 ///
@@ -1376,30 +1551,54 @@ pub unsafe extern "C" fn attn_cross_attention_forward(
     workspace_len: usize,
     threads: usize,
 ) -> AttnStatus {
+    let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe {
-        mha_call(cfg, weights, x1, Some(x2), mask, y, workspace, workspace_len, threads)
-    })
+    guard(|| unsafe { mha_call(cfg, weights, null(), x1, Some(x2), mask, y, ws, threads) })
 }
 
+/// [`attn_cross_attention_forward`] with the attention variants `variants` on every head (NULL
+/// is none), as [`attn_mha_forward_with_variants`]; the window and ALiBi measure from the
+/// causal offset, `n2 − n1` unless a causal mask gives its own.
+///
 /// # Safety
-/// As [`attn_mha_forward`].
+///
+/// As [`attn_mha_forward_with_variants`].
+#[no_mangle]
 #[allow(clippy::too_many_arguments)]
-unsafe fn mha_call(
+pub unsafe extern "C" fn attn_cross_attention_forward_with_variants(
     cfg: *const AttnMhaConfig,
     weights: *const AttnMhaWeights,
+    variants: *const AttnVariants,
     x1: AttnTensor,
-    x2: Option<AttnTensor>,
+    x2: AttnTensor,
     mask: *const AttnMask,
     y: AttnTensorMut,
     workspace: *mut f32,
     workspace_len: usize,
     threads: usize,
-) -> Result<(), Failure> {
+) -> AttnStatus {
     let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
+    guard(|| unsafe { mha_call(cfg, weights, variants, x1, Some(x2), mask, y, ws, threads) })
+}
+
+/// # Safety
+/// As [`attn_mha_forward_with_variants`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn mha_call(
+    cfg: *const AttnMhaConfig,
+    weights: *const AttnMhaWeights,
+    variants: *const AttnVariants,
+    x1: AttnTensor,
+    x2: Option<AttnTensor>,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    ws: (*mut f32, usize),
+    threads: usize,
+) -> Result<(), Failure> {
+    // SAFETY: forwarded from the caller.
     let LayerOperands { cfg, w, x1, x2, mask, y, ws, par } =
-        unsafe { layer_operands(cfg, weights, (x1, "x1"), x2, mask, y, ws, threads)? };
+        unsafe { layer_operands(cfg, weights, variants, (x1, "x1"), x2, mask, y, ws, threads)? };
     use crate::layers::mha::*;
     Ok(match (x2, ws) {
         (None, None) => multi_head_attention(&cfg, &w, x1, &mask, y, par),
@@ -1424,17 +1623,19 @@ struct LayerOperands<'a, W: CWeights> {
 }
 
 /// The marshalling shared by the layer entry points: null checks on `cfg` and `weights`, the
-/// config's check, the overlap check of the outputs (`y`, the workspace) against every input,
-/// then the Rust views, in that order (so a call fails with the same error whichever entry
-/// point it came through). `x1` comes with the name its span reports in an error; its view is
-/// named `x`.
+/// config's check, the variants' `struct_size` and `has_window` (NULL `variants`: none), the
+/// overlap check of the outputs (`y`, the workspace) against every input (sinks and slopes
+/// included), then the Rust views, in that order (so a call fails with the same error
+/// whichever entry point it came through). `x1` comes with the name its span reports in an
+/// error; its view is named `x`.
 ///
 /// # Safety
-/// As [`attn_mha_forward`].
+/// As [`attn_mha_forward_with_variants`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn layer_operands<'a, W: CWeights>(
     cfg: *const W::CConfig,
     weights: *const W,
+    variants: *const AttnVariants,
     (x1, x1_span): (AttnTensor, &'static str),
     x2: Option<AttnTensor>,
     mask: *const AttnMask,
@@ -1445,7 +1646,12 @@ unsafe fn layer_operands<'a, W: CWeights>(
     // SAFETY: forwarded from the caller.
     let (cfg, weights) = unsafe { (*deref("cfg", cfg)?, deref("weights", weights)?) };
     let cfg = W::config(cfg)?;
+    // SAFETY: forwarded from the caller.
+    let variants = unsafe { CVariants::of_layer(variants)? };
+    variants.window()?;
+    let heads = W::heads(&cfg);
     let mut inputs = weights.spans(&cfg)?;
+    inputs.extend(variants.spans(heads)?);
     inputs.push(x1.span(x1_span)?);
     if let Some(x2) = &x2 {
         inputs.push(x2.span("x2")?);
@@ -1454,7 +1660,7 @@ unsafe fn layer_operands<'a, W: CWeights>(
     inputs.extend(unsafe { mask_span(mask)? });
     disjoint(&[y.span("y")?, span("workspace", workspace, workspace_len)?], &inputs)?;
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
-    let (w, x1, mask, y, ws) = unsafe {
+    let (mut w, x1, mask, y, ws) = unsafe {
         (
             weights.view(&cfg)?,
             x1.view("x")?,
@@ -1468,6 +1674,8 @@ unsafe fn layer_operands<'a, W: CWeights>(
         Some(x2) => Some(unsafe { x2.view("x2")? }),
         None => None,
     };
+    // SAFETY: as above (`heads` floats at each non-null pointer).
+    W::set_variants(&mut w, unsafe { variants.view(heads)? });
     let allocate = workspace.is_null() && workspace_len == 0;
     let ws = (!allocate).then_some(ws);
     Ok(LayerOperands { cfg, w, x1, x2, mask, y, ws, par: self::threads(threads) })
@@ -1497,7 +1705,7 @@ pub unsafe extern "C" fn attn_encoder_workspace_len(
 /// One post-norm encoder block `y = LN₂(H + FF(H))`, `H = LN₁(x + MHA(x))` (`x`, `y`:
 /// `[batch, 1, n, d]`, mask over `[batch, heads, n, n]` or null); workspace and `threads` as
 /// [`attn_mha_forward`] with [`attn_encoder_workspace_len`]. `cfg->activation` is validated
-/// (see [`AttnEncoderConfig`]).
+/// (see [`AttnEncoderConfig`]). [`attn_encoder_forward_with_variants`] with no variants.
 ///
 /// # Safety
 ///
@@ -1514,16 +1722,56 @@ pub unsafe extern "C" fn attn_encoder_forward(
     workspace_len: usize,
     threads: usize,
 ) -> AttnStatus {
-    guard(|| {
-        let ws = (workspace, workspace_len);
-        // SAFETY: the caller's contract.
-        let LayerOperands { cfg, w, x1: x, mask, y, ws, par, .. } =
-            unsafe { layer_operands(cfg, weights, (x, "x"), None, mask, y, ws, threads)? };
-        Ok(match ws {
-            None => crate::layers::encoder_block(&cfg, &w, x, &mask, y, par),
-            Some(ws) => crate::layers::encoder_block_in(&cfg, &w, x, &mask, y, ws, par),
-        }?)
-    })
+    let ws = (workspace, workspace_len);
+    // SAFETY: forwarded from the caller.
+    guard(|| unsafe { encoder_call(cfg, weights, null(), x, mask, y, ws, threads) })
+}
+
+/// [`attn_encoder_forward`] with the attention variants `variants` on every head of the
+/// block's self-attention (NULL is none), as [`attn_mha_forward_with_variants`]; sinks and
+/// slopes hold `cfg->attn.num_heads` floats.
+///
+/// # Safety
+///
+/// As [`attn_mha_forward_with_variants`].
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attn_encoder_forward_with_variants(
+    cfg: *const AttnEncoderConfig,
+    weights: *const AttnEncoderWeights,
+    variants: *const AttnVariants,
+    x: AttnTensor,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    workspace: *mut f32,
+    workspace_len: usize,
+    threads: usize,
+) -> AttnStatus {
+    let ws = (workspace, workspace_len);
+    // SAFETY: forwarded from the caller.
+    guard(|| unsafe { encoder_call(cfg, weights, variants, x, mask, y, ws, threads) })
+}
+
+/// # Safety
+/// As [`attn_mha_forward_with_variants`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn encoder_call(
+    cfg: *const AttnEncoderConfig,
+    weights: *const AttnEncoderWeights,
+    variants: *const AttnVariants,
+    x: AttnTensor,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    ws: (*mut f32, usize),
+    threads: usize,
+) -> Result<(), Failure> {
+    // SAFETY: forwarded from the caller.
+    let LayerOperands { cfg, w, x1: x, mask, y, ws, par, .. } =
+        unsafe { layer_operands(cfg, weights, variants, (x, "x"), None, mask, y, ws, threads)? };
+    Ok(match ws {
+        None => crate::layers::encoder_block(&cfg, &w, x, &mask, y, par),
+        Some(ws) => crate::layers::encoder_block_in(&cfg, &w, x, &mask, y, ws, par),
+    }?)
 }
 
 #[cfg(test)]

@@ -740,3 +740,244 @@ fn attention_args_variants() {
         assert!(last_error().contains(name), "{name}: {}", last_error());
     }
 }
+
+#[test]
+fn variants_struct_first_version_size() {
+    // Fixed for good: a caller built against this header passes at least this much.
+    assert_eq!(VARIANTS_MIN_SIZE, std::mem::size_of::<AttnVariants>());
+    #[cfg(target_pointer_width = "64")]
+    assert_eq!(VARIANTS_MIN_SIZE, 56);
+}
+
+/// Owned operands of the layer tests: a `CFG` self-attention layer (also an encoder block of
+/// feed-forward width 12, and cross-attention from a width-8 `x2` of 4 rows) on 5 rows.
+struct LayerData {
+    w: Vec<Vec<f32>>,
+    x: Vec<f32>,
+    x2: Vec<f32>,
+}
+
+impl LayerData {
+    fn new() -> Self {
+        let sizes = [64, 64, 64, 64, 8, 8, 8, 8, 8 * 12, 12, 12 * 8, 8, 8, 8, 8, 8];
+        let w = sizes.iter().enumerate().map(|(i, &n)| vals(n, 20 + i as u32)).collect();
+        LayerData { w, x: vals(5 * 8, 40), x2: vals(4 * 8, 41) }
+    }
+    fn mha(&self) -> AttnMhaWeights {
+        let w = &self.w;
+        AttnMhaWeights {
+            wq: mat(&w[0], 8, 8, 8, 1, 0),
+            wk: mat(&w[1], 8, 8, 8, 1, 0),
+            wv: mat(&w[2], 8, 8, 8, 1, 0),
+            wo: mat(&w[3], 8, 8, 8, 1, 0),
+            bq: w[4].as_ptr(),
+            bk: w[5].as_ptr(),
+            bv: w[6].as_ptr(),
+            bo: w[7].as_ptr(),
+        }
+    }
+    fn encoder(&self) -> AttnEncoderWeights {
+        let w = &self.w;
+        AttnEncoderWeights {
+            attn: self.mha(),
+            norm1_gamma: w[12].as_ptr(),
+            norm1_beta: w[13].as_ptr(),
+            w1: mat(&w[8], 8, 12, 12, 1, 0),
+            b1: w[9].as_ptr(),
+            w2: mat(&w[10], 12, 8, 8, 1, 0),
+            b2: w[11].as_ptr(),
+            norm2_gamma: w[14].as_ptr(),
+            norm2_beta: w[15].as_ptr(),
+        }
+    }
+}
+
+const ENC: AttnEncoderConfig =
+    AttnEncoderConfig { attn: CFG, ff_dim: 12, activation: 0, eps: 1e-5 };
+
+/// The three layers through C with `variants` (and a causal mask), as bits; the status too.
+fn c_layers(d: &LayerData, variants: *const AttnVariants) -> [(AttnStatus, Vec<u32>); 3] {
+    let causal =
+        AttnMask { kind: AttnMaskKind::Causal as i32, causal_default_offset: 1, ..no_mask() };
+    let run = |f: &dyn Fn(AttnTensorMut) -> AttnStatus| {
+        let mut y = vec![f32::NAN; 5 * 8];
+        let s = f(tensor_mut(&mut y, [1, 1, 5, 8]));
+        (s, y.iter().map(|v| v.to_bits()).collect())
+    };
+    let (mw, ew) = (d.mha(), d.encoder());
+    let (x, x2) = (tensor(&d.x, [1, 1, 5, 8]), tensor(&d.x2, [1, 1, 4, 8]));
+    // SAFETY (all three): views and vectors address their buffers; `variants` is null or whole
+    // with 2 floats at each non-null per-head pointer.
+    [
+        run(&|y| unsafe {
+            attn_mha_forward_with_variants(&CFG, &mw, variants, x, &causal, y, null_mut(), 0, 1)
+        }),
+        run(&|y| unsafe {
+            attn_cross_attention_forward_with_variants(
+                &CFG,
+                &mw,
+                variants,
+                x,
+                x2,
+                &causal,
+                y,
+                null_mut(),
+                0,
+                1,
+            )
+        }),
+        run(&|y| unsafe {
+            attn_encoder_forward_with_variants(&ENC, &ew, variants, x, &causal, y, null_mut(), 0, 1)
+        }),
+    ]
+}
+
+/// The same three layers through the Rust API with `variants`.
+fn rust_layers(d: &LayerData, variants: Variants<'_>) -> [Vec<u32>; 3] {
+    let (mw, ew) = (d.mha(), d.encoder());
+    let (cfg, ecfg) = (CFG.to_rust(), ENC.to_rust().ok().expect("a valid config"));
+    // SAFETY: the views address their buffers.
+    let (mut w, mut e) = unsafe { (mw.view(&cfg).ok(), ew.view(&ecfg).ok()) };
+    let (w, e) = (w.as_mut().expect("valid weights"), e.as_mut().expect("valid weights"));
+    w.variants = variants;
+    e.attn.variants = variants;
+    let x = TensorRef::new(&d.x, Tensor4Layout::batch_seq(1, 5, 8));
+    let x2 = TensorRef::new(&d.x2, Tensor4Layout::batch_seq(1, 4, 8));
+    let run = |f: &dyn Fn(TensorMut<'_>) -> attn_core::Result<()>| {
+        let mut y = vec![f32::NAN; 5 * 8];
+        f(TensorMut::new(&mut y, Tensor4Layout::batch_seq(1, 5, 8))).unwrap();
+        y.iter().map(|v| v.to_bits()).collect()
+    };
+    let (m, par) = (Mask::CAUSAL, Parallelism::threads(1));
+    [
+        run(&|y| crate::layers::multi_head_attention(&cfg, w, x, &m, y, par)),
+        run(&|y| crate::layers::cross_attention(&cfg, w, x, x2, &m, y, par)),
+        run(&|y| crate::layers::encoder_block(&ecfg, e, x, &m, y, par)),
+    ]
+}
+
+fn c_variants(sinks: &[f32], alibi: &[f32]) -> AttnVariants {
+    AttnVariants {
+        struct_size: std::mem::size_of::<AttnVariants>(),
+        has_window: 1,
+        window_left: 2,
+        window_right: 0,
+        softcap: 3.0,
+        sinks: sinks.as_ptr(),
+        alibi: alibi.as_ptr(),
+    }
+}
+
+/// The layer entry points with `AttnVariants` give the bits of the Rust layers with the same
+/// `MhaWeights::variants`; NULL variants and an all-zero struct are the plain layers (and
+/// the entry points without variants), which the variants do change.
+#[test]
+fn layer_variants_equal_the_rust_layers() {
+    let d = LayerData::new();
+    let (sinks, slopes) = ([0.5f32, -1.0], [0.25f32, 0.125]);
+    let v = c_variants(&sinks, &slopes);
+    let with = c_layers(&d, &v);
+    let rust = Variants::NONE.window(2, 0).softcap(3.0).sinks(&sinks).alibi(&slopes);
+    let want = rust_layers(&d, rust);
+    let plain = rust_layers(&d, Variants::NONE);
+    let zero = AttnVariants {
+        struct_size: VARIANTS_MIN_SIZE,
+        has_window: 0,
+        window_left: 7,
+        window_right: 7,
+        softcap: 0.0,
+        sinks: null(),
+        alibi: null(),
+    };
+    let (none, zeroed) = (c_layers(&d, null()), c_layers(&d, &zero));
+    for (i, name) in ["mha", "cross", "encoder"].iter().enumerate() {
+        assert_eq!(with[i].0, AttnStatus::Ok, "{name}: {}", last_error());
+        assert!(with[i].1 == want[i], "{name}: C and Rust differ");
+        assert!(none[i].0 == AttnStatus::Ok && none[i].1 == plain[i], "{name}: NULL variants");
+        assert!(zeroed[i].1 == plain[i], "{name}: all-zero variants");
+        assert!(with[i].1 != plain[i], "{name}: the variants change the output");
+    }
+    // The entry points without variants are the plain layers.
+    let (mw, ew) = (d.mha(), d.encoder());
+    let causal =
+        AttnMask { kind: AttnMaskKind::Causal as i32, causal_default_offset: 1, ..no_mask() };
+    let mut y = vec![f32::NAN; 5 * 8];
+    let (x, ty) = (tensor(&d.x, [1, 1, 5, 8]), tensor_mut(&mut y, [1, 1, 5, 8]));
+    // SAFETY: views address their buffers.
+    let s = unsafe { attn_mha_forward(&CFG, &mw, x, &causal, ty, null_mut(), 0, 1) };
+    assert_eq!(s, AttnStatus::Ok);
+    assert!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>() == plain[0]);
+    let ty = tensor_mut(&mut y, [1, 1, 5, 8]);
+    // SAFETY: as above.
+    let s = unsafe { attn_encoder_forward(&ENC, &ew, x, &causal, ty, null_mut(), 0, 1) };
+    assert_eq!(s, AttnStatus::Ok);
+    assert!(y.iter().map(|v| v.to_bits()).collect::<Vec<_>>() == plain[2]);
+}
+
+/// `AttnVariants.struct_size` is checked as `AttnAttentionArgs`'s (a size that is no
+/// version's, a newer struct with a setting this library does not know, a misaligned
+/// pointer), and so are `has_window` and the values; every layer entry point reports the same
+/// status naming the field. Sinks or slopes overlapping the output are refused by name.
+#[test]
+fn layer_variants_are_checked() {
+    let d = LayerData::new();
+    let (sinks, slopes) = ([0.5f32, -1.0], [0.25f32, 0.125]);
+    let v = c_variants(&sinks, &slopes);
+    let nan = [0.0, f32::NAN];
+    let expect = |variants: *const AttnVariants, status: AttnStatus, name: &str| {
+        for (i, (s, _)) in c_layers(&d, variants).iter().enumerate() {
+            assert_eq!(*s, status, "{name} (layer {i}): {}", last_error());
+            // Each call sets the message of its own failure: checked right after the last.
+        }
+        assert!(last_error().contains(name), "{name}: {}", last_error());
+    };
+    for size in [0, 8, VARIANTS_MIN_SIZE - 1, raw::MAX_STRUCT_SIZE + 1, usize::MAX] {
+        let small = AttnVariants { struct_size: size, ..v };
+        expect(&small, AttnStatus::InvalidParameter, "variants.struct_size");
+    }
+    let cases: [(AttnVariants, AttnStatus, &str); 6] = [
+        (AttnVariants { has_window: 2, ..v }, AttnStatus::InvalidParameter, "variants.has_window"),
+        (AttnVariants { softcap: -1.0, ..v }, AttnStatus::InvalidParameter, "softcap"),
+        (AttnVariants { softcap: f32::INFINITY, ..v }, AttnStatus::NonFinite, "softcap"),
+        (AttnVariants { sinks: nan.as_ptr(), ..v }, AttnStatus::NonFinite, "sinks"),
+        (AttnVariants { alibi: nan.as_ptr(), ..v }, AttnStatus::NonFinite, "alibi"),
+        (AttnVariants { alibi: null(), sinks: null(), ..v }, AttnStatus::Ok, ""),
+    ];
+    for (bad, status, name) in cases {
+        expect(&bad, status, name);
+    }
+    // A newer caller's larger struct: fine while the bytes past this version are zero.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Newer {
+        v: AttnVariants,
+        more: [u64; 2],
+    }
+    let size = std::mem::size_of::<Newer>();
+    let newer = Newer { v: AttnVariants { struct_size: size, ..v }, more: [0; 2] };
+    let whole = |n: &Newer| std::ptr::from_ref(n).cast::<AttnVariants>();
+    let want = c_layers(&d, &v);
+    let got = c_layers(&d, whole(&newer));
+    assert!(got == want, "a newer struct with zero extra bytes");
+    expect(
+        whole(&Newer { more: [0, 1], ..newer }),
+        AttnStatus::InvalidParameter,
+        "variants.struct_size",
+    );
+    // A misaligned pointer.
+    let mut bytes = vec![0u64; size.div_ceil(8) + 1];
+    let p = bytes.as_mut_ptr().cast::<u8>().wrapping_add(4).cast::<AttnVariants>();
+    expect(p, AttnStatus::InvalidParameter, "`variants`");
+    // Sinks inside the output: an output may share no byte with an input.
+    let mw = d.mha();
+    let mut y = vec![0.0f32; 5 * 8];
+    let inside = AttnVariants { sinks: y[3..].as_ptr(), ..v };
+    let ty = tensor_mut(&mut y, [1, 1, 5, 8]);
+    let x = tensor(&d.x, [1, 1, 5, 8]);
+    // SAFETY: refused before anything is written; views address their buffers.
+    let s = unsafe {
+        attn_mha_forward_with_variants(&CFG, &mw, &inside, x, null(), ty, null_mut(), 0, 1)
+    };
+    assert_eq!(s, AttnStatus::AliasedOutput);
+    assert!(last_error().contains("`y`") && last_error().contains("`sinks`"), "{}", last_error());
+}

@@ -112,7 +112,8 @@ allocating_form! {
 /// `H = LayerNorm₁(X + MultiHeadAttention(X, mask))`,
 /// `y[b] = LayerNorm₂(H + act(H·W1 + b1)·W2 + b2)`
 ///
-/// with the activation `cfg.activation` (ReLU by default, as in the original transformer) and
+/// with the attention variants `w.attn.variants` ([`MhaWeights`](attn_core::MhaWeights)), the
+/// activation `cfg.activation` (ReLU by default, as in the original transformer) and
 /// both norms after their residual sums (post-norm), as the reference. `x`, `y` are
 /// `[batch, 1, n, d]`, the mask addresses `[batch, num_heads, n, n]`. `workspace` must hold
 /// [`encoder_workspace_len`]`(cfg, batch, n)` elements; no activation buffer is allocated.

@@ -2,7 +2,7 @@
 //! attention kernel ([`attention`]: an [`Attention`] problem on its default path, decode for
 //! few queries and flash otherwise). Nothing else in `layers` multiplies matrices or computes attention.
 
-use attn_core::{Mask, MatMut, MatRef, Result, TensorMut, TensorRef};
+use attn_core::{Mask, MatMut, MatRef, Result, TensorMut, TensorRef, Variants};
 
 use crate::attention::Attention;
 use crate::par::Parallelism;
@@ -27,15 +27,18 @@ pub(crate) fn sgemm(
     crate::gemm::sgemm(alpha, a, b, beta, c, par)
 }
 
-/// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`, without the logsumexp.
+/// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]` with the `variants`, without the
+/// logsumexp.
+#[allow(clippy::too_many_arguments)] // the attention problem's operands and settings
 pub(crate) fn attention(
     q: TensorRef<'_>,
     k: TensorRef<'_>,
     v: TensorRef<'_>,
     scale: f32,
     mask: &Mask<'_>,
+    variants: &Variants<'_>,
     o: TensorMut<'_>,
     par: Parallelism,
 ) -> Result<()> {
-    Attention::new(q, k, v).scale(scale).mask(*mask).parallelism(par).run(o)
+    Attention::new(q, k, v).scale(scale).mask(*mask).variants(*variants).parallelism(par).run(o)
 }

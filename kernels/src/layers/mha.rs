@@ -68,6 +68,9 @@ allocating_form! {
 /// `head_h = softmax(Q_h·K_gᵀ / √k_dim + mask)·V_g` with `g = h / (num_heads / kv_heads)`;
 /// `y[b] = concat_h(head_h)·Wo + bo`
 ///
+/// with the attention variants `w.variants` on the heads (window, softcap, sinks, ALiBi: see
+/// [`Attention`](crate::attention::Attention); the window and ALiBi measure from the mask's
+/// causal offset, 0 for self-attention without a causal mask)
 /// (the reference's `attn_reference::multi_head_attention`, same conventions: `x`, `y` are
 /// `[batch, 1, n, in_dim]`, the mask addresses `[batch, num_heads, n, n]`, a fully masked row
 /// gives `y = bo`). `workspace` must hold [`mha_workspace_len`]`(cfg, batch, n, n)` elements;
@@ -235,6 +238,7 @@ fn forward(
         TensorRef::new(kv_data, split(n2, hkv, dv, kv_stride, k_col + kw)),
         cfg.scale(),
         mask,
+        &w.variants,
         TensorMut::new(heads, Tensor4Layout::bshd(batch, n1, h, dv)),
         par,
     )?;

@@ -31,7 +31,7 @@ pub mod posenc;
 
 pub use attn_core::{
     Activation, EncoderConfig, EncoderWeights, FeedForwardWeights, LayerNormWeights, MhaConfig,
-    MhaWeights, PositionalEncoding,
+    MhaWeights, PositionalEncoding, Variants,
 };
 pub use attn_core::{MatMut, MatRef, TensorMut, TensorRef};
 pub use encoder::{

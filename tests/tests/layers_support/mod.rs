@@ -8,13 +8,15 @@
 //! [`GAMMA`] absorbs the second-order terms and the constant factors of the f32 sums.
 #![allow(dead_code)] // each test binary uses a subset
 
-use attn_reference::attention::attention as ref_attention;
+use attn_reference::attention::attention_with_variants as ref_attention;
 use attn_reference::{
     layer_norm as ref_layer_norm, linear as ref_linear, multi_head_attention as ref_mha,
     Activation, EncoderConfig, EncoderWeights, FeedForwardWeights, LayerNormWeights, Mask,
     MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Tensor4Layout, TensorMut, TensorRef,
+    Variants,
 };
-use attn_tests::numerics::gelu_tanh_bound;
+use attn_tests::fuzz_decode::VariantSpec;
+use attn_tests::numerics::{gelu_tanh_bound, softcap_error};
 
 pub use attn_tests::numerics::{GAMMA, U};
 
@@ -44,7 +46,7 @@ impl Gen {
 
 /// Owned weights of an MHA layer, generated for a config; `fused` stores `wq | wk | wv` as
 /// adjacent column blocks of one `[in, q_w + k_w + v_w]` buffer (self-attention only), so the
-/// kernel runs the fused QKV GEMM.
+/// kernel runs the fused QKV GEMM. `var` are the layer's attention variants (none by default).
 pub struct MhaParams {
     pub cfg: MhaConfig,
     pub wqkv: Vec<f32>,
@@ -57,6 +59,7 @@ pub struct MhaParams {
     pub bv: Option<Vec<f32>>,
     pub bo: Option<Vec<f32>>,
     pub fused: bool,
+    pub var: VariantSpec,
 }
 
 impl MhaParams {
@@ -81,7 +84,12 @@ impl MhaParams {
                 wqkv.extend_from_slice(&wv[r * vw..(r + 1) * vw]);
             }
         }
-        Self { cfg, wqkv, wq, wk, wv, wo, bq, bk, bv, bo, fused }
+        Self { cfg, wqkv, wq, wk, wv, wo, bq, bk, bv, bo, fused, var: VariantSpec::default() }
+    }
+
+    /// The same weights with the attention variants `var`.
+    pub fn with_variants(self, var: VariantSpec) -> Self {
+        Self { var, ..self }
     }
 
     /// The weight views (column blocks of `wqkv` when fused).
@@ -109,6 +117,7 @@ impl MhaParams {
             bk: self.bk.as_deref(),
             bv: self.bv.as_deref(),
             bo: self.bo.as_deref(),
+            variants: self.var.variants(),
         }
     }
 }
@@ -240,11 +249,7 @@ pub fn layer_norm_b(x: &Bounded, gamma: &[f32], beta: &[f32], eps: f32) -> Bound
     Bounded { rows: n, cols: d, val, err }
 }
 
-/// Multi-head attention of bounded Q `[b·nq, h·dk]`, K `[b·nk, hkv·dk]`, V `[b·nk, hkv·dv]`
-/// by the reference, with the bound of the f32 kernel: score errors `Δs_ij` from the inputs'
-/// bounds and the `dk`-term dot product; softmax weights perturbed by at most
-/// `p_ij·(e^{2·max_j Δs_ij} − 1)`; the weighted sum of `nk` values accumulated in f32 with a
-/// 1-ULP exp and online rescaling (`γ·(nk + 16)·u·Σ_j p_ij|v_j|`).
+/// [`attention_variants_b`] without variants.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_b(
     q: &Bounded,
@@ -255,6 +260,31 @@ pub fn attention_b(
     hkv: usize,
     scale: f32,
     mask: &Mask<'_>,
+) -> Bounded {
+    attention_variants_b(q, k, v, batch, h, hkv, scale, mask, &Variants::NONE)
+}
+
+/// Multi-head attention of bounded Q `[b·nq, h·dk]`, K `[b·nk, hkv·dk]`, V `[b·nk, hkv·dv]`
+/// with `variants` by the reference, with the bound of the f32 kernel: score errors `Δs_ij`
+/// from the inputs' bounds and the `dk`-term dot product (carried through a softcap by its
+/// slope `sech² ≤ 1`), plus the softcap's own error ([`softcap_error`]) and a few roundings of
+/// the ALiBi term and of the sum of the terms; softmax weights perturbed by at most
+/// `p_ij·(e^{2·max_j Δs_ij} − 1)` (a sink is an exact logit); the weighted sum of `nk` values
+/// accumulated in f32 with a 1-ULP exp and online rescaling (`γ·(nk + 16)·u·Σ_j p_ij|v_j|`);
+/// and the weights below `e^(−64)` that the kernels flush to 0 (at most
+/// [`flushed_weight`](attn_tests::numerics::flushed_weight) `= f` each, against a row sum ≥ 1),
+/// with results in the subnormal range: `2⁻¹²⁶ + f·Σ_visible |v_j|`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_variants_b(
+    q: &Bounded,
+    k: &Bounded,
+    v: &Bounded,
+    batch: usize,
+    h: usize,
+    hkv: usize,
+    scale: f32,
+    mask: &Mask<'_>,
+    variants: &Variants<'_>,
 ) -> Bounded {
     let nq = q.rows / batch.max(1);
     let nk = k.rows / batch.max(1);
@@ -267,6 +297,7 @@ pub fn attention_b(
         TensorRef::new(&v.val, Tensor4Layout::bshd(batch, nk, hkv, dv)),
         scale,
         mask,
+        variants,
         TensorMut::new(&mut val, Tensor4Layout::bshd(batch, nq, h, dv)),
         None,
     )
@@ -275,15 +306,20 @@ pub fn attention_b(
     let sc = f64::from(scale).abs();
     let group = h / hkv.max(1);
     let (qc, kc, vc, oc) = (q.cols, k.cols, v.cols, h * dv);
+    let off = Variants::offset(mask, nq, nk);
+    let cap = |s: f64| variants.softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh());
+    let cap_err = variants.softcap.map_or(0.0, |c| softcap_error(f64::from(c)));
     for b in 0..batch {
         for hh in 0..h {
             let g = hh / group;
+            let slope = variants.alibi.map_or(0.0, |a| f64::from(a[hh]));
             for i in 0..nq {
                 let qi = (b * nq + i) * qc + hh * dk;
-                let mut logits = Vec::with_capacity(nk);
+                let mut logits = Vec::with_capacity(nk + 1);
                 let mut ds_max: f64 = 0.0;
                 for j in 0..nk {
-                    let Some(t) = mask.term(b, hh, i, j, nq, nk) else {
+                    let in_window = variants.window.is_none_or(|w| w.contains(i, j, off));
+                    let Some(t) = mask.term(b, hh, i, j, nq, nk).filter(|_| in_window) else {
                         logits.push(None);
                         continue;
                     };
@@ -295,17 +331,25 @@ pub fn attention_b(
                         mag += (a * c).abs();
                         prop += q.err[qi + d] * c.abs() + a.abs() * k.err[kj + d];
                     }
-                    let s = f64::from(scale) * dot + f64::from(t);
-                    let ds =
-                        sc * prop + GAMMA * (dk as f64 + 3.0) * U * (sc * mag + f64::from(t).abs());
+                    let alibi = slope * (j as f64 - i as f64 - off as f64);
+                    let s = cap(f64::from(scale) * dot) + f64::from(t) + alibi;
+                    let terms = sc * mag + f64::from(t).abs() + alibi.abs() + s.abs();
+                    let ds = sc * prop + GAMMA * (dk as f64 + 4.0) * U * terms + cap_err;
                     ds_max = ds_max.max(ds);
                     logits.push(Some(s));
+                }
+                if let Some(s) = variants.sinks {
+                    logits.push(Some(f64::from(s[hh])));
                 }
                 let (p, _) = attn_reference::softmax::softmax_row(&logits);
                 let amp = (2.0 * ds_max).exp_m1();
                 for d in 0..dv {
-                    let (mut mag, mut prop) = (0.0, 0.0);
-                    for (j, &pj) in p.iter().enumerate() {
+                    let (mut mag, mut prop, mut visible) = (0.0, 0.0, 0.0);
+                    for j in (0..nk).filter(|&j| logits[j].is_some()) {
+                        visible += f64::from(v.val[(b * nk + j) * vc + g * dv + d]).abs();
+                    }
+                    // The sink's weight (position nk) carries no value.
+                    for (j, &pj) in p[..nk].iter().enumerate() {
                         if pj == 0.0 {
                             continue;
                         }
@@ -317,7 +361,9 @@ pub fn attention_b(
                     err[oi] = amp * mag
                         + prop
                         + GAMMA * (nk as f64 + 16.0) * U * mag
-                        + U * f64::from(val[oi]).abs();
+                        + U * f64::from(val[oi]).abs()
+                        + f64::from(f32::MIN_POSITIVE)
+                        + attn_tests::numerics::flushed_weight() * visible;
                 }
             }
         }
@@ -340,7 +386,8 @@ pub fn mha_b(
     let k = linear_b(x2, w.wk, w.bk);
     let v = linear_b(x2, w.wv, w.bv);
     let c = &p.cfg;
-    let o = attention_b(&q, &k, &v, batch, c.num_heads, c.kv_heads, c.scale(), mask);
+    let (h, hkv) = (c.num_heads, c.kv_heads);
+    let o = attention_variants_b(&q, &k, &v, batch, h, hkv, c.scale(), mask, &w.variants);
     let y = linear_b(&o, w.wo, w.bo);
     // The stage-by-stage values are the reference module's own: check it once here.
     if x1.rows > 0 && std::ptr::eq(x1, x2) {
