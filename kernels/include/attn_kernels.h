@@ -381,6 +381,54 @@ typedef struct AttnEncoderWeights {
   const float *norm2_beta;
 } AttnEncoderWeights;
 
+// The operands and settings of one [`attn_additive_attention`] call,
+// `O = softmax(wᵀ·tanh(Q·Wq + K·Wk) + mask)·V` (scores `S_ij = Σ_a w_a·tanh(A_ia + B_ja)`,
+// `A = Q·Wq`, `B = K·Wk`; no scale: fold one into `w`).
+//
+// **Versioning** as `AttnAttentionArgs`: the struct starts with
+// `struct_size` and only grows at its end, a field appended later reads as zero for an older
+// caller and zero means "as before". Zero-initialise it, set `struct_size =
+// sizeof(AttnAdditiveArgs)`, then the fields you need. Refused with
+// `ATTN_STATUS_INVALID_PARAMETER` naming `args.struct_size`: a size below this first
+// version's (472 bytes on 64-bit targets) or above 4096, and a larger struct with a nonzero
+// byte past the fields this library knows.
+//
+// Fields left zero give: no mask, no logsumexp, every available core.
+typedef struct AttnAdditiveArgs {
+  // `sizeof(AttnAdditiveArgs)` in the caller's header (see the versioning rule above).
+  size_t struct_size;
+  // Queries `[batch, hq, nq, dq]`.
+  struct AttnTensor q;
+  // Keys `[batch, hkv, nk, dk]` (`dk` may differ from `dq`; hkv divides hq; query head `h`
+  // reads K/V head `h / (hq / hkv)`).
+  struct AttnTensor k;
+  // Values `[batch, hkv, nk, dv]`.
+  struct AttnTensor v;
+  // The output `[batch, hq, nq, dv]`, written (only) within its view.
+  struct AttnTensorMut o;
+  // Query projection `[dq, da]` (`da`, the hidden width, is its column count), shared by
+  // every batch and head; finite (else `ATTN_STATUS_NON_FINITE` naming `wq`).
+  struct AttnMat wq;
+  // Key projection `[dk, da]`; finite.
+  struct AttnMat wk;
+  // The output vector of the hidden layer, `w_len` floats; `w_len` must equal `da`
+  // (`ATTN_STATUS_SHAPE_MISMATCH` naming `w`); finite. May be NULL when `da` is 0.
+  const float *w;
+  // The number of floats at `w`.
+  size_t w_len;
+  // The mask over `[batch, hq, nq, nk]`, or NULL for none (see [`AttnMask`]).
+  const struct AttnMask *mask;
+  // NULL for no logsumexp (then `lse_len` is ignored); otherwise `lse_len` must equal
+  // `batch·hq·nq` (`ATTN_STATUS_SHAPE_MISMATCH`) and `lse[(b·hq + h)·nq + i]` receives
+  // `ln Σ_j exp(S_ij + mask_ij)` (−∞ for a fully masked row).
+  float *lse;
+  // The number of floats at `lse`.
+  size_t lse_len;
+  // Threads: 0 = every available core, 1 = the calling thread, n = at most n (see
+  // [`AttnStatus`]); the result is bitwise the same for every count.
+  size_t threads;
+} AttnAdditiveArgs;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -623,6 +671,32 @@ enum AttnStatus attn_encoder_forward(const struct AttnEncoderConfig *cfg,
                                      float *workspace,
                                      size_t workspace_len,
                                      size_t threads);
+
+// Additive attention `O = softmax(wᵀ·tanh(Q·Wq + K·Wk) + mask)·V` over `[batch, heads]`,
+// every operand and setting in one [`AttnAdditiveArgs`].
+//
+// - Masks, fully masked rows (zeros, logsumexp −∞), zero-weight keys (contribute exactly 0
+//   even with a ±∞ or NaN value), `+∞` biases and NaN scores behave as in
+//   `attn_attention_run`. A finite `w` bounds every score by
+//   `Σ|w_a|`, so only a bias can make one infinite.
+// - Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
+//   `ATTN_STATUS_INVALID_PARAMETER` naming `args` for a pointer not aligned for the struct,
+//   naming `args.struct_size` for a size it may not take, and naming `mask.kind` or
+//   `mask.causal_default_offset` for a value those fields may not take; then the null, bounds
+//   and overlap checks of the views (`q`, `k`, `v`, `o`, `wq`, `wk`, `w`, `mask`, `lse`), then
+//   those of the Rust `AdditiveAttention::run`: `ATTN_STATUS_ZERO_HEADS`,
+//   `ATTN_STATUS_KV_HEADS_NOT_DIVIDING`, `ATTN_STATUS_SHAPE_MISMATCH` (dims of `k`, `v`, `o`,
+//   `wq`, `wk`, `w_len`, the mask, `lse_len`), `ATTN_STATUS_ALIASED_OUTPUT`,
+//   `ATTN_STATUS_NON_FINITE` (a weight), `ATTN_STATUS_INVALID_PARAMETER` (the projections
+//   cannot be allocated). Nothing is written when a check fails.
+//
+// # Safety
+//
+// `args` is null or addresses `args->struct_size` readable, initialised bytes (a whole
+// `AttnAdditiveArgs` of the caller's header); each view's `data` addresses the elements the
+// view reaches, `w` addresses `w_len` floats, `lse` addresses `lse_len` floats, `mask` is
+// null or valid; outputs overlap nothing else (checked).
+enum AttnStatus attn_additive_attention(const struct AttnAdditiveArgs *args);
 
 #ifdef __cplusplus
 }  // extern "C"
