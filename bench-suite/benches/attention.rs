@@ -1,5 +1,6 @@
-//! Flash attention beside the unfused path and the reference, and the decode path beside the plain
-//! read of the same bytes (the report's attention and decode sections).
+//! Flash attention beside the unfused path and the reference, the decode path beside the plain
+//! read of the same bytes, the variants, and additive attention (the report's attention, decode,
+//! variants and additive sections).
 //!
 //! The cases, peers and correctness checks are the report's (`attn_bench::sections`), timed by
 //! criterion instead of the report's harness: one benchmark per case and implementation, named
@@ -10,5 +11,10 @@
 use attn_bench::cli::SectionId;
 
 fn main() {
-    attn_bench::criterion_main(&[SectionId::Attention, SectionId::Decode, SectionId::Variants]);
+    attn_bench::criterion_main(&[
+        SectionId::Attention,
+        SectionId::Decode,
+        SectionId::Variants,
+        SectionId::Additive,
+    ]);
 }

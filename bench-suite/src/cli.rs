@@ -53,17 +53,20 @@ pub enum SectionId {
     Layers,
     /// Attention variants: sliding window, softcap, sinks, ALiBi, windowed decode.
     Variants,
+    /// Additive (Bahdanau, tanh) attention, and its tanh throughput.
+    Additive,
 }
 
 impl SectionId {
     /// Every section, in report order.
-    pub const ALL: [SectionId; 6] = [
+    pub const ALL: [SectionId; 7] = [
         SectionId::Gemm,
         SectionId::Softmax,
         SectionId::Attention,
         SectionId::Decode,
         SectionId::Layers,
         SectionId::Variants,
+        SectionId::Additive,
     ];
 
     /// Lower-case name, as on the command line and in the `op` field of records.
@@ -75,6 +78,7 @@ impl SectionId {
             SectionId::Decode => "decode",
             SectionId::Layers => "layers",
             SectionId::Variants => "variants",
+            SectionId::Additive => "additive",
         }
     }
 }

@@ -66,6 +66,45 @@ static AttnTensorMut tensor_mut(float *data, size_t b, size_t h, size_t s, size_
     return t;
 }
 
+/* Additive attention through its versioned struct: with w = 0 every score is 0, so each
+ * output row is the mean of the value rows; then a struct_size of 0, a NULL w and a w_len
+ * that is not the hidden width. */
+static void test_additive(void) {
+    const size_t nq = 3, nk = 4, dq = 5, dk = 6, dv = 2, da = 7;
+    float *q = vals(nq * dq, 21), *k = vals(nk * dk, 22), *v = vals(nk * dv, 23),
+          *o = vals(nq * dv, 24), *wq = vals(dq * da, 25), *wk = vals(dk * da, 26);
+    float w[7] = {0};
+    AttnAdditiveArgs args = {.struct_size = sizeof args,
+                             .q = tensor(q, 1, 1, nq, dq),
+                             .k = tensor(k, 1, 1, nk, dk),
+                             .v = tensor(v, 1, 1, nk, dv),
+                             .o = tensor_mut(o, 1, 1, nq, dv),
+                             .wq = mat(wq, dq, da, da, 1),
+                             .wk = mat(wk, dk, da, da, 1),
+                             .w = w,
+                             .w_len = da,
+                             .threads = 1};
+    EXPECT(attn_additive_attention(&args), ATTN_STATUS_OK, NULL);
+    for (size_t i = 0; i < nq; i++) {
+        for (size_t d = 0; d < dv; d++) {
+            float mean = 0.0f;
+            for (size_t j = 0; j < nk; j++) mean += v[j * dv + d] / (float)nk;
+            CHECK(fabsf(o[i * dv + d] - mean) < 1e-6f, "additive o[%zu][%zu] = %g, mean %g", i,
+                  d, o[i * dv + d], mean);
+        }
+    }
+    AttnAdditiveArgs bad = args;
+    bad.struct_size = 0;
+    EXPECT(attn_additive_attention(&bad), ATTN_STATUS_INVALID_PARAMETER, "args.struct_size");
+    bad = args;
+    bad.w = NULL;
+    EXPECT(attn_additive_attention(&bad), ATTN_STATUS_NULL_POINTER, "`w`");
+    bad = args;
+    bad.w_len = da - 1;
+    EXPECT(attn_additive_attention(&bad), ATTN_STATUS_SHAPE_MISMATCH, "w");
+    free(q), free(k), free(v), free(o), free(wq), free(wk);
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -284,6 +323,7 @@ int main(void) {
     test_status_names();
     test_mask_fields();
     test_layer_and_view_faults();
+    test_additive();
     test_thread_counts();
     if (failures == 0) printf("all boundary checks passed\n");
     return failures;

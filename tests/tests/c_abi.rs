@@ -4,7 +4,8 @@
 //! checks sgemm, attention, decode, layer norm and multi-head attention (allocating and
 //! caller-workspace forms) against those values, and the status codes of bad arguments.
 //! `tests/c/boundary_test.c` checks the boundary itself (out-of-range enum values, status names
-//! of any integer, aliasing and overflow statuses, absurd thread counts).
+//! of any integer, aliasing and overflow statuses, absurd thread counts) and makes one additive
+//! attention call (the mean of V when `w` is 0, and three statuses).
 
 mod layers_support;
 

@@ -5,6 +5,7 @@
 //! landed in `attn-kernels` is not compiled in at all (see [`runner`]): the report never shows a
 //! figure it did not measure.
 
+pub mod additive;
 pub mod attention;
 pub mod decode;
 pub mod gemm;
@@ -32,6 +33,7 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Softmax => Some(softmax::run),
         SectionId::Layers => Some(layers::run),
         SectionId::Variants => Some(variants::run),
+        SectionId::Additive => Some(additive::run),
     }
 }
 

@@ -5,22 +5,23 @@
 //! 1. Project once with the SGEMM: `A = Q·Wq` (`[Nq, da]` per query head, row-major) and
 //!    `B = K·Wk` (per K/V head, stored transposed as `[da, Nk']`, `Nk'` = `Nk` rounded up to
 //!    16 with zero padding, so that a vector of keys is one load per hidden unit).
-//! 2. One task per `(batch, query head, tile of TILE_Q queries)`; for each block of
-//!    `BLOCK_K` keys (stopping at the causal diagonal of the tile's last query, and per row at
-//!    its own), per query row and per vector of keys on the lanes:
-//!    `S_j = Σ_a w_a·tanh(A_ia + B_aj)` with [`tanh_simd`] (its bound:
+//! 2. One task per `(batch, query head, tile of QR queries)`, `QR` the column width of the
+//!    ISA's GEMM micro-kernel; for each block of `BLOCK_K` keys (stopping at the causal
+//!    diagonal of the tile's last query, and per row at its own), per query row and per vector
+//!    of keys on the lanes: `S_j = Σ_a w_a·tanh(A_ia + B_aj)` with [`tanh_simd`] (its bound:
 //!    [`TANH_MAX_ULP`](crate::math::TANH_MAX_ULP)), then the mask, then the online softmax of
 //!    the flash path: running maximum `m` from `f32::MIN` (so `m − m'` is never `−∞ − (−∞)`),
-//!    `α = e^(m − m')`, `P_j = e^(S_j − m')` with the 1-ULP exp, `l ← α·l + Σ P_j`,
-//!    `O ← α·O + Σ_j P_j·V_j` (keys of weight 0 are skipped, so an `±∞`/NaN value there does
-//!    not leak).
+//!    `α = e^(m − m')`, `P_j = e^(S_j − m')` with the 1-ULP exp, `l ← α·l + Σ P_j`. The row's
+//!    `P` goes into column `r` of the tile's probability block, laid out as one packed B
+//!    micro-panel (`[key][QR]`), and the block product `Oᵀ ← α·Oᵀ + Vᵀ·Pᵀ` runs on the GEMM
+//!    micro-kernel as in the flash path ([`pv_block`]: keys of weight 0 contribute exactly
+//!    nothing, so an `±∞`/NaN value there does not leak).
 //! 3. Write `O/l` (zeros and logsumexp −∞ where `l = 0`: fully masked rows).
 //!
 //! `+∞` scores (only from a `+∞` bias: a finite `w` bounds `|S_ij| ≤ Σ|w_a|`) share their row's
 //! weight evenly, a NaN score gives a NaN row, as in `attn_reference::softmax::softmax_row`.
 //! Memory beyond the operands: the projections (`(batch·hq·Nq + batch·hkv·Nk')·da` floats) and
-//! per-thread scratch of a tile. The P·V product is a plain vector loop, not the GEMM
-//! micro-kernel of the flash path.
+//! per-thread scratch of a tile.
 
 use rayon::prelude::*;
 
@@ -28,18 +29,22 @@ use attn_core::{
     expect_dim, expect_finite, Error, Mask, MatLayout, MatMut, MatRef, Result, TensorMut, TensorRef,
 };
 
+use super::blocks::{pv_block, tile_rows, Strided};
 use super::sink::Sink;
 use crate::arch::{self, load, store, vectorize, Isa, Kernel, Simd};
+use crate::gemm::pack::AlignedBuf;
 use crate::gemm::sgemm_with_isa;
 use crate::math::exp::{exp_rr2_p7, exp_rr2_p7_scalar};
 use crate::math::tanh::tanh_simd;
 use crate::par::Parallelism;
 
-/// Queries per task: the key block's projections (`da × BLOCK_K` floats) are reused by this
-/// many rows while in cache.
-const TILE_Q: usize = 8;
+/// Largest query tile of any ISA (the GEMM micro-kernel's `NR`: 32 with AVX-512); the scratch
+/// is sized for it.
+const MAX_QR: usize = 32;
 /// Keys per block: with `da ≤ 128` the block's projections (`da × 256 × 4` bytes ≤ 128 KiB)
-/// stay in L2 across the tile's rows. A multiple of every ISA's lane count.
+/// stay in L2 across the tile's rows, and the probability block (`256 × QR` floats, 32 KiB at
+/// `QR = 32`) in L1 for the `P·V` product, which rereads it once per `MR` value columns. A
+/// multiple of every ISA's lane count.
 const BLOCK_K: usize = 256;
 /// The key projections are padded to a multiple of this (the widest vector), so that a vector
 /// load at any lane-aligned key index below `Nk` stays inside the buffer.
@@ -184,7 +189,7 @@ impl<'a> AdditiveAttention<'a> {
         }
         let (a, bt) = self.project(isa, &p)?;
         let sink = Sink::new(o.data, o.layout, lse);
-        let tiles = p.nq.div_ceil(TILE_Q);
+        let tiles = p.nq.div_ceil(tile_rows(isa));
         // Bounded by the rows of the output or lse slice, which are non-empty here.
         let tasks = p.batch.saturating_mul(p.hq).saturating_mul(tiles);
         let ctx = Ctx { p: &p, a: &a, bt: &bt, v: self.v, w: self.weights.w, mask: &self.mask };
@@ -349,23 +354,37 @@ struct Ctx<'r, 'a> {
     mask: &'r Mask<'a>,
 }
 
-/// Per-thread scratch: one row of scores, and the running state of a tile.
+/// Per-thread scratch: one row of scores, the tile's probability block (a packed B
+/// micro-panel, hence 64-byte aligned), and the running state of a tile: the accumulator
+/// `Oᵀ` (`[dv][QR]`), its copy for a guarded block (see [`pv_block`]), maxima, sums and
+/// rescale factors.
 struct Scratch {
     s: Vec<f32>,
+    p: AlignedBuf,
     o: Vec<f32>,
-    vrow: Vec<f32>,
-    m: [f32; TILE_Q],
-    l: [f32; TILE_Q],
+    save: Vec<f32>,
+    m: [f32; MAX_QR],
+    l: [f32; MAX_QR],
+    alpha: [f32; MAX_QR],
 }
 
 impl Scratch {
     fn new(dv: usize) -> Result<Self> {
+        let mut p = AlignedBuf::default();
+        if !p.try_grow(BLOCK_K * MAX_QR) {
+            return Err(Error::InvalidParameter {
+                arg: "k",
+                requirement: "the scratch buffer cannot be allocated",
+            });
+        }
         Ok(Scratch {
             s: vec![0.0; BLOCK_K],
-            o: try_zeros(dv.checked_mul(TILE_Q))?,
-            vrow: try_zeros(Some(dv))?,
-            m: [f32::MIN; TILE_Q],
-            l: [0.0; TILE_Q],
+            p,
+            o: try_zeros(dv.checked_mul(MAX_QR))?,
+            save: try_zeros(dv.checked_mul(MAX_QR))?,
+            m: [f32::MIN; MAX_QR],
+            l: [0.0; MAX_QR],
+            alpha: [1.0; MAX_QR],
         })
     }
 }
@@ -386,55 +405,68 @@ impl Kernel for Task<'_, '_> {
     fn run<S: Simd>(self, s: S) {
         let Task { ctx, sink, scr, t, tiles } = self;
         let p = ctx.p;
-        let (bh, i0) = (t / tiles, (t % tiles) * TILE_Q);
+        let qr = tile_rows(S::ISA);
+        let (bh, i0) = (t / tiles, (t % tiles) * qr);
         let (b, h) = (bh / p.hq, bh % p.hq);
         let kh = h / (p.hq / p.hkv);
-        let rows = (p.nq - i0).min(TILE_Q);
+        let rows = (p.nq - i0).min(qr);
         let (da, dv, nkp) = (p.da, p.dv, p.nkp);
         let bt = &ctx.bt[(b * p.hkv + kh) * da * nkp..][..da * nkp];
-        scr.m = [f32::MIN; TILE_Q];
-        scr.l = [0.0; TILE_Q];
-        scr.o.fill(0.0);
+        // Value row `j` of this head at `offset + j·rs`; the view was checked against its slice.
+        let vl = &ctx.v.layout;
+        let values = Strided {
+            data: ctx.v.data,
+            offset: if p.nk > 0 && dv > 0 { vl.index(b, kh, 0, 0) } else { 0 },
+            rs: vl.strides[2],
+            cs: vl.strides[3],
+        };
+        scr.m = [f32::MIN; MAX_QR];
+        scr.l = [0.0; MAX_QR];
+        let o = &mut scr.o[..dv * qr];
+        o.fill(0.0);
         let kend_tile = p.key_end(ctx.mask, i0 + rows - 1);
         let mut j0 = 0;
         while j0 < kend_tile {
             let nb_tile = (kend_tile - j0).min(BLOCK_K);
-            for r in 0..rows {
+            let pb = scr.p.get(nb_tile * qr);
+            // Whether some weight of the block is 0 (masked, past a row's diagonal, a padding
+            // row, or underflowed): `pv_block` then guards against `0·∞`.
+            let mut guard = rows < qr;
+            for r in 0..qr {
                 let i = i0 + r;
-                let nb = nb_tile.min(p.key_end(ctx.mask, i).saturating_sub(j0));
-                if nb == 0 {
-                    continue;
-                }
-                let arow = &ctx.a[((b * p.hq + h) * p.nq + i) * da..][..da];
-                let sc = &mut scr.s[..nb.div_ceil(S::LANES) * S::LANES];
-                scores(s, arow, ctx.w, bt, nkp, j0, sc);
-                let sc = &mut sc[..nb];
-                mask_row(ctx, b, h, i, j0, sc);
-                let alpha = online_step(s, sc, &mut scr.m[r], &mut scr.l[r]);
-                let o = &mut scr.o[r * dv..(r + 1) * dv];
-                if alpha == 0.0 {
-                    o.fill(0.0); // no 0·∞ from an earlier block
-                } else if alpha != 1.0 {
-                    o.iter_mut().for_each(|x| *x *= alpha);
-                }
-                // Keys of weight 0 are skipped: an ±∞/NaN value there contributes nothing.
-                for (j, &pj) in sc.iter().enumerate() {
-                    if pj != 0.0 {
-                        let vrow = value_row(&ctx.v, dv, b, kh, j0 + j, &mut scr.vrow);
-                        for (x, &y) in o.iter_mut().zip(vrow) {
-                            *x += pj * y;
-                        }
+                let nb = if r < rows {
+                    nb_tile.min(p.key_end(ctx.mask, i).saturating_sub(j0))
+                } else {
+                    0
+                };
+                scr.alpha[r] = 1.0;
+                if nb > 0 {
+                    let arow = &ctx.a[((b * p.hq + h) * p.nq + i) * da..][..da];
+                    let sc = &mut scr.s[..nb.div_ceil(S::LANES) * S::LANES];
+                    scores(s, arow, ctx.w, bt, nkp, j0, sc);
+                    let sc = &mut sc[..nb];
+                    mask_row(ctx, b, h, i, j0, sc);
+                    scr.alpha[r] = online_step(s, sc, &mut scr.m[r], &mut scr.l[r]);
+                    for (j, &pj) in sc.iter().enumerate() {
+                        pb[j * qr + r] = pj;
+                        guard |= pj == 0.0;
                     }
                 }
+                for j in nb..nb_tile {
+                    pb[j * qr + r] = 0.0;
+                }
+                guard |= nb < nb_tile;
             }
+            let o = &mut scr.o[..dv * qr];
+            pv_block(s, guard, pb, nb_tile, values, j0, dv, &scr.alpha, o, &mut scr.save);
             j0 += nb_tile;
         }
+        let o = &scr.o[..dv * qr];
         for r in 0..rows {
             let (l, m) = (scr.l[r], scr.m[r]);
             let (inv, lse) =
                 if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, m + l.ln()) };
-            let o = &scr.o[r * dv..(r + 1) * dv];
-            sink.write_row(b, h, i0 + r, lse, |d| o[d] * inv);
+            sink.write_row(b, h, i0 + r, lse, |d| o[d * qr + r] * inv);
         }
     }
 }
@@ -476,31 +508,6 @@ fn mask_row(ctx: &Ctx<'_, '_>, b: usize, h: usize, i: usize, j0: usize, sc: &mut
                 }
             }
         }
-    }
-}
-
-/// Value row `j` of K/V head `kh` of batch `b` (`dv` floats), borrowed when contiguous,
-/// else gathered into `buf`.
-fn value_row<'x>(
-    v: &'x TensorRef<'_>,
-    dv: usize,
-    b: usize,
-    kh: usize,
-    j: usize,
-    buf: &'x mut [f32],
-) -> &'x [f32] {
-    if dv == 0 {
-        return &[];
-    }
-    let l = &v.layout;
-    let start = l.index(b, kh, j, 0);
-    if l.strides[3] == 1 {
-        &v.data[start..start + dv]
-    } else {
-        for (d, x) in buf[..dv].iter_mut().enumerate() {
-            *x = v.data[l.index(b, kh, j, d)];
-        }
-        &buf[..dv]
     }
 }
 

@@ -13,6 +13,7 @@
 //! only forward the caller's contract to them, after the null, value and overlap checks, and
 //! then go through the safe Rust API, which checks shapes exactly as for Rust callers.
 
+pub mod additive;
 mod raw;
 
 use std::cell::RefCell;
