@@ -45,13 +45,16 @@
 // `attn_softmax` with `y` exactly `x` (same data, dims, strides and offset).
 //
 // **Enum and bool fields** (`AttnMask.kind`, `AttnMask.causal_default_offset`, keep-mask
-// bytes, `AttnEncoderConfig.activation`, `AttnAttentionArgs.path` and `.has_scale`) are
+// bytes, `AttnEncoderConfig.activation`, `AttnAttentionArgs.path`, `.has_scale` and
+// `.has_window`, `AttnVariants.has_window`) are
 // fixed-width integers, validated before use: any value that is not listed is
 // `ATTN_STATUS_INVALID_PARAMETER` naming the field.
 //
 // **Growing.** `attn_attention_run` takes its operands and settings in one struct,
 // `AttnAttentionArgs`, that starts with its own `struct_size` and grows only at its end; new
 // attention settings are added there, never as new positional functions (see the struct).
+// The layers (`attn_*_forward_with_variants`) take their attention settings the same way, in
+// `AttnVariants` (its own `struct_size`; NULL for none).
 //
 // **Threads.** `threads` is a request, the same policy as the Rust API's
 // `Parallelism::threads`: 0 = every available core, 1 = the calling thread only, n ≥ 2 = at
@@ -344,6 +347,50 @@ typedef struct AttnMhaWeights {
   const float *bo;
 } AttnMhaWeights;
 
+// The attention variants of a layer (see the Rust `Variants`), for
+// [`attn_mha_forward_with_variants`], [`attn_cross_attention_forward_with_variants`] and
+// [`attn_encoder_forward_with_variants`]: the same settings as the variant fields of
+// [`AttnAttentionArgs`], applied to every head of the layer. A NULL `const AttnVariants*`
+// means none (plain attention, as the entry points without `_with_variants`).
+//
+// **Versioning** as [`AttnAttentionArgs`]: the struct starts with `struct_size` and only ever
+// grows at its end (new attention settings of the layers are appended here, so the layer
+// entry points keep their arguments). Zero-initialise it, set
+// `struct_size = sizeof(AttnVariants)`, then the fields you need. Refused with
+// `ATTN_STATUS_INVALID_PARAMETER` naming `variants.struct_size`: a size below this first
+// version's (the whole struct, 56 bytes on 64-bit targets; it ends with a pointer, so a
+// field appended later always grows `sizeof`) or above 4096, and a larger struct
+// with a nonzero byte past the fields this library knows. (The config and weight structs of
+// the layers have no size field and stay as they are: that is why the variants come in a
+// struct of their own, through new entry points, and a caller of the old ones is unaffected.)
+//
+// Fields left zero give no window, no softcap, no sinks and no ALiBi.
+typedef struct AttnVariants {
+  // `sizeof(AttnVariants)` in the caller's header (see the versioning rule above).
+  size_t struct_size;
+  // 1 = a sliding window of `window_left` keys before and `window_right` keys after the
+  // causal diagonal (key `j` visible to query `i` when
+  // `i + off − window_left ≤ j ≤ i + off + window_right`, `off` the causal offset: the
+  // causal mask's, else `n_kv − n_q`, so 0 for self-attention; `SIZE_MAX` is unbounded);
+  // 0 = no window, the two fields ignored. Any other value is
+  // `ATTN_STATUS_INVALID_PARAMETER` naming `variants.has_window`.
+  uint8_t has_window;
+  // Keys visible before the diagonal (when `has_window` is 1).
+  size_t window_left;
+  // Keys visible after the diagonal (when `has_window` is 1).
+  size_t window_right;
+  // Logit softcap `c`: scores become `c·tanh(s/c)` after scaling, before the mask. 0 = none;
+  // otherwise finite and `> 0` (`ATTN_STATUS_NON_FINITE` / `ATTN_STATUS_INVALID_PARAMETER`
+  // naming `softcap`).
+  float softcap;
+  // NULL, or `num_heads` finite sink logits (one per query head) that join each row's
+  // softmax denominator and carry no value (else `ATTN_STATUS_NON_FINITE` naming `sinks`).
+  const float *sinks;
+  // NULL, or `num_heads` finite ALiBi slopes: `slope_h·(j − i − off)` is added to each score
+  // (else `ATTN_STATUS_NON_FINITE` naming `alibi`).
+  const float *alibi;
+} AttnVariants;
+
 // The shape of a post-norm encoder block.
 typedef struct AttnEncoderConfig {
   // The self-attention layer (`kv_in_dim = in_dim = d`).
@@ -613,6 +660,7 @@ enum AttnStatus attn_mha_config_from_embed_dim(size_t embed_dim,
 // `ATTN_STATUS_OUT_OF_BOUNDS`); pass NULL and 0 to let the call allocate (NULL with a nonzero
 // length is `ATTN_STATUS_NULL_POINTER`). The weights' contract, including when the Q/K/V
 // projections run as one GEMM, is on [`AttnMhaWeights`]. `threads`: see [`AttnStatus`].
+// [`attn_mha_forward_with_variants`] with no variants.
 //
 // # Safety
 //
@@ -627,9 +675,31 @@ enum AttnStatus attn_mha_forward(const struct AttnMhaConfig *cfg,
                                  size_t workspace_len,
                                  size_t threads);
 
+// [`attn_mha_forward`] with the attention variants `variants` (sliding window, softcap,
+// sinks, ALiBi) on every head; NULL is none. See [`AttnVariants`] (its `struct_size` is
+// checked; sinks and slopes hold `cfg->num_heads` floats). Statuses: those of
+// [`attn_mha_forward`], with `variants.struct_size` and `variants.has_window` checked after
+// the config, and the variants' values (`softcap`, `sinks`, `alibi`) after the weights.
+//
+// # Safety
+//
+// As [`attn_mha_forward`]; `variants` is null or addresses `variants->struct_size` readable,
+// initialised bytes (a whole `AttnVariants`), whose non-null `sinks` and `alibi` address
+// `cfg->num_heads` floats.
+enum AttnStatus attn_mha_forward_with_variants(const struct AttnMhaConfig *cfg,
+                                               const struct AttnMhaWeights *weights,
+                                               const struct AttnVariants *variants,
+                                               struct AttnTensor x,
+                                               const struct AttnMask *mask,
+                                               struct AttnTensorMut y,
+                                               float *workspace,
+                                               size_t workspace_len,
+                                               size_t threads);
+
 // Cross-attention `y = CrossAttention(x1, x2)` (`x1`, `y`: `[batch, 1, n1, in_dim]`, `x2`:
 // `[batch, 1, n2, kv_in_dim]`, mask over `[batch, heads, n1, n2]` or null); workspace,
 // weights and `threads` as [`attn_mha_forward`] (adjacent `wk`/`wv` blocks run as one GEMM).
+// [`attn_cross_attention_forward_with_variants`] with no variants.
 //
 // # Safety
 //
@@ -643,6 +713,24 @@ enum AttnStatus attn_cross_attention_forward(const struct AttnMhaConfig *cfg,
                                              float *workspace,
                                              size_t workspace_len,
                                              size_t threads);
+
+// [`attn_cross_attention_forward`] with the attention variants `variants` on every head (NULL
+// is none), as [`attn_mha_forward_with_variants`]; the window and ALiBi measure from the
+// causal offset, `n2 − n1` unless a causal mask gives its own.
+//
+// # Safety
+//
+// As [`attn_mha_forward_with_variants`].
+enum AttnStatus attn_cross_attention_forward_with_variants(const struct AttnMhaConfig *cfg,
+                                                           const struct AttnMhaWeights *weights,
+                                                           const struct AttnVariants *variants,
+                                                           struct AttnTensor x1,
+                                                           struct AttnTensor x2,
+                                                           const struct AttnMask *mask,
+                                                           struct AttnTensorMut y,
+                                                           float *workspace,
+                                                           size_t workspace_len,
+                                                           size_t threads);
 
 // Writes the workspace size (in floats) of [`attn_encoder_forward`] into `*out` (sizes
 // saturate at `SIZE_MAX`; `cfg->activation` is validated).
@@ -658,7 +746,7 @@ enum AttnStatus attn_encoder_workspace_len(const struct AttnEncoderConfig *cfg,
 // One post-norm encoder block `y = LN₂(H + FF(H))`, `H = LN₁(x + MHA(x))` (`x`, `y`:
 // `[batch, 1, n, d]`, mask over `[batch, heads, n, n]` or null); workspace and `threads` as
 // [`attn_mha_forward`] with [`attn_encoder_workspace_len`]. `cfg->activation` is validated
-// (see [`AttnEncoderConfig`]).
+// (see [`AttnEncoderConfig`]). [`attn_encoder_forward_with_variants`] with no variants.
 //
 // # Safety
 //
@@ -671,6 +759,23 @@ enum AttnStatus attn_encoder_forward(const struct AttnEncoderConfig *cfg,
                                      float *workspace,
                                      size_t workspace_len,
                                      size_t threads);
+
+// [`attn_encoder_forward`] with the attention variants `variants` on every head of the
+// block's self-attention (NULL is none), as [`attn_mha_forward_with_variants`]; sinks and
+// slopes hold `cfg->attn.num_heads` floats.
+//
+// # Safety
+//
+// As [`attn_mha_forward_with_variants`].
+enum AttnStatus attn_encoder_forward_with_variants(const struct AttnEncoderConfig *cfg,
+                                                   const struct AttnEncoderWeights *weights,
+                                                   const struct AttnVariants *variants,
+                                                   struct AttnTensor x,
+                                                   const struct AttnMask *mask,
+                                                   struct AttnTensorMut y,
+                                                   float *workspace,
+                                                   size_t workspace_len,
+                                                   size_t threads);
 
 // Additive attention `O = softmax(wᵀ·tanh(Q·Wq + K·Wk) + mask)·V` over `[batch, heads]`,
 // every operand and setting in one [`AttnAdditiveArgs`].
