@@ -151,7 +151,7 @@ pub(crate) fn pv_block<S: Simd>(
     }
     // A = Vᵀ: V with its strides swapped.
     panel_product(s, kern, dv, nb, (v.data, v.offset + j0 * v.rs, v.cs, v.rs), p, 1.0, o);
-    if guard && o.iter().any(|x| !x.is_finite()) {
+    if guard && !all_finite(s, o) {
         o.copy_from_slice(save);
         for j in 0..nb {
             let vrow = v.offset + (j0 + j) * v.rs;
@@ -164,6 +164,22 @@ pub(crate) fn pv_block<S: Simd>(
             }
         }
     }
+}
+
+/// Whether every element of `x` is finite, vectorised: `x·0` is ±0 for a finite `x` and NaN for
+/// `±∞` or NaN, and the sum per lane keeps a NaN. No early exit: [`pv_block`] asks this of one
+/// accumulator (`dv·QR` floats) per guarded block, where a scalar loop was 7 % of a windowed
+/// call's non-GEMM time.
+#[inline(always)]
+fn all_finite<S: Simd>(s: S, x: &[f32]) -> bool {
+    let (zero, mut acc) = (s.splat(0.0), s.splat(0.0));
+    let mut chunks = x.chunks_exact(S::LANES);
+    for c in &mut chunks {
+        acc = s.add(acc, s.mul(load(s, c), zero));
+    }
+    let mut lanes = [0.0f32; 16];
+    store(s, &mut lanes, acc);
+    lanes[..S::LANES].iter().all(|v| *v == 0.0) && chunks.remainder().iter().all(|v| v.is_finite())
 }
 
 // ---------------------------------------------------------------------------------------------
