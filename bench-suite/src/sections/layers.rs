@@ -388,15 +388,9 @@ pub fn run(ctx: &mut Ctx) {
     for (layer, ff) in [("mha", 0), ("encoder", 4 * d)] {
         for &n in sizes {
             let shape = layer_shape(layer, 1, n, d, heads, heads, ff, "none");
-            let p = match Problem::new(shape.clone(), (n * d + ff) as u64) {
-                Ok(p) => p,
-                Err(e) => {
-                    ctx.check(OP, "attn-kernels", shape, 1, Err(e.to_string()));
-                    continue;
-                }
+            let Some((p, mut s, mut y)) = setup(ctx, shape, (n * d + ff) as u64) else {
+                continue;
             };
-            let mut s = Scratch::new(&p);
-            let mut y = vec![0.0f32; p.rows() * d];
             let work = Work::Flops(p.flops());
             for &t in &ctx.threads.clone() {
                 for imp in IMPLS {
@@ -418,15 +412,9 @@ pub fn run(ctx: &mut Ctx) {
         if ctx.quick { (512, "causal+window128") } else { (4096, "causal+window1024") };
     for mask in ["causal", window] {
         let shape = layer_shape("mha", 1, n, d, heads, heads, 0, mask);
-        let p = match Problem::new(shape.clone(), (n * d) as u64) {
-            Ok(p) => p,
-            Err(e) => {
-                ctx.check(OP, "attn-kernels", shape, 1, Err(e.to_string()));
-                continue;
-            }
+        let Some((p, mut s, mut y)) = setup(ctx, shape, (n * d) as u64) else {
+            continue;
         };
-        let mut s = Scratch::new(&p);
-        let mut y = vec![0.0f32; p.rows() * d];
         let work = Work::Flops(p.flops());
         for &t in &ctx.threads.clone() {
             for imp in IMPLS.iter().filter(|i| i.name != "reference") {
@@ -434,6 +422,21 @@ pub fn run(ctx: &mut Ctx) {
                     (imp.call)(&p, &mut s, &mut y, t)
                 });
             }
+        }
+    }
+}
+
+/// The problem of a timed layer shape with its scratch and output, or `None` after recording
+/// the reason it could not be set up as a failed check.
+fn setup(ctx: &mut Ctx, shape: Shape, seed: u64) -> Option<(Problem, Scratch, Vec<f32>)> {
+    match Problem::new(shape.clone(), seed) {
+        Ok(p) => {
+            let (s, y) = (Scratch::new(&p), vec![0.0f32; p.x.len()]);
+            Some((p, s, y))
+        }
+        Err(e) => {
+            ctx.check(OP, "attn-kernels", shape, 1, Err(e.to_string()));
+            None
         }
     }
 }
