@@ -2,18 +2,28 @@
 //! bounds that more than one place needs. The tests, the fuzz decoders and the report's
 //! correctness check (`attn-bench`) all import these, so their bounds cannot disagree; the
 //! kernels' own accuracy enters only through the constants the kernels publish
-//! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `TANH_MAX_ULP`, `GELU_TANH_*`,
-//! `FLUSH_WEIGHTS_BELOW`).
+//! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `TANH_MAX_ULP`, `TANH_RATIONAL_MAX_ULP`,
+//! `GELU_TANH_*`, `FLUSH_WEIGHTS_BELOW`).
 
 use attn_kernels::attention::FLUSH_WEIGHTS_BELOW;
 use attn_kernels::math::{
     EXP_MAX_ULP, GELU_TANH_ARG_ROUNDINGS, GELU_TANH_OUT_ROUNDINGS, SOFTMAX_EXP_MAX_ULP,
-    TANH_MAX_ULP,
+    TANH_MAX_ULP, TANH_RATIONAL_MAX_ULP,
 };
 
 /// Unit roundoff of f32, `u = 2⁻²⁴`: a correctly rounded operation is off by at most `u`
 /// relative (for results in the normal range).
 pub const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// ULP of the exact value `v` as an f32: `2^(e−23)` for `|v| ∈ [2^e, 2^(e+1))`, `2⁻¹⁴⁹` below
+/// `2⁻¹²⁶` (the unit the math functions' published `*_MAX_ULP` bounds are measured in).
+pub fn f32_ulp(v: f64) -> f64 {
+    let v = v.abs();
+    if v < f64::from(f32::MIN_POSITIVE) {
+        return SUBNORMAL_ULP;
+    }
+    2f64.powi(v.log2().floor() as i32 - 23)
+}
 
 /// The smallest positive subnormal f32, `2⁻¹⁴⁹`: the absolute rounding error of a result in
 /// the subnormal range is at most half of it, an exp's at most one.
@@ -86,6 +96,13 @@ pub fn tanh_bound(x: f32, t: f64) -> f64 {
     TANH_MAX_ULP * ULP_REL * t.abs() + SUBNORMAL_ULP
 }
 
+/// [`tanh_bound`] for the rational tanh (`tanh_rational_with_isa`, additive attention's):
+/// [`TANH_RATIONAL_MAX_ULP`] ULP of `t` plus `2⁻¹⁴⁹`.
+pub fn tanh_rational_bound(x: f32, t: f64) -> f64 {
+    let _ = x;
+    TANH_RATIONAL_MAX_ULP * ULP_REL * t.abs() + SUBNORMAL_ULP
+}
+
 /// The error a softcap `c` adds to a capped score `c·tanh(s/c)`: the tanh's
 /// [`TANH_MAX_ULP`] ulp (`2u` each, relative to a result at most `c`), the argument's two
 /// roundings (the kernels form `s·(1/c)`; through tanh's slope, at most
@@ -102,7 +119,8 @@ pub fn softcap_error(c: f64) -> f64 {
 /// `a`). Arguments per hidden unit `a`: `w_a`, the exact `x_a`, and the magnitudes
 /// `mq_a = Σ_p |q_p·Wq_pa|`, `mk_a = Σ_p |k_p·Wk_pa|`.
 ///
-/// Derivation (`T` = [`TANH_MAX_ULP`], one ULP ≤ `2u` relative):
+/// Derivation (`T` = [`TANH_RATIONAL_MAX_ULP`], the kernel's rational tanh; one ULP ≤ `2u`
+/// relative):
 /// 1. the projections are dot products: `|Â_a − A_a| ≤ γ(dq + 3)·u·mq_a` ([`dot_bound`]), the
 ///    same for `B_a` with `dk`, `mk_a`; the add rounds once: `ε_a = dot_bound(dq, mq_a) +
 ///    dot_bound(dk, mk_a) + u·(|x_a| + …)`;
@@ -119,7 +137,7 @@ pub fn additive_score_bound(
     dq: usize,
     dk: usize,
 ) -> f64 {
-    let tanh_err = 2.0 * TANH_MAX_ULP * U;
+    let tanh_err = 2.0 * TANH_RATIONAL_MAX_ULP * U;
     let (mut first, mut mag) = (0.0, 0.0);
     for a in 0..w.len() {
         let eps = dot_bound(dq, mq[a]) + dot_bound(dk, mk[a]) + U * (x[a].abs() + mq[a] + mk[a]);

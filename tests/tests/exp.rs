@@ -9,6 +9,7 @@ use attn_kernels::math::exp::{
     exp_slice_with_isa, softmax_exp_slice_with_isa, EXP_MAX_ULP, SOFTMAX_EXP_MAX_ULP,
 };
 use attn_kernels::{Error, Isa};
+use attn_tests::numerics::f32_ulp;
 
 /// Every `SWEEP_STRIDE`-th bit pattern (odd, so all residues of the low mantissa bits occur).
 /// Inputs with `|x| < 2^−25` all give 1 and take half of the bit patterns: the sweep starts
@@ -19,19 +20,9 @@ const SWEEP_FROM: f32 = 2.980_232_2e-8; // 2^−25
 const NORMAL_LO: f32 = -87.33654;
 const NORMAL_HI: f32 = 88.72283;
 
-/// ULP of the exact value `v` as an f32: `2^(e−23)` for `v ∈ [2^e, 2^(e+1))`, `2^−149` below
-/// `2^−126`.
-fn ulp(v: f64) -> f64 {
-    let v = v.abs();
-    if v < f64::from(f32::MIN_POSITIVE) {
-        return 2f64.powi(-149);
-    }
-    2f64.powi(v.log2().floor() as i32 - 23)
-}
-
 fn ulp_error(x: f32, got: f32) -> f64 {
     let want = f64::from(x).exp();
-    (f64::from(got) - want).abs() / ulp(want)
+    (f64::from(got) - want).abs() / f32_ulp(want)
 }
 
 /// Which exp a sweep checks.

@@ -2,12 +2,15 @@
 //! ISA this CPU runs, held to the bounds built from their published constants
 //! (`attn_tests::numerics::{gelu_tanh_bound, tanh_bound}`): special values exactly, a dense
 //! sweep of the range where they vary, random inputs over the whole f32 range, and position
-//! independence; an ignored exhaustive sweep measures `TANH_MAX_ULP`.
+//! independence; an ignored exhaustive sweep measures `TANH_MAX_ULP` and
+//! `TANH_RATIONAL_MAX_ULP`. Each tanh test runs both tanh functions ([`Tanh`]).
 
-use attn_kernels::math::{gelu_tanh_with_isa, tanh_with_isa, TANH_MAX_ULP};
+use attn_kernels::math::{
+    gelu_tanh_with_isa, tanh_rational_with_isa, tanh_with_isa, TANH_MAX_ULP, TANH_RATIONAL_MAX_ULP,
+};
 use attn_kernels::{Activation, Isa};
 use attn_reference::activate;
-use attn_tests::numerics::{gelu_tanh_bound, tanh_bound};
+use attn_tests::numerics::{f32_ulp, gelu_tanh_bound, tanh_bound, tanh_rational_bound};
 use attn_tests::supported_isas;
 use proptest::prelude::*;
 
@@ -100,26 +103,45 @@ proptest! {
     }
 }
 
-fn tanh(isa: Isa, xs: &[f32]) -> Vec<f32> {
-    let mut ys = xs.to_vec();
-    tanh_with_isa(isa, &mut ys).unwrap();
-    ys
+/// The two tanh functions of the kernels: the accurate one and the rational approximation.
+#[derive(Clone, Copy, Debug)]
+enum Tanh {
+    Accurate,
+    Rational,
 }
 
-/// ULP of the exact value `v` as an f32: `2^(e−23)` for `|v| ∈ [2^e, 2^(e+1))`, `2^−149` below
-/// `2^−126`.
-fn ulp(v: f64) -> f64 {
-    let v = v.abs();
-    if v < f64::from(f32::MIN_POSITIVE) {
-        return 2f64.powi(-149);
+impl Tanh {
+    const BOTH: [Tanh; 2] = [Tanh::Accurate, Tanh::Rational];
+
+    fn run(self, isa: Isa, xs: &[f32]) -> Vec<f32> {
+        let mut ys = xs.to_vec();
+        match self {
+            Tanh::Accurate => tanh_with_isa(isa, &mut ys),
+            Tanh::Rational => tanh_rational_with_isa(isa, &mut ys),
+        }
+        .unwrap();
+        ys
     }
-    2f64.powi(v.log2().floor() as i32 - 23)
+
+    fn bound(self, x: f32, t: f64) -> f64 {
+        match self {
+            Tanh::Accurate => tanh_bound(x, t),
+            Tanh::Rational => tanh_rational_bound(x, t),
+        }
+    }
+
+    fn max_ulp(self) -> f64 {
+        match self {
+            Tanh::Accurate => TANH_MAX_ULP,
+            Tanh::Rational => TANH_RATIONAL_MAX_ULP,
+        }
+    }
 }
 
-/// Asserts every tanh output within [`tanh_bound`] (NaN where f64 `tanh` is NaN) and returns the
-/// worst error in ULP of the exact result with the input where it occurs.
-fn check_tanh(isa: Isa, xs: &[f32]) -> (f64, f32) {
-    let ys = tanh(isa, xs);
+/// Asserts every output of `f` within its bound and `|tanh| ≤ 1` (NaN where f64 `tanh` is NaN)
+/// and returns the worst error in ULP of the exact result with the input where it occurs.
+fn check_tanh(f: Tanh, isa: Isa, xs: &[f32]) -> (f64, f32) {
+    let ys = f.run(isa, xs);
     let mut worst = (0.0f64, 0.0f32);
     for (&x, &y) in xs.iter().zip(&ys) {
         let want = f64::from(x).tanh();
@@ -128,12 +150,12 @@ fn check_tanh(isa: Isa, xs: &[f32]) -> (f64, f32) {
             continue;
         }
         let err = (f64::from(y) - want).abs();
-        let bound = tanh_bound(x, want);
+        let bound = f.bound(x, want);
         assert!(
-            err <= bound,
-            "{isa}: tanh({x:e}) = {y:e}, want {want:e}: error {err:e} > {bound:e}"
+            err <= bound && y.abs() <= 1.0,
+            "{f:?} {isa}: tanh({x:e}) = {y:e}, want {want:e}: error {err:e} > {bound:e}"
         );
-        let e = err / ulp(want);
+        let e = err / f32_ulp(want);
         if e > worst.0 {
             worst = (e, x);
         }
@@ -158,15 +180,26 @@ fn tanh_special_values() {
             -1e-40,
             f32::MIN_POSITIVE,
         ];
-        let ys = tanh(isa, &xs);
-        assert_eq!(ys[0].to_bits(), 0.0f32.to_bits(), "{isa}: tanh(+0)");
-        assert_eq!(ys[1].to_bits(), (-0.0f32).to_bits(), "{isa}: tanh(−0)");
-        assert_eq!((ys[2], ys[3]), (1.0, -1.0), "{isa}: tanh(±∞)");
-        assert!(ys[4].is_nan(), "{isa}: tanh(NaN)");
-        assert_eq!((ys[5], ys[6]), (1.0, -1.0), "{isa}: tanh(±MAX)");
-        assert_eq!((ys[7], ys[8]), (1.0, -1.0), "{isa}: tanh(±10)");
-        // Subnormal and smallest normal inputs: tanh(x) rounds to x.
-        assert_eq!(&ys[9..], &xs[9..], "{isa}: tanh of tiny x");
+        for f in Tanh::BOTH {
+            let ys = f.run(isa, &xs);
+            assert_eq!(ys[0].to_bits(), 0.0f32.to_bits(), "{f:?} {isa}: tanh(+0)");
+            assert_eq!(ys[1].to_bits(), (-0.0f32).to_bits(), "{f:?} {isa}: tanh(−0)");
+            assert!(ys[4].is_nan(), "{f:?} {isa}: tanh(NaN)");
+            // Subnormal and smallest normal inputs: tanh(x) rounds to x.
+            assert_eq!(&ys[9..], &xs[9..], "{f:?} {isa}: tanh of tiny x");
+            // ±∞, ±MAX, ±10: ±1 exactly from the accurate tanh, the value at the clamp (odd:
+            // the same magnitude for both signs) within the bound of ±1 from the rational one.
+            for (k, what) in [(2, "±∞"), (5, "±MAX"), (7, "±10")] {
+                let (hi, lo) = (ys[k], ys[k + 1]);
+                assert_eq!(hi, -lo, "{f:?} {isa}: tanh({what}) odd");
+                match f {
+                    Tanh::Accurate => assert_eq!(hi, 1.0, "{isa}: tanh({what})"),
+                    Tanh::Rational => {
+                        check_tanh(f, isa, &[xs[k], xs[k + 1]]);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -182,11 +215,15 @@ fn tanh_dense_sweep() {
         .flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)])
         .collect();
     for isa in supported_isas("math") {
-        let (worst, at) = check_tanh(isa, &xs);
-        eprintln!(
-            "tanh {isa}: worst error {worst:.3} ULP at {at:e} over {} inputs (bound {TANH_MAX_ULP})",
-            xs.len()
-        );
+        for f in Tanh::BOTH {
+            let (worst, at) = check_tanh(f, isa, &xs);
+            eprintln!(
+                "{f:?} tanh {isa}: worst error {worst:.3} ULP at {at:e} over {} inputs \
+                 (bound {})",
+                xs.len(),
+                f.max_ulp()
+            );
+        }
     }
 }
 
@@ -194,11 +231,13 @@ fn tanh_dense_sweep() {
 fn tanh_same_bits_wherever_a_value_sits() {
     let xs: Vec<f32> = (0..67).map(|i| (i as f32 - 33.0) * 0.037).collect();
     for isa in supported_isas("math") {
-        let all = tanh(isa, &xs);
-        for start in 0..xs.len() {
-            let part = tanh(isa, &xs[start..]);
-            for (a, b) in all[start..].iter().zip(&part) {
-                assert_eq!(a.to_bits(), b.to_bits(), "{isa}: from offset {start}");
+        for f in Tanh::BOTH {
+            let all = f.run(isa, &xs);
+            for start in 0..xs.len() {
+                let part = f.run(isa, &xs[start..]);
+                for (a, b) in all[start..].iter().zip(&part) {
+                    assert_eq!(a.to_bits(), b.to_bits(), "{f:?} {isa}: from offset {start}");
+                }
             }
         }
     }
@@ -213,14 +252,17 @@ proptest! {
         let mut xs: Vec<f32> = bits.into_iter().map(f32::from_bits).collect();
         xs.extend(near);
         for isa in supported_isas("math") {
-            check_tanh(isa, &xs);
+            for f in Tanh::BOTH {
+                check_tanh(f, isa, &xs);
+            }
         }
     }
 }
 
-/// Every non-negative f32 (tanh is odd lane by lane), on every ISA, against f64 `tanh`: the
-/// measurement behind `TANH_MAX_ULP`, reported separately for the polynomial branch
-/// (`x < 0.625`) and the exp branch. Two threads, under a minute per ISA in release:
+/// Every non-negative f32 (both functions are odd lane by lane), on every ISA, against f64
+/// `tanh`: the measurement behind `TANH_MAX_ULP` and `TANH_RATIONAL_MAX_ULP`, reported
+/// separately below and above 0.625 (the accurate tanh's polynomial and exp branches). Two
+/// threads, about a minute per ISA and function in release:
 /// `cargo test --release -p attn-tests --test math -- --ignored exhaustive_tanh --nocapture`.
 #[test]
 #[ignore]
@@ -228,18 +270,20 @@ fn exhaustive_tanh() {
     let split = 0.625f32.to_bits();
     let end = f32::INFINITY.to_bits() + 1; // every non-negative input up to +∞
     for isa in supported_isas("math") {
-        let (poly, at_poly) = worst_over(isa, 0, split);
-        let (exp, at_exp) = worst_over(isa, split, end);
-        check_tanh(isa, &[f32::NAN]);
-        eprintln!(
-            "tanh {isa}: worst error {poly:.4} ULP at x = {at_poly:e} below 0.625, \
-             {exp:.4} ULP at x = {at_exp:e} above"
-        );
+        for f in Tanh::BOTH {
+            let (below, at_below) = worst_over(f, isa, 0, split);
+            let (above, at_above) = worst_over(f, isa, split, end);
+            check_tanh(f, isa, &[f32::NAN]);
+            eprintln!(
+                "{f:?} tanh {isa}: worst error {below:.4} ULP at x = {at_below:e} below 0.625, \
+                 {above:.4} ULP at x = {at_above:e} above"
+            );
+        }
     }
 }
 
 /// Worst [`check_tanh`] error over the f32 bit patterns `lo..hi`, on all cores.
-fn worst_over(isa: Isa, lo: u32, hi: u32) -> (f64, f32) {
+fn worst_over(f: Tanh, isa: Isa, lo: u32, hi: u32) -> (f64, f32) {
     const CHUNK: u32 = 1 << 16;
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get()) as u32;
     let per = (hi - lo).div_ceil(threads);
@@ -254,7 +298,7 @@ fn worst_over(isa: Isa, lo: u32, hi: u32) -> (f64, f32) {
                     while b < to {
                         let n = CHUNK.min(to - b);
                         let xs: Vec<f32> = (b..b + n).map(f32::from_bits).collect();
-                        worst = pick(worst, check_tanh(isa, &xs));
+                        worst = pick(worst, check_tanh(f, isa, &xs));
                         b += n;
                     }
                     worst

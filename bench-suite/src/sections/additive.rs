@@ -4,7 +4,7 @@
 //!
 //! - ours ([`AdditiveAttention`], streamed) beside an unfused composition of our own kernels
 //!   ([`Problem::unfused`]: projection SGEMMs, the `N × N` score matrix materialised with the
-//!   vectorised tanh, the softmax, an SGEMM for `P·V`) and the reference at the smallest case.
+//!   rational tanh, the softmax, an SGEMM for `P·V`) and the reference at the smallest case.
 //!   FLOPs count what is common to all three and dominant: per score `da` tanh evaluations and
 //!   multiply-adds, so `2·(da + dv)` per (query, key) pair (the tanh's own operations are not
 //!   counted); the rate is a throughput to compare in the same row, not a fraction of the FMA
@@ -16,7 +16,7 @@
 
 use attn_kernels::attention::{AdditiveAttention, AdditiveWeights};
 use attn_kernels::gemm::sgemm;
-use attn_kernels::math::tanh;
+use attn_kernels::math::tanh_rational;
 use attn_kernels::softmax::scale_mask_softmax_inplace;
 use attn_kernels::Parallelism;
 use attn_reference::softmax::softmax_row;
@@ -106,7 +106,7 @@ impl Problem {
     /// `[nq, nk, da]` tensor would be 8 GiB at N = 4096, da = 128):
     /// 1. `A = Q·Wq`, `B = K·Wk` (SGEMM);
     /// 2. per query row `i` (rows split over the threads): `E = A_i + B` (`[nk, da]`, a
-    ///    broadcast add), `E ← tanh(E)` (our vectorised tanh), `S_i = E·w` (SGEMM, `n = 1`),
+    ///    broadcast add), `E ← tanh(E)` (our rational tanh, as the kernel's), `S_i = E·w` (SGEMM, `n = 1`),
     ///    into the materialised `nq × nk` score matrix;
     /// 3. `P = softmax(S)` (our fused softmax, in place);
     /// 4. `O = P·V` (SGEMM).
@@ -132,7 +132,7 @@ impl Problem {
                             *x = p + q;
                         }
                     }
-                    tanh(&mut e);
+                    tanh_rational(&mut e);
                     let e = MatRef::new(&e, MatLayout::row_major(nk, da));
                     sgemm(1.0, e, w, 0.0, mm(srow, nk, 1), Parallelism::Sequential)?;
                 }
