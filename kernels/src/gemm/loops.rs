@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use attn_core::MatRef;
 
 use super::blocking::{Blocking, PAR_MIN_MNK};
-use super::pack::{pack_a, pack_b, with_buf, Slot};
+use super::pack::{pack_a, pack_b, widen_a, with_buf, Slot};
 use super::ukernel::{macro_kernel, ABlock, Kernel};
 use super::PackedPanels;
 use crate::arch::convert::SimdElement;
@@ -33,6 +33,10 @@ pub(crate) enum ASrc<'a, T = f32> {
     View(MatRef<'a, T>),
     /// A checked `m × k` f32 view read in place by the micro-kernels (no packing).
     Direct(MatRef<'a>),
+    /// A checked `m × k` view with a unit row or column stride, widened block by block into
+    /// the same orientation (vector runs, no transposition) and then read in place like
+    /// `Direct`: for half-precision A where packing would not pay.
+    Widen(MatRef<'a, T>),
 }
 
 /// Where the B operand comes from: a strided view packed block by block, or already packed.
@@ -154,7 +158,7 @@ unsafe fn run_blocks<TA: SimdElement, TB: SimdElement>(
                     let dst = buf.get(nc.div_ceil(nr) * nr * kc);
                     // SAFETY: the view was checked; the block is inside it; dst is sized.
                     unsafe {
-                        pack_b(nr, &b, pc, kc, jc, nc, dst);
+                        pack_b(pb.kern.isa, nr, &b, pc, kc, jc, nc, dst);
                         row_range(pb, pc, kc, jc, dst, beta, i_lo, i_hi, 0, nc)
                     }
                 }),
@@ -222,8 +226,15 @@ unsafe fn row_range<TA: SimdElement, TB: SimdElement>(
             ASrc::View(a) => with_buf(Slot::A, |buf| {
                 let dst = buf.get(mc.div_ceil(mr) * mr * kc);
                 // SAFETY: the view was checked and the block is inside it; dst is sized.
-                unsafe { pack_a(mr, &a, ic, mc, pc, kc, dst) };
+                unsafe { pack_a(kern.isa, mr, &a, ic, mc, pc, kc, dst) };
                 go(ABlock::Packed(dst.as_ptr()))
+            }),
+            ASrc::Widen(a) => with_buf(Slot::A, |buf| {
+                let dst = buf.get(mc * kc);
+                // SAFETY: the view was checked, has a unit stride (`ASrc::Widen`), and the
+                // block is inside it; dst is sized.
+                let (rs, cs) = unsafe { widen_a(kern.isa, &a, ic, mc, pc, kc, dst) };
+                go(ABlock::Strided { ptr: dst.as_ptr(), rs, cs })
             }),
         }
     }

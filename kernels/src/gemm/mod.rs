@@ -14,7 +14,9 @@
 //!
 //! A is packed into MR-row micro-panels, except when it has a unit stride and C is at most
 //! [`blocking::DIRECT_A_MAX_N`] wide: then packing (a full pass over A per NC block) would
-//! cost more than the micro-kernels save, and they read A in place.
+//! cost more than the micro-kernels save, and they read A in place (a bf16 / f16 A is first
+//! widened, block by block, into an f32 copy of the same orientation: vector runs, no
+//! transposition).
 //!
 //! # Public API
 //!
@@ -350,7 +352,7 @@ impl PackedPanels {
             let block = &mut dst[p0 * padded..(p0 + kc) * padded];
             // SAFETY: the caller checked the view; the block is inside it; `block` holds
             // `padded · kc` elements.
-            unsafe { pack::pack_b(nr, &x, p0, kc, 0, n, block) };
+            unsafe { pack::pack_b(self.kern.isa, nr, &x, p0, kc, 0, n, block) };
         }
         Ok(())
     }
@@ -370,14 +372,16 @@ impl PackedPanels {
 /// Packs A unless reading it in place is cheaper: packing costs a pass over A per NC block,
 /// which a wide C amortises but a narrow one does not; reading in place needs a unit stride so
 /// each of the MR rows (or each step) is a contiguous stream.
-/// Only an f32 A is read in place; a half-precision one is always packed (and widened).
+/// A half-precision A in that case is widened block by block into an f32 copy of the same
+/// orientation (vector runs, no transposition), which the micro-kernels then read in place.
 fn a_source<T: Convertible>(a: MatRef<'_, T>, n: usize) -> ASrc<'_, T> {
     let unit = a.layout.row_stride == 1 || a.layout.col_stride == 1;
+    if !unit || n > blocking::DIRECT_A_MAX_N {
+        return ASrc::View(a);
+    }
     match T::as_f32(a.data) {
-        Some(data) if unit && n <= blocking::DIRECT_A_MAX_N => {
-            ASrc::Direct(MatRef::new(data, a.layout))
-        }
-        _ => ASrc::View(a),
+        Some(data) => ASrc::Direct(MatRef::new(data, a.layout)),
+        None => ASrc::Widen(a),
     }
 }
 
