@@ -2,11 +2,12 @@
 //! transposed, `P·V`) at two sequence lengths; every implementation at every shape and thread
 //! count, the reference only where it finishes in reasonable time.
 
-use attn_kernels::gemm::gemm;
-use attn_kernels::{bf16, f16, Parallelism};
+use attn_kernels::arch::selected;
+use attn_kernels::gemm::{bf16_dot_available, gemm, gemm_with_path, HalfPath};
+use attn_kernels::{bf16, f16, Isa, Parallelism};
 use attn_reference::{MatLayout, MatMut, MatRef, Result};
 
-use super::{Ctx, Work};
+use super::{Call, Ctx, Work};
 use crate::check::{compare, gemm_bound, mat, mat_mut, Rng};
 use crate::peers;
 use crate::record::Shape;
@@ -100,7 +101,8 @@ const HALF_CASES: [Case; 4] = [
 ];
 
 /// bf16 and f16 A and B (f32 C) beside our f32 GEMM on the same values, one thread, timed in
-/// alternating calls so that their ratios are taken at the same moments of the machine.
+/// alternating calls so that their ratios are taken at the same moments of the machine; with
+/// AVX512_BF16 also bf16 on the widening path (`gemm` runs bf16 on `vdpbf16ps` there).
 fn half_rows(ctx: &mut Ctx) {
     if !ctx.threads.contains(&1) {
         return;
@@ -146,19 +148,23 @@ fn half_rows(ctx: &mut Ctx) {
             )
             .map_err(|e| e.to_string())
         };
+        // With AVX512_BF16, `gemm` runs bf16 on `vdpbf16ps`: the widening path beside it.
+        let mut c4 = vec![0.0f32; m * n];
+        let mut widen_call = || {
+            let (a, b, c) = (MatRef::new(&ah, la), MatRef::new(&bh, lb), MatMut::new(&mut c4, lc));
+            gemm_with_path(selected(), HalfPath::Widen, 1.0, a, b, 0.0, c, seq)
+                .map_err(|e| e.to_string())
+        };
         let work = Work::Flops(2.0 * (m * n * k) as f64);
-        ctx.bench_alternating(
-            OP,
-            Shape::Gemm { m, n, k, bt },
-            1,
-            work,
-            None,
-            &mut [
-                ("attn-kernels f32 (vs half)", &mut f32_call),
-                ("attn-kernels bf16", &mut bf16_call),
-                ("attn-kernels f16", &mut f16_call),
-            ],
-        );
+        let mut rows: Vec<(&'static str, Call<'_>)> = vec![
+            ("attn-kernels f32 (vs half)", &mut f32_call),
+            ("attn-kernels bf16", &mut bf16_call),
+            ("attn-kernels f16", &mut f16_call),
+        ];
+        if bf16_dot_available() && selected() == Isa::Avx512 {
+            rows.push(("attn-kernels bf16 widen", &mut widen_call));
+        }
+        ctx.bench_alternating(OP, Shape::Gemm { m, n, k, bt }, 1, work, None, &mut rows);
     }
 }
 

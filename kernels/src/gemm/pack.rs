@@ -503,3 +503,121 @@ impl<T: SimdElement> Kernel for WidenA<'_, '_, T> {
         strides
     }
 }
+
+/// Packs `A[i0 .. i0+mc, p0 .. p0+kc]` for the `vdpbf16ps` kernel: `MR`-row micro-panels of
+/// bf16 pairs, `kp = ceil(kc/2)` pairs deep; panel `r`, pair `q`, row `i` at word
+/// `(r·kp + q)·MR + i`, holding `A[i, 2q]` in its low half and `A[i, 2q+1]` in its high half
+/// ([`SimdElement::bf16_bits`]). Rows past `mc` and the high half of an odd depth's last pair
+/// are +0.
+///
+/// # Safety
+///
+/// As [`pack_a`], with `dst.len() ≥ ceil(mc/mr)·mr·kp`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn pack_a_pairs<T: SimdElement>(
+    mr: usize,
+    a: &MatRef<'_, T>,
+    i0: usize,
+    mc: usize,
+    p0: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
+    let l = a.layout;
+    let kp = kc.div_ceil(2);
+    debug_assert!(a.check("a").is_ok() && i0 + mc <= l.rows && p0 + kc <= l.cols);
+    debug_assert!(dst.len() >= mc.div_ceil(mr) * mr * kp);
+    let (src, rs, cs) = (a.data.as_ptr(), l.row_stride, l.col_stride);
+    for (r, panel) in dst.chunks_exact_mut(mr * kp).take(mc.div_ceil(mr)).enumerate() {
+        let rows = mr.min(mc - r * mr);
+        let base = l.index(i0 + r * mr, p0);
+        // SAFETY: rows i < rows, steps p < kc of the panel are inside the checked view.
+        unsafe {
+            match mr {
+                12 if rows == 12 => pack_pairs(panel, 12, 12, src, base, rs, cs, kc),
+                _ => pack_pairs(panel, mr, rows, src, base, rs, cs, kc),
+            }
+        }
+    }
+}
+
+/// Packs `B[p0 .. p0+kc, j0 .. j0+nc]` for the `vdpbf16ps` kernel: `NR`-column micro-panels
+/// of bf16 pairs; panel `s`, pair `q`, column `j` at word `(s·kp + q)·NR + j`, holding
+/// `B[2q, j]` low and `B[2q+1, j]` high. Columns past `nc` and an odd depth's last high half
+/// are +0.
+///
+/// # Safety
+///
+/// As [`pack_b`], with `dst.len() ≥ ceil(nc/nr)·nr·kp`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn pack_b_pairs<T: SimdElement>(
+    nr: usize,
+    b: &MatRef<'_, T>,
+    p0: usize,
+    kc: usize,
+    j0: usize,
+    nc: usize,
+    dst: &mut [f32],
+) {
+    let l = b.layout;
+    let kp = kc.div_ceil(2);
+    debug_assert!(b.check("b").is_ok() && p0 + kc <= l.rows && j0 + nc <= l.cols);
+    debug_assert!(dst.len() >= nc.div_ceil(nr) * nr * kp);
+    let (src, rs, cs) = (b.data.as_ptr(), l.row_stride, l.col_stride);
+    for (q, panel) in dst.chunks_exact_mut(nr * kp).take(nc.div_ceil(nr)).enumerate() {
+        let cols = nr.min(nc - q * nr);
+        let base = l.index(p0, j0 + q * nr);
+        // SAFETY: columns j < cols, steps p < kc of the panel are inside the checked view.
+        unsafe {
+            match nr {
+                32 if cols == 32 => pack_pairs(panel, 32, 32, src, base, cs, rs, kc),
+                _ => pack_pairs(panel, nr, cols, src, base, cs, rs, kc),
+            }
+        }
+    }
+}
+
+/// One micro-panel of bf16 pairs: `lines ≤ n` lines (A's rows or B's columns) starting at
+/// `src + base`, `line` apart, each `kc` steps of `step`; word `q·n + i` is
+/// `x_i[2q] | x_i[2q+1] << 16`, +0 where the line or the step does not exist. Inlined with
+/// constant `n`, `lines` for full panels, so the line loop unrolls.
+///
+/// # Safety
+///
+/// `src + base + i·line + p·step` is readable for `i < lines`, `p < kc`;
+/// `panel.len() == n·ceil(kc/2)`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_pairs<T: SimdElement>(
+    panel: &mut [f32],
+    n: usize,
+    lines: usize,
+    src: *const T,
+    base: usize,
+    line: usize,
+    step: usize,
+    kc: usize,
+) {
+    debug_assert!(lines <= n && panel.len() == n * kc.div_ceil(2));
+    // SAFETY: u32 and f32 have the same size and alignment and every bit pattern is valid for
+    // both; the words are plain bits here (no f32 arithmetic ever touches them).
+    let words: &mut [u32] =
+        unsafe { core::slice::from_raw_parts_mut(panel.as_mut_ptr().cast(), panel.len()) };
+    if lines < n {
+        words.fill(0);
+    }
+    for (q, out) in words.chunks_exact_mut(n).enumerate() {
+        let p = base + 2 * q * step;
+        let has_hi = 2 * q + 1 < kc;
+        for (i, o) in out[..lines].iter_mut().enumerate() {
+            // SAFETY: steps 2q and (if it exists) 2q + 1 of line i are readable (the caller).
+            let (lo, hi) = unsafe {
+                let e = src.add(p + i * line);
+                let lo = u32::from((*e).bf16_bits());
+                let hi = if has_hi { u32::from((*e.add(step)).bf16_bits()) } else { 0 };
+                (lo, hi)
+            };
+            *o = lo | hi << 16;
+        }
+    }
+}
