@@ -102,7 +102,7 @@ const HALF_CASES: [Case; 4] = [
 
 /// bf16 and f16 A and B (f32 C) beside our f32 GEMM on the same values, one thread, timed in
 /// alternating calls so that their ratios are taken at the same moments of the machine; with
-/// AVX512_BF16 also bf16 on the widening path (`gemm` runs bf16 on `vdpbf16ps` there).
+/// AVX512_BF16 also bf16 on the `vdpbf16ps` kernel (`HalfPath::Dot`).
 fn half_rows(ctx: &mut Ctx) {
     if !ctx.threads.contains(&1) {
         return;
@@ -148,11 +148,11 @@ fn half_rows(ctx: &mut Ctx) {
             )
             .map_err(|e| e.to_string())
         };
-        // With AVX512_BF16, `gemm` runs bf16 on `vdpbf16ps`: the widening path beside it.
+        // With AVX512_BF16, bf16 on the `vdpbf16ps` kernel too (`gemm` widens: see `HalfPath`).
         let mut c4 = vec![0.0f32; m * n];
-        let mut widen_call = || {
+        let mut dot_call = || {
             let (a, b, c) = (MatRef::new(&ah, la), MatRef::new(&bh, lb), MatMut::new(&mut c4, lc));
-            gemm_with_path(selected(), HalfPath::Widen, 1.0, a, b, 0.0, c, seq)
+            gemm_with_path(Isa::Avx512, HalfPath::Dot, 1.0, a, b, 0.0, c, seq)
                 .map_err(|e| e.to_string())
         };
         let work = Work::Flops(2.0 * (m * n * k) as f64);
@@ -162,7 +162,7 @@ fn half_rows(ctx: &mut Ctx) {
             ("attn-kernels f16", &mut f16_call),
         ];
         if bf16_dot_available() && selected() == Isa::Avx512 {
-            rows.push(("attn-kernels bf16 widen", &mut widen_call));
+            rows.push(("attn-kernels bf16 vdpbf16ps", &mut dot_call));
         }
         ctx.bench_alternating(OP, Shape::Gemm { m, n, k, bt }, 1, work, None, &mut rows);
     }
