@@ -63,6 +63,11 @@ pub(crate) trait SimdElement: Element {
     /// f16, `half`'s `to_f32` detects F16C and calls out per element): for scalar loops such as
     /// the GEMM's packing.
     fn widen(self) -> f32;
+    /// The bits of the value rounded to bf16 ([`bf16_bits`]; exact, the bits themselves, for
+    /// bf16): what the `vdpbf16ps` GEMM packs, which runs on bf16 operands only.
+    fn bf16_bits(self) -> u16 {
+        bf16_bits(self.widen().to_bits())
+    }
     /// The slice itself when the type is f32 (so a kernel can read it in place), else `None`.
     fn as_f32(x: &[Self]) -> Option<&[f32]> {
         let _ = x;
@@ -122,14 +127,19 @@ impl SimdElement for f32 {
 }
 
 /// [`SimdElement`] for a half type whose full-vector conversions are the [`Simd`] methods
-/// `$load` and `$store` and whose scalar widening is `$widen`; the tails go through a stack
+/// `$load` and `$store`, whose scalar widening is `$widen` and bf16 bits `$bf16_bits`; the tails
+/// go through a stack
 /// buffer.
 macro_rules! half_element {
-    ($t:ty, $load:ident, $store:ident, $widen:path) => {
+    ($t:ty, $load:ident, $store:ident, $widen:path, $bf16_bits:expr) => {
         impl SimdElement for $t {
             #[inline(always)]
             fn widen(self) -> f32 {
                 $widen(self)
+            }
+            #[inline(always)]
+            fn bf16_bits(self) -> u16 {
+                $bf16_bits(self)
             }
             #[inline(always)]
             unsafe fn load<S: Simd>(s: S, p: *const $t) -> S::V {
@@ -169,8 +179,8 @@ macro_rules! half_element {
     };
 }
 
-half_element!(bf16, load_bf16, store_bf16, bf16::to_f32_const);
-half_element!(f16, load_f16, store_f16, f16_to_f32);
+half_element!(bf16, load_bf16, store_bf16, bf16::to_f32_const, bf16::to_bits);
+half_element!(f16, load_f16, store_f16, f16_to_f32, |h: f16| bf16_bits(f16_to_f32(h).to_bits()));
 
 /// `LANES` elements from the start of `x` widened to f32 (panics if `x` has fewer).
 #[inline(always)]

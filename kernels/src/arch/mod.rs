@@ -35,7 +35,7 @@ pub(crate) use portable::Portable;
 pub(crate) use simd::{
     addr, keep, keep_tail, lanes_to_boundary, load, load_cells, load_tail, load_tail_cells,
     prefetch_l1_at, store, store_cells, store_fence, store_tail, store_tail_cells, stream_cells,
-    vectorize, Floats, Kernel, Simd, ROUND_MAGIC, TWO_POW_M64,
+    vectorize, Floats, Kernel, Simd, MAX_LANES, ROUND_MAGIC, TWO_POW_M64,
 };
 
 /// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use attn_core::MatRef;
 
 use super::blocking::{Blocking, PAR_MIN_MNK};
-use super::pack::{pack_a, pack_b, with_buf, Slot};
+use super::pack::{pack_a, pack_a_pairs, pack_b, pack_b_pairs, widen_a, with_buf, Slot};
 use super::ukernel::{macro_kernel, ABlock, Kernel};
 use super::PackedPanels;
 use crate::arch::convert::SimdElement;
@@ -33,6 +33,10 @@ pub(crate) enum ASrc<'a, T = f32> {
     View(MatRef<'a, T>),
     /// A checked `m × k` f32 view read in place by the micro-kernels (no packing).
     Direct(MatRef<'a>),
+    /// A checked `m × k` view with a unit row or column stride, widened block by block into
+    /// the same orientation (vector runs, no transposition) and then read in place like
+    /// `Direct`: for half-precision A where packing would not pay.
+    Widen(MatRef<'a, T>),
 }
 
 /// Where the B operand comes from: a strided view packed block by block, or already packed.
@@ -63,6 +67,8 @@ unsafe impl Send for CPtr {}
 unsafe impl Sync for CPtr {}
 
 /// One GEMM problem after validation: `C[m×n] ← α·A·B + β·C` with `m, n, k > 0`, `α ≠ 0`.
+/// With a pair kernel (`kern.pairs`, the `vdpbf16ps` one) A is an `ASrc::View` and B a
+/// `BSrc::View`, both bf16: they are packed into pairs block by block.
 #[derive(Clone, Copy)]
 pub(crate) struct Problem<'a, TA = f32, TB = f32> {
     pub kern: &'static Kernel,
@@ -123,6 +129,16 @@ pub(crate) unsafe fn run<TA: SimdElement, TB: SimdElement>(
     }
 }
 
+/// The depth of a packed block of `kc` steps, in the kernel's steps: `kc`, or `ceil(kc/2)` pairs
+/// for the `vdpbf16ps` kernel.
+fn depth<TA, TB>(pb: &Problem<'_, TA, TB>, kc: usize) -> usize {
+    if pb.kern.pairs {
+        kc.div_ceil(2)
+    } else {
+        kc
+    }
+}
+
 /// Loops 5 and 4 over the rectangle `C[i_lo .. i_hi, j_lo .. j_hi]` (`i_lo` a multiple of MR,
 /// `j_lo` of NR).
 ///
@@ -151,10 +167,14 @@ unsafe fn run_blocks<TA: SimdElement, TB: SimdElement>(
                     row_range(pb, pc, kc, jc, p.block(pc, kc, jc, nc), beta, i_lo, i_hi, 0, nc)
                 },
                 BSrc::View(b) => with_buf(Slot::B, |buf| {
-                    let dst = buf.get(nc.div_ceil(nr) * nr * kc);
+                    let dst = buf.get(nc.div_ceil(nr) * nr * depth(pb, kc));
                     // SAFETY: the view was checked; the block is inside it; dst is sized.
                     unsafe {
-                        pack_b(nr, &b, pc, kc, jc, nc, dst);
+                        if pb.kern.pairs {
+                            pack_b_pairs(nr, &b, pc, kc, jc, nc, dst);
+                        } else {
+                            pack_b(pb.kern.isa, nr, &b, pc, kc, jc, nc, dst);
+                        }
                         row_range(pb, pc, kc, jc, dst, beta, i_lo, i_hi, 0, nc)
                     }
                 }),
@@ -188,6 +208,7 @@ unsafe fn row_range<TA: SimdElement, TB: SimdElement>(
     }
     let kern = pb.kern;
     let mr = kern.mr;
+    let kd = depth(pb, kc);
     let blocks = (i_hi - i_lo).div_ceil(pb.bl.mc);
     let mc_step = (i_hi - i_lo).div_ceil(blocks).div_ceil(mr) * mr;
     let c = pb.c;
@@ -201,10 +222,10 @@ unsafe fn row_range<TA: SimdElement, TB: SimdElement>(
                     kern,
                     mc,
                     j_hi - j_lo,
-                    kc,
+                    kd,
                     pb.alpha,
                     ablock,
-                    bpack.as_ptr().add(j_lo * kc),
+                    bpack.as_ptr().add(j_lo * kd),
                     beta,
                     c.ptr.add(ic * c.rs + (jc + j_lo) * c.cs),
                     c.rs,
@@ -220,10 +241,23 @@ unsafe fn row_range<TA: SimdElement, TB: SimdElement>(
                 cs: a.layout.col_stride,
             }),
             ASrc::View(a) => with_buf(Slot::A, |buf| {
-                let dst = buf.get(mc.div_ceil(mr) * mr * kc);
+                let dst = buf.get(mc.div_ceil(mr) * mr * kd);
                 // SAFETY: the view was checked and the block is inside it; dst is sized.
-                unsafe { pack_a(mr, &a, ic, mc, pc, kc, dst) };
+                unsafe {
+                    if kern.pairs {
+                        pack_a_pairs(mr, &a, ic, mc, pc, kc, dst);
+                    } else {
+                        pack_a(kern.isa, mr, &a, ic, mc, pc, kc, dst);
+                    }
+                }
                 go(ABlock::Packed(dst.as_ptr()))
+            }),
+            ASrc::Widen(a) => with_buf(Slot::A, |buf| {
+                let dst = buf.get(mc * kc);
+                // SAFETY: the view was checked, has a unit stride (`ASrc::Widen`), and the
+                // block is inside it; dst is sized.
+                let (rs, cs) = unsafe { widen_a(kern.isa, &a, ic, mc, pc, kc, dst) };
+                go(ABlock::Strided { ptr: dst.as_ptr(), rs, cs })
             }),
         }
     }

@@ -14,13 +14,18 @@
 //!
 //! A is packed into MR-row micro-panels, except when it has a unit stride and C is at most
 //! [`blocking::DIRECT_A_MAX_N`] wide: then packing (a full pass over A per NC block) would
-//! cost more than the micro-kernels save, and they read A in place.
+//! cost more than the micro-kernels save, and they read A in place (a bf16 / f16 A is first
+//! widened, block by block, into an f32 copy of the same orientation: vector runs, no
+//! transposition).
 //!
 //! # Public API
 //!
 //! - [`sgemm`] (ISA from [`arch::selected`]) and [`sgemm_with_isa`];
 //! - [`gemm`] / [`gemm_with_isa`]: A and B of f32, bf16 or f16 (each its own), C of f32; the
 //!   half-precision operands are widened while packed, the micro-kernels are the f32 ones;
+//! - [`gemm_with_path`]: the same with an explicit [`HalfPath`]: bf16 × bf16 on the
+//!   AVX512_BF16 `vdpbf16ps` micro-kernel ([`HalfPath::Dot`], where [`bf16_dot_available`]),
+//!   or widened to f32 (every ISA);
 //! - [`PackedB`] + [`sgemm_packed_b`]: pack B once, multiply by many A.
 //!
 //! Semantics (all entry points): `A: m×k`, `B: k×n`, `C: m×n`, any row / column strides and
@@ -40,6 +45,15 @@
 //! more per KC-deep block when `k > KC`). Results do not depend on the [`Parallelism`]: threaded
 //! runs are bitwise equal to sequential ones. They may differ in the last bits between machines
 //! whose caches give another KC, as they do between ISAs.
+//!
+//! The `vdpbf16ps` path ([`HalfPath::Dot`]) forms each pair of bf16 products exactly and adds
+//! them to the f32 accumulator one at a time, each addition rounded to nearest even: one
+//! rounding per term, the bound above. But the instruction ignores MXCSR and flushes: bf16
+//! inputs below [`BF16_DOT_FLUSH`] (`2⁻¹²⁶`) count as zero (a dropped term `|a·b| < 2⁻¹²⁶·|b|`)
+//! and every accumulation whose result falls below it gives zero (off by less than `2⁻¹²⁶`,
+//! at most `k + 1` of them), so its bound is
+//! `γ·(k + 3)·u·(|α|·(|A||B|)_ij + |β c_ij|) + |α|·2⁻¹²⁶·(k + 1 + Σ_p (|a_ip| + |b_pj|))`
+//! (derivation beside the kernel, `ukernel/avx512_bf16.rs`).
 
 pub mod blocking;
 mod loops;
@@ -47,7 +61,7 @@ pub(crate) mod pack;
 pub(crate) mod ukernel;
 
 use attn_core::error::{expect_dim, expect_finite};
-use attn_core::{Error, MatLayout, MatMut, MatRef, Result};
+use attn_core::{DType, Error, MatLayout, MatMut, MatRef, Result};
 
 use crate::arch::convert::Convertible;
 use crate::arch::{self, Isa};
@@ -111,7 +125,8 @@ pub fn gemm<TA: Convertible, TB: Convertible>(
     gemm_with_isa(arch::selected(), alpha, a, b, beta, c, par)
 }
 
-/// [`gemm`] with an explicit ISA (an error if this CPU lacks it).
+/// [`gemm`] with an explicit ISA (an error if this CPU lacks it), on the [`HalfPath::Auto`]
+/// path.
 pub fn gemm_with_isa<TA: Convertible, TB: Convertible>(
     isa: Isa,
     alpha: f32,
@@ -121,9 +136,77 @@ pub fn gemm_with_isa<TA: Convertible, TB: Convertible>(
     c: MatMut<'_>,
     par: Parallelism,
 ) -> Result<()> {
+    gemm_with_path(isa, HalfPath::Auto, alpha, a, b, beta, c, par)
+}
+
+/// Which micro-kernel a GEMM with half-precision operands runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HalfPath {
+    /// [`Widen`](Self::Widen), today: on the AVX512_BF16 machine this was measured on (a
+    /// Sapphire-Rapids-class Xeon VM), `vdpbf16ps` issued about one per 1 ns against two
+    /// FMAs per 0.3 ns, so its two multiply-adds per lane lost about 3.5× to widening plus
+    /// FMA (see the README). [`Dot`](Self::Dot) stays available by name for CPUs where it
+    /// pays.
+    Auto,
+    /// Widen every operand to f32 while packing and run the ISA's f32 micro-kernel: any ISA,
+    /// any element types, the accuracy of [`sgemm`] on the exact values.
+    Widen,
+    /// The `vdpbf16ps` micro-kernel (AVX512_BF16; bf16 A and B only): two multiply-adds per
+    /// f32 lane and instruction, f32 accumulation; the f32 bound plus a flush term for
+    /// subnormals (see the [module docs](self)). An `InvalidParameter { arg: "path" }` error
+    /// where it is not available.
+    Dot,
+}
+
+/// The flush threshold of the [`HalfPath::Dot`] kernel, `2⁻¹²⁶` (the smallest normal f32):
+/// `vdpbf16ps` treats bf16 inputs below it as zero and flushes results below it to zero, which
+/// adds `|α|·F·(k + 1 + Σ_p (|a_ip| + |b_pj|))` to the error bound of element `(i, j)` (see the
+/// [module docs](self)).
+pub const BF16_DOT_FLUSH: f32 = f32::MIN_POSITIVE;
+
+/// True when this CPU has the `vdpbf16ps` GEMM kernel (AVX-512F and AVX512_BF16): the
+/// condition, with the `avx512` ISA and bf16 operands, for [`HalfPath::Dot`].
+pub fn bf16_dot_available() -> bool {
+    ukernel::bf16_dot_kernel().is_some()
+}
+
+/// [`gemm_with_isa`] with an explicit [`HalfPath`], so each path can be tested and benchmarked
+/// on one machine. Errors: those of [`sgemm`], then `InvalidParameter { arg: "path" }` for
+/// [`HalfPath::Dot`] unless `isa` is [`Isa::Avx512`], this CPU has AVX512_BF16 and A and B
+/// are both bf16.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_with_path<TA: Convertible, TB: Convertible>(
+    isa: Isa,
+    path: HalfPath,
+    alpha: f32,
+    a: MatRef<'_, TA>,
+    b: MatRef<'_, TB>,
+    beta: f32,
+    c: MatMut<'_>,
+    par: Parallelism,
+) -> Result<()> {
     let k = a.layout.cols;
     check_args(alpha, &a, k, b.layout.rows, Some(&b), beta, &c, b.layout.cols)?;
-    let kern = kernel_for(isa.require()?);
+    let isa = isa.require()?;
+    let dot = match ukernel::bf16_dot_kernel() {
+        Some(kern)
+            if isa == Isa::Avx512 && TA::DTYPE == DType::BF16 && TB::DTYPE == DType::BF16 =>
+        {
+            Some(kern)
+        }
+        _ => None,
+    };
+    let kern = match (path, dot) {
+        (HalfPath::Dot, Some(kern)) => kern,
+        (HalfPath::Dot, None) => {
+            return Err(Error::InvalidParameter {
+                arg: "path",
+                requirement: "the vdpbf16ps path needs the avx512 ISA, a CPU with AVX512_BF16, \
+                              and bf16 A and B",
+            })
+        }
+        _ => kernel_for(isa),
+    };
     let (m, n) = (c.layout.rows, c.layout.cols);
     if m == 0 || n == 0 {
         return Ok(());
@@ -187,7 +270,8 @@ unsafe fn launch<TA: Convertible, TB: Convertible>(
         k,
         alpha,
         beta,
-        a: a_source(a, cl.cols),
+        // The pair kernel packs A into pairs; it never reads A in place.
+        a: if kern.pairs { ASrc::View(a) } else { a_source(a, cl.cols) },
         b: BSrc::View(b),
         c: CPtr { ptr, rs: cl.row_stride, cs: cl.col_stride },
     };
@@ -350,7 +434,7 @@ impl PackedPanels {
             let block = &mut dst[p0 * padded..(p0 + kc) * padded];
             // SAFETY: the caller checked the view; the block is inside it; `block` holds
             // `padded · kc` elements.
-            unsafe { pack::pack_b(nr, &x, p0, kc, 0, n, block) };
+            unsafe { pack::pack_b(self.kern.isa, nr, &x, p0, kc, 0, n, block) };
         }
         Ok(())
     }
@@ -370,14 +454,16 @@ impl PackedPanels {
 /// Packs A unless reading it in place is cheaper: packing costs a pass over A per NC block,
 /// which a wide C amortises but a narrow one does not; reading in place needs a unit stride so
 /// each of the MR rows (or each step) is a contiguous stream.
-/// Only an f32 A is read in place; a half-precision one is always packed (and widened).
+/// A half-precision A in that case is widened block by block into an f32 copy of the same
+/// orientation (vector runs, no transposition), which the micro-kernels then read in place.
 fn a_source<T: Convertible>(a: MatRef<'_, T>, n: usize) -> ASrc<'_, T> {
     let unit = a.layout.row_stride == 1 || a.layout.col_stride == 1;
+    if !unit || n > blocking::DIRECT_A_MAX_N {
+        return ASrc::View(a);
+    }
     match T::as_f32(a.data) {
-        Some(data) if unit && n <= blocking::DIRECT_A_MAX_N => {
-            ASrc::Direct(MatRef::new(data, a.layout))
-        }
-        _ => ASrc::View(a),
+        Some(data) => ASrc::Direct(MatRef::new(data, a.layout)),
+        None => ASrc::Widen(a),
     }
 }
 

@@ -10,7 +10,8 @@
 use crate::arch::Isa;
 
 super::define_kernels! {
-    isa: Isa::Avx512, simd: crate::arch::Avx512, mr: 12, nv: 2,
+    isa: Isa::Avx512, simd: crate::arch::Avx512, step: super::Fma, pairs: false,
+    mr: 12, nv: 2,
     packed: sgemm_12x32_avx512, strided: sgemm_12x32_avx512_strided_a, rows: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
     name: "sgemm_12x32_avx512",
     #[target_feature(enable = "avx512f")]

@@ -32,6 +32,8 @@ use crate::arch::{Isa, Simd};
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16;
 mod portable;
 
 /// Largest `MR · NR` of any kernel: the size of the stack bounce tile used for edges.
@@ -57,7 +59,13 @@ pub(crate) const MAX_TILE: usize = 16 * 64;
 /// (unless β = 0) and writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const PACKED_A: bool>(
+pub(crate) unsafe fn sgemm_body<
+    S: Simd,
+    St: Step<S>,
+    const MR: usize,
+    const NV: usize,
+    const PACKED_A: bool,
+>(
     s: S,
     k: usize,
     alpha: f32,
@@ -88,13 +96,13 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const
         // with a large column stride) and is never dereferenced there.
         for _ in 0..k / 4 {
             for u in 0..4 {
-                rank1::<S, MR, NV>(s, &mut acc, a.add(u * a_cs), a_rs, b.add(u * nr));
+                St::step::<MR, NV>(s, &mut acc, a.add(u * a_cs), a_rs, b.add(u * nr));
             }
             a = a.wrapping_add(4 * a_cs);
             b = b.add(4 * nr);
         }
         for _ in 0..k % 4 {
-            rank1::<S, MR, NV>(s, &mut acc, a, a_rs, b);
+            St::step::<MR, NV>(s, &mut acc, a, a_rs, b);
             a = a.wrapping_add(a_cs);
             b = b.add(nr);
         }
@@ -117,9 +125,47 @@ pub(crate) unsafe fn sgemm_body<S: Simd, const MR: usize, const NV: usize, const
     }
 }
 
+/// One k-step of [`sgemm_body`]'s register tile: what one step of Ã and B̃ adds to the
+/// accumulators. [`Fma`] is the f32 rank-1 update; the `vdpbf16ps` kernel's step
+/// (`avx512_bf16`) adds a rank-2 update from one packed pair of bf16 steps. A type rather than a
+/// closure: a closure would not inherit the caller's `#[target_feature]`s and could not be
+/// inlined into the micro-kernel.
+pub(crate) trait Step<S: Simd> {
+    /// Adds step `p` of the panels to `acc`: Ã's `MR` values at `a[i·a_rs]`, B̃'s row at `b`
+    /// (`NV·LANES` 32-bit values).
+    ///
+    /// # Safety
+    ///
+    /// `a[i·a_rs]` valid for `i < MR`, `b` for `NV·LANES` reads; the CPU supports the features
+    /// the step's instructions need.
+    unsafe fn step<const MR: usize, const NV: usize>(
+        s: S,
+        acc: &mut [[S::V; NV]; MR],
+        a: *const f32,
+        a_rs: usize,
+        b: *const f32,
+    );
+}
+
+/// The f32 step: one rank-1 update, `acc[i] += Ã[p, i] · B̃[p, ..]` with one FMA per vector.
+pub(crate) struct Fma;
+
+impl<S: Simd> Step<S> for Fma {
+    #[inline(always)]
+    unsafe fn step<const MR: usize, const NV: usize>(
+        s: S,
+        acc: &mut [[S::V; NV]; MR],
+        a: *const f32,
+        a_rs: usize,
+        b: *const f32,
+    ) {
+        // SAFETY: forwarded contract.
+        unsafe { rank1::<S, MR, NV>(s, acc, a, a_rs, b) }
+    }
+}
+
 /// One rank-1 update of the register tile: `NV` vector loads of B̃ row `p`, `MR` broadcasts of
-/// Ã column `p` (`a[i·a_rs]`). A function rather than a closure: a closure would not inherit
-/// the caller's `#[target_feature]`s and could not be inlined into the micro-kernel.
+/// Ã column `p` (`a[i·a_rs]`).
 ///
 /// # Safety
 ///
@@ -161,7 +207,8 @@ pub(crate) type UkrFn = unsafe fn(
 /// [`sgemm_body`] carrying the ISA's `#[target_feature]`, and its [`Kernel`] table entry.
 macro_rules! define_kernels {
     (
-        isa: $isa:expr, simd: $simd:ty, mr: $mr:expr, nv: $nv:expr,
+        isa: $isa:expr, simd: $simd:ty, step: $step:ty, pairs: $pairs:expr,
+        mr: $mr:expr, nv: $nv:expr,
         packed: $packed:ident, strided: $strided:ident, rows: [$($r:literal),*],
         name: $name:expr,
         $(#[$attr:meta])*
@@ -182,7 +229,7 @@ macro_rules! define_kernels {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
-                super::sgemm_body::<$simd, R, { $nv }, false>(
+                super::sgemm_body::<$simd, $step, R, { $nv }, false>(
                     s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
@@ -202,7 +249,7 @@ macro_rules! define_kernels {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
-                super::sgemm_body::<$simd, { $mr }, { $nv }, true>(
+                super::sgemm_body::<$simd, $step, { $mr }, { $nv }, true>(
                     s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
@@ -222,7 +269,7 @@ macro_rules! define_kernels {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
-                super::sgemm_body::<$simd, { $mr }, { $nv }, false>(
+                super::sgemm_body::<$simd, $step, { $mr }, { $nv }, false>(
                     s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
@@ -234,6 +281,7 @@ macro_rules! define_kernels {
             name: $name,
             mr: $mr,
             nr: $nv * <$simd as crate::arch::Simd>::LANES,
+            pairs: $pairs,
             ukr: $packed,
             ukr_strided_a: $strided,
             ukr_rows: &[$(partial_rows::<$r>),*],
@@ -254,6 +302,9 @@ pub(crate) struct Kernel {
     pub mr: usize,
     /// Columns of the register tile (B micro-panel width).
     pub nr: usize,
+    /// True for the `vdpbf16ps` kernel: its panels hold pairs of bf16 steps, one per 32-bit
+    /// word (`pack::pack_a_pairs` / `pack_b_pairs`), and its depth counts pairs.
+    pub pairs: bool,
     /// The micro-kernel on a packed A micro-panel.
     pub ukr: UkrFn,
     /// The micro-kernel reading A in place through its strides.
@@ -271,6 +322,16 @@ pub(crate) fn kernel_for(isa: Isa) -> &'static Kernel {
         Isa::Avx2 => &avx2::KERNEL,
         _ => &portable::KERNEL,
     }
+}
+
+/// The `vdpbf16ps` kernel for bf16 × bf16 (`bf16dot_12x32_avx512bf16`) when this CPU has
+/// AVX-512F and AVX512_BF16, else `None`.
+pub(crate) fn bf16_dot_kernel() -> Option<&'static Kernel> {
+    #[cfg(target_arch = "x86_64")]
+    if avx512_bf16::supported() {
+        return Some(&avx512_bf16::KERNEL);
+    }
+    None
 }
 
 /// How the macro-kernel reads A.
