@@ -78,7 +78,8 @@ pub const VARLEN_Q_CHUNK: usize = 256;
 /// .mask(Mask::CAUSAL)
 /// .run(TensorMut::new(&mut o, packed(4)))?;
 /// // Equal scores: each query averages the values of its own sequence up to itself.
-/// assert_eq!(o, [1.0, 2.0, 3.0, 4.0, 4.0, 5.0, 5.0, 6.0]);
+/// let want = [1.0, 2.0, 3.0, 4.0, 4.0, 5.0, 5.0, 6.0];
+/// assert!(o.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-6), "{o:?}");
 /// # Ok::<(), attn_kernels::Error>(())
 /// ```
 #[derive(Debug)]
