@@ -1,6 +1,6 @@
 //! Flash attention beside the unfused path and the reference, the decode path beside the plain
-//! read of the same bytes, the variants, and additive attention (the report's attention, decode,
-//! variants and additive sections).
+//! read of the same bytes, the variants, additive attention, and packed varlen batches (the report's attention, decode,
+//! variants, additive and batch sections).
 //!
 //! The cases, peers and correctness checks are the report's (`attn_bench::sections`), timed by
 //! criterion instead of the report's harness: one benchmark per case and implementation, named
@@ -16,5 +16,6 @@ fn main() {
         SectionId::Decode,
         SectionId::Variants,
         SectionId::Additive,
+        SectionId::Batch,
     ]);
 }

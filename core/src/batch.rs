@@ -144,6 +144,122 @@ impl PagedKv<'_> {
     }
 }
 
+/// A paged K/V cache to append to: the pools of a [`PagedKv`] borrowed mutably, with the same
+/// block table and the lengths *before* the append. Appending `n_b` rows to sequence `b`
+/// writes its keys and values `seq_lens[b] .. seq_lens[b] + n_b`; the caller then grows its
+/// lengths by `n_b`.
+#[derive(Debug)]
+pub struct PagedKvMut<'a> {
+    /// The key pool, `num_pages·page_size·kv_heads·dk` floats.
+    pub k: &'a mut [f32],
+    /// The value pool, `num_pages·page_size·kv_heads·dv` floats.
+    pub v: &'a mut [f32],
+    /// Token slots per page: a power of two from 16 to 256.
+    pub page_size: usize,
+    /// K/V heads per slot.
+    pub kv_heads: usize,
+    /// Key width (at least 1).
+    pub dk: usize,
+    /// Value width.
+    pub dv: usize,
+    /// `[batch, max_pages]` row-major page indices.
+    pub block_table: &'a [u32],
+    /// Entries per row of `block_table`.
+    pub max_pages: usize,
+    /// Keys each sequence holds before the append; its length is the batch.
+    pub seq_lens: &'a [usize],
+}
+
+impl PagedKvMut<'_> {
+    /// The same cache, read-only.
+    pub fn as_ref(&self) -> PagedKv<'_> {
+        PagedKv {
+            k: self.k,
+            v: self.v,
+            page_size: self.page_size,
+            kv_heads: self.kv_heads,
+            dk: self.dk,
+            dv: self.dv,
+            block_table: self.block_table,
+            max_pages: self.max_pages,
+            seq_lens: self.seq_lens,
+        }
+    }
+
+    /// Checks an append of `new.range(b).len()` rows to each sequence `b` and returns the page
+    /// count. Errors, in this order: those of [`PagedKv::check`] on the cache as it is;
+    /// `ShapeMismatch { arg: "cu_seqlens_new" }` when `new` counts another number of sequences;
+    /// `InvalidParameter { arg: "seq_lens" }` when a grown sequence would overflow `usize` or
+    /// outgrow its row of the block table; `OutOfBounds { arg: "block_table" }` when a page it
+    /// would write is not in the pool; `InvalidParameter { arg: "block_table" }` when a slot
+    /// would be written twice (two sequences, or one through a page listed twice in its row)
+    /// or a written slot is one that a sequence already holds (a shared page is read-only).
+    pub fn check_append(&self, new: &SeqOffsets<'_>) -> Result<usize> {
+        let pages = self.as_ref().check()?;
+        expect_dim("cu_seqlens_new", "sequences", self.seq_lens.len(), new.count())?;
+        let ps = self.page_size;
+        // Slot ranges `(page, first, end, written)`: one per page a sequence holds or writes.
+        let mut spans: Vec<(usize, usize, usize, bool)> = Vec::new();
+        for (b, &len) in self.seq_lens.iter().enumerate() {
+            let end = len.checked_add(new.range(b).len()).ok_or(Error::InvalidParameter {
+                arg: "seq_lens",
+                requirement: "a sequence's length after the append overflows",
+            })?;
+            if end.div_ceil(ps) > self.max_pages {
+                return Err(Error::InvalidParameter {
+                    arg: "seq_lens",
+                    requirement: "a sequence is longer than its row of the block table holds",
+                });
+            }
+            let row = &self.block_table[b * self.max_pages..][..end.div_ceil(ps)];
+            if let Some(&p) = row.iter().find(|&&p| p as usize >= pages) {
+                return Err(Error::OutOfBounds {
+                    arg: "block_table",
+                    required: p as usize + 1,
+                    len: pages,
+                });
+            }
+            for (written, range) in [(false, 0..len), (true, len..end)] {
+                let mut j = range.start;
+                while j < range.end {
+                    let stop = (j / ps + 1) * ps;
+                    let stop = stop.min(range.end);
+                    spans.push((row[j / ps] as usize, j % ps, j % ps + (stop - j), written));
+                    j = stop;
+                }
+            }
+        }
+        // Sorted by page and first slot, a span overlaps an earlier one of its page iff it
+        // starts before that one's end; a written span may overlap nothing, a held one no
+        // written span (held spans may share slots: read-only prefix pages).
+        spans.sort_unstable();
+        let (mut page, mut end_any, mut end_written) = (usize::MAX, 0, 0);
+        for &(p, lo, hi, written) in &spans {
+            if p != page {
+                (page, end_any, end_written) = (p, 0, 0);
+            }
+            if lo < end_written || (written && lo < end_any) {
+                return Err(Error::InvalidParameter {
+                    arg: "block_table",
+                    requirement: "a written slot must be written once and held by no sequence",
+                });
+            }
+            end_any = end_any.max(hi);
+            if written {
+                end_written = end_written.max(hi);
+            }
+        }
+        Ok(pages)
+    }
+
+    /// The index in the pool of element 0 of slot `j` of sequence `b`, head `h`, for a width
+    /// `d`, as [`PagedKv::slot`]. Valid after [`check_append`](Self::check_append), for
+    /// `j < seq_lens[b] + n_b`.
+    pub fn slot(&self, b: usize, j: usize, h: usize, d: usize) -> usize {
+        self.as_ref().slot(b, j, h, d)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +308,57 @@ mod tests {
         assert!(matches!(e, Error::ShapeMismatch { arg: "v", .. }), "{e:?}");
         let e = PagedKv { block_table: &table[1..], ..cache }.check().unwrap_err();
         assert!(matches!(e, Error::ShapeMismatch { arg: "block_table", .. }), "{e:?}");
+    }
+
+    #[test]
+    fn appends_are_checked() {
+        let (mut k, mut v) = (vec![0.0f32; 4 * 16], vec![0.0f32; 4 * 16]);
+        // Sequence 0 holds 20 keys in pages 2, 0; sequence 1 shares page 2 as its prefix (16
+        // keys) and continues in page 1; page 3 is free.
+        let table = [2u32, 0, 2, 1];
+        let lens = [20usize, 16];
+        let mut cache = PagedKvMut {
+            k: &mut k,
+            v: &mut v,
+            page_size: 16,
+            kv_heads: 1,
+            dk: 1,
+            dv: 1,
+            block_table: &table,
+            max_pages: 2,
+            seq_lens: &lens,
+        };
+        let append = |cache: &PagedKvMut<'_>, cu: &[usize]| {
+            cache.check_append(&SeqOffsets::new("cu_seqlens_new", cu).unwrap())
+        };
+        assert_eq!(append(&cache, &[0, 12, 28]), Ok(4));
+        assert_eq!(cache.slot(1, 17, 0, 1), 16 + 1);
+        let e = append(&cache, &[0, 13, 13]).unwrap_err();
+        assert!(matches!(e, Error::InvalidParameter { arg: "seq_lens", .. }), "{e:?}");
+        let e = append(&cache, &[0, 1]).unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { arg: "cu_seqlens_new", .. }), "{e:?}");
+        // Sequence 1 continuing in page 0 would write its slot 0, which sequence 0 holds.
+        let shared = [2u32, 0, 2, 0];
+        cache.block_table = &shared;
+        let e = append(&cache, &[0, 0, 1]).unwrap_err();
+        assert!(matches!(e, Error::InvalidParameter { arg: "block_table", .. }), "{e:?}");
+        // Both sequences at 16 keys continuing in page 0 would write its slot 0 twice.
+        let lens = [16usize, 16];
+        cache.seq_lens = &lens;
+        let e = append(&cache, &[0, 1, 2]).unwrap_err();
+        assert!(matches!(e, Error::InvalidParameter { arg: "block_table", .. }), "{e:?}");
+        assert_eq!(append(&cache, &[0, 1, 1]), Ok(4));
+        // A page listed twice in one row: the sequence's keys 16.. land on its own prefix.
+        let twice = [2u32, 2, 3, 1];
+        let lens = [16usize, 0];
+        cache.block_table = &twice;
+        cache.seq_lens = &lens;
+        let e = append(&cache, &[0, 1, 1]).unwrap_err();
+        assert!(matches!(e, Error::InvalidParameter { arg: "block_table", .. }), "{e:?}");
+        assert_eq!(append(&cache, &[0, 0, 17]), Ok(4));
+        let far = [2u32, 7, 3, 1];
+        cache.block_table = &far;
+        let e = append(&cache, &[0, 1, 1]).unwrap_err();
+        assert_eq!(e, Error::OutOfBounds { arg: "block_table", required: 8, len: 4 });
     }
 }

@@ -476,6 +476,111 @@ typedef struct AttnAdditiveArgs {
   size_t threads;
 } AttnAdditiveArgs;
 
+// The operands and settings of one [`attn_varlen_attention`] call: attention over a packed
+// batch of sequences of different lengths (FlashAttention's varlen call). Sequence `s` is
+// queries `cu_seqlens_q[s] .. cu_seqlens_q[s + 1]` of `q` against keys and values
+// `cu_seqlens_k[s] .. cu_seqlens_k[s + 1]` of `k` and `v`, written to the same rows of `o`.
+//
+// **Versioning** as `AttnAttentionArgs`: the struct starts with `struct_size` and only grows
+// at its end; zero-initialise it, set `struct_size = sizeof(AttnVarlenArgs)`, then the fields
+// you need. Refused with `ATTN_STATUS_INVALID_PARAMETER` naming `args.struct_size`: a size
+// below this first version's (416 bytes on 64-bit targets) or above 4096, and a larger struct
+// with a nonzero byte past the fields this library knows.
+//
+// Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
+// auto, no variants.
+typedef struct AttnVarlenArgs {
+  // `sizeof(AttnVarlenArgs)` in the caller's header (see the versioning rule above).
+  size_t struct_size;
+  // Packed queries `[1, hq, total_q, dk]` (`[total_q, hq, dk]` storage is the strides
+  // `{0, dk, hq·dk, 1}`).
+  struct AttnTensor q;
+  // Packed keys `[1, hkv, total_k, dk]` (hkv divides hq).
+  struct AttnTensor k;
+  // Packed values `[1, hkv, total_k, dv]`.
+  struct AttnTensor v;
+  // The packed output `[1, hq, total_q, dv]`, written (only) within its view.
+  struct AttnTensorMut o;
+  // `cu_seqlens_q_len` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`
+  // (`ATTN_STATUS_INVALID_PARAMETER` naming `cu_seqlens_q` when empty, not starting at 0
+  // or decreasing; `ATTN_STATUS_SHAPE_MISMATCH` when the last is not `total_q`).
+  const size_t *cu_seqlens_q;
+  // The number of entries at `cu_seqlens_q`: the number of sequences plus one.
+  size_t cu_seqlens_q_len;
+  // Cumulative key offsets, as `cu_seqlens_q`, ending at `total_k`, with as many entries.
+  const size_t *cu_seqlens_k;
+  // The number of entries at `cu_seqlens_k`.
+  size_t cu_seqlens_k_len;
+  // NULL, or a mask of kind none or causal (any other kind is
+  // `ATTN_STATUS_INVALID_PARAMETER` naming `mask`), applied to each sequence with its own
+  // sizes: the default causal offset of sequence `s` is `nk_s − nq_s`.
+  const struct AttnMask *mask;
+  // The score scale when `has_scale` is 1 (finite); ignored when `has_scale` is 0.
+  float scale;
+  // 0 = the default scale `1/√dk`; 1 = use `scale`. Any other value is
+  // `ATTN_STATUS_INVALID_PARAMETER` naming `args.has_scale`.
+  uint8_t has_scale;
+  // The algorithm of each piece: one of the `ATTN_PATH_*` values (0 = auto), an `int32_t`.
+  int32_t path;
+  // NULL for no logsumexp; otherwise `lse_len` must be `hq·total_q` and
+  // `lse[h·total_q + t]` receives the logsumexp of query token `t`, head `h`.
+  float *lse;
+  // The number of floats at `lse`.
+  size_t lse_len;
+  // Threads: 0 = every available core, 1 = the calling thread, n = at most n; the result is
+  // bitwise the same for every count.
+  size_t threads;
+  // NULL for no variants, or an `AttnVariants` (its own `struct_size`) measured from each
+  // sequence's causal offset; sinks and slopes have `hq` entries.
+  const struct AttnVariants *variants;
+} AttnVarlenArgs;
+
+// The operands of one [`attn_append_kv`] call: new K/V rows of a packed batch appended to a
+// paged cache. The pools are `[num_pages, page_size, kv_heads, d]` row-major; sequence `b`
+// holds `seq_lens[b]` keys, its key `j` in slot `j mod page_size` of page
+// `block_table[b·max_pages + j / page_size]`. Rows `cu_seqlens_new[b] .. cu_seqlens_new[b +
+// 1]` of `k_new`/`v_new` become its keys and values `seq_lens[b] ..`; the caller then grows
+// `seq_lens[b]` by their count.
+//
+// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
+// version is 280 bytes on 64-bit targets).
+typedef struct AttnAppendKvArgs {
+  // `sizeof(AttnAppendKvArgs)` in the caller's header.
+  size_t struct_size;
+  // The key pool, written in the appended slots only.
+  float *k_pool;
+  // Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+  size_t k_pool_len;
+  // The value pool, written in the appended slots only.
+  float *v_pool;
+  // Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+  size_t v_pool_len;
+  // Token slots per page: a power of two from 16 to 256.
+  size_t page_size;
+  // K/V heads per slot.
+  size_t kv_heads;
+  // Key width (at least 1).
+  size_t dk;
+  // Value width.
+  size_t dv;
+  // `[batch, max_pages]` row-major page indices (`batch·max_pages` entries).
+  const uint32_t *block_table;
+  // The number of entries at `block_table`.
+  size_t block_table_len;
+  // Entries per row of `block_table`.
+  size_t max_pages;
+  // Keys each sequence holds before the append, `batch` entries.
+  const size_t *seq_lens;
+  // The number of sequences.
+  size_t batch;
+  // `batch + 1` cumulative offsets of the new rows in `k_new`/`v_new`.
+  const size_t *cu_seqlens_new;
+  // The new keys, packed `[1, kv_heads, total_new, dk]`.
+  struct AttnTensor k_new;
+  // The new values, packed `[1, kv_heads, total_new, dv]`.
+  struct AttnTensor v_new;
+} AttnAppendKvArgs;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -802,6 +907,45 @@ enum AttnStatus attn_encoder_forward_with_variants(const struct AttnEncoderConfi
 // view reaches, `w` addresses `w_len` floats, `lse` addresses `lse_len` floats, `mask` is
 // null or valid; outputs overlap nothing else (checked).
 enum AttnStatus attn_additive_attention(const struct AttnAdditiveArgs *args);
+
+// Attention over a packed batch of variable-length sequences, every operand and setting in
+// one [`AttnVarlenArgs`]; the Rust `VarlenAttention` behind it (no work for padding, each
+// sequence its own causal offset, the threads sharing the sequences).
+//
+// Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
+// `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
+// `args.path`, `args.has_scale`, `mask.kind`, `mask.causal_default_offset`,
+// `variants.struct_size` or `variants.has_window` for a value it may not take; then the
+// null, bounds and overlap checks (`q`, `k`, `v`, `o`, `cu_seqlens_q`, `cu_seqlens_k`,
+// `sinks`, `alibi`, `lse`); then those of the Rust call: a keep or bias mask
+// (`ATTN_STATUS_INVALID_PARAMETER` naming `mask`), a batch other than 1, the shapes of the
+// packed views, bad or mismatched offsets, `lse_len`, the variants' values. Nothing is written
+// when a check fails.
+//
+// # Safety
+//
+// `args` is null or addresses `args->struct_size` readable, initialised bytes; each view's
+// `data` addresses the elements the view reaches; `cu_seqlens_*` address their `*_len`
+// entries; `lse` addresses `lse_len` floats; `mask` and `variants` are null or valid (with
+// `hq` floats at non-null sinks and slopes); outputs overlap nothing else (checked).
+enum AttnStatus attn_varlen_attention(const struct AttnVarlenArgs *args);
+
+// Appends a batch's new K/V rows to their pages, every operand in one [`AttnAppendKvArgs`];
+// the Rust `append_kv` behind it. All checks happen before any write: the null, bounds and
+// overlap checks (`k_pool`, `v_pool`, `block_table`, `seq_lens`, `cu_seqlens_new`, `k_new`,
+// `v_new`), then the cache's (`page_size`, head count and widths, pool lengths in whole and
+// equal page counts, `block_table_len`), `cu_seqlens_new` (`ATTN_STATUS_INVALID_PARAMETER`
+// when decreasing or not from 0), every grown sequence within its row of the block table
+// (`ATTN_STATUS_INVALID_PARAMETER` naming `seq_lens`), every written page in the pool
+// (`ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), no slot written twice and none held
+// by any sequence (`ATTN_STATUS_INVALID_PARAMETER` naming `block_table`), and the new views'
+// dims (`ATTN_STATUS_SHAPE_MISMATCH`). Runs on the calling thread.
+//
+// # Safety
+//
+// `args` is null or addresses `args->struct_size` readable, initialised bytes; each pointer
+// addresses the entries its length (or view) says; the pools overlap nothing else (checked).
+enum AttnStatus attn_append_kv(const struct AttnAppendKvArgs *args);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -8,6 +8,7 @@
 //! - [`math`]: elementwise functions with stated error bounds: the exp family, GELU;
 //! - [`softmax`]: fused scale-mask-softmax, log-softmax and logsumexp;
 //! - [`attention`]: flash-style streaming attention and the decode path;
+//! - [`batch`]: packed variable-length batches and paged K/V cache writes;
 //! - [`layers`]: multi-head and cross-attention, the encoder block, layer norm, positional
 //!   encodings;
 //! - [`ffi`]: the C ABI (`include/attn_kernels.h`).
@@ -24,6 +25,7 @@
 
 pub mod arch;
 pub mod attention;
+pub mod batch;
 pub mod gemm;
 pub mod math;
 pub mod par;

@@ -105,6 +105,83 @@ static void test_additive(void) {
     free(q), free(k), free(v), free(o), free(wq), free(wk);
 }
 
+/* Packed varlen attention and a paged cache write through their versioned structs: two
+ * sequences of 1 and 2 tokens whose keys are all equal, so each output row is the mean of
+ * its sequence's (causally visible) values; then the append of one token to each of two
+ * sequences, a write into a slot that both would share, and a struct_size of 0. */
+static void test_batch(void) {
+    const size_t h = 1, d = 2, total = 3;
+    float q[6] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}, k[6] = {0}, v[6] = {1, 2, 3, 4, 5, 6};
+    float o[6], lse[3];
+    size_t cu[3] = {0, 1, 3};
+    AttnTensor packed_q = {q, {1, h, total, d}, {0, d, h * d, 1}, 0};
+    AttnTensor packed_k = {k, {1, h, total, d}, {0, d, h * d, 1}, 0};
+    AttnTensor packed_v = {v, {1, h, total, d}, {0, d, h * d, 1}, 0};
+    AttnTensorMut packed_o = {o, {1, h, total, d}, {0, d, h * d, 1}, 0};
+    AttnMask causal = {.kind = ATTN_MASK_KIND_CAUSAL, .causal_default_offset = 1};
+    AttnVarlenArgs args = {.struct_size = sizeof args,
+                           .q = packed_q,
+                           .k = packed_k,
+                           .v = packed_v,
+                           .o = packed_o,
+                           .cu_seqlens_q = cu,
+                           .cu_seqlens_q_len = 3,
+                           .cu_seqlens_k = cu,
+                           .cu_seqlens_k_len = 3,
+                           .mask = &causal,
+                           .lse = lse,
+                           .lse_len = 3,
+                           .threads = 2};
+    EXPECT(attn_varlen_attention(&args), ATTN_STATUS_OK, NULL);
+    const float want[6] = {1, 2, 3, 4, 4, 5};
+    for (size_t i = 0; i < 6; i++)
+        CHECK(fabsf(o[i] - want[i]) < 1e-6f, "varlen o[%zu] = %g, want %g", i, o[i], want[i]);
+    CHECK(fabsf(lse[2] - logf(2.0f)) < 1e-6f, "varlen lse[2] = %g", lse[2]);
+    AttnVarlenArgs bad = args;
+    bad.struct_size = 0;
+    EXPECT(attn_varlen_attention(&bad), ATTN_STATUS_INVALID_PARAMETER, "args.struct_size");
+    bad = args;
+    bad.cu_seqlens_k = NULL;
+    EXPECT(attn_varlen_attention(&bad), ATTN_STATUS_NULL_POINTER, "`cu_seqlens_k`");
+    size_t decreasing[3] = {0, 2, 1};
+    bad = args;
+    bad.cu_seqlens_q = decreasing;
+    EXPECT(attn_varlen_attention(&bad), ATTN_STATUS_INVALID_PARAMETER, "cu_seqlens_q");
+
+    /* Pools of 2 pages of 16 slots, one head, dk = dv = 1. */
+    float kp[32] = {0}, vp[32] = {0}, nk[2] = {7, 8}, nv[2] = {9, 10};
+    uint32_t table[2] = {1, 0};
+    size_t lens[2] = {4, 0}, cu_new[3] = {0, 1, 2};
+    AttnAppendKvArgs app = {.struct_size = sizeof app,
+                            .k_pool = kp,
+                            .k_pool_len = 32,
+                            .v_pool = vp,
+                            .v_pool_len = 32,
+                            .page_size = 16,
+                            .kv_heads = 1,
+                            .dk = 1,
+                            .dv = 1,
+                            .block_table = table,
+                            .block_table_len = 2,
+                            .max_pages = 1,
+                            .seq_lens = lens,
+                            .batch = 2,
+                            .cu_seqlens_new = cu_new,
+                            .k_new = {nk, {1, 1, 2, 1}, {0, 1, 1, 1}, 0},
+                            .v_new = {nv, {1, 1, 2, 1}, {0, 1, 1, 1}, 0}};
+    EXPECT(attn_append_kv(&app), ATTN_STATUS_OK, NULL);
+    CHECK(kp[16 + 4] == 7 && vp[16 + 4] == 9 && kp[0] == 8 && vp[0] == 10,
+          "append: k %g %g, v %g %g", kp[20], kp[0], vp[20], vp[0]);
+    uint32_t shared[2] = {1, 1};
+    AttnAppendKvArgs bad_app = app;
+    bad_app.block_table = shared;
+    lens[0] = 0;
+    EXPECT(attn_append_kv(&bad_app), ATTN_STATUS_INVALID_PARAMETER, "block_table");
+    bad_app = app;
+    bad_app.struct_size = 0;
+    EXPECT(attn_append_kv(&bad_app), ATTN_STATUS_INVALID_PARAMETER, "args.struct_size");
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -324,6 +401,7 @@ int main(void) {
     test_mask_fields();
     test_layer_and_view_faults();
     test_additive();
+    test_batch();
     test_thread_counts();
     if (failures == 0) printf("all boundary checks passed\n");
     return failures;

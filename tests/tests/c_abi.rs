@@ -5,7 +5,8 @@
 //! caller-workspace forms) against those values, and the status codes of bad arguments.
 //! `tests/c/boundary_test.c` checks the boundary itself (out-of-range enum values, status names
 //! of any integer, aliasing and overflow statuses, absurd thread counts) and makes one additive
-//! attention call (the mean of V when `w` is 0, and three statuses).
+//! attention call (the mean of V when `w` is 0, and three statuses), and one varlen attention
+//! call and one paged cache write (results, and the statuses of bad offsets and shared slots).
 
 mod layers_support;
 

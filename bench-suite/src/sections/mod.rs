@@ -7,6 +7,7 @@
 
 pub mod additive;
 pub mod attention;
+pub mod batch;
 pub mod decode;
 pub mod gemm;
 pub mod layers;
@@ -34,6 +35,7 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Layers => Some(layers::run),
         SectionId::Variants => Some(variants::run),
         SectionId::Additive => Some(additive::run),
+        SectionId::Batch => Some(batch::run),
     }
 }
 

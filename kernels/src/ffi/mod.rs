@@ -14,6 +14,7 @@
 //! then go through the safe Rust API, which checks shapes exactly as for Rust callers.
 
 pub mod additive;
+pub mod batch;
 mod raw;
 
 use std::cell::RefCell;

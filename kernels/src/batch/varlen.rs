@@ -1,0 +1,383 @@
+//! Packed variable-length attention: the problem value [`VarlenAttention`], its work plan
+//! (fixed query chunks of each sequence) and the split of the output among the threads.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use attn_core::batch::{packed_seq, SeqOffsets};
+use attn_core::{
+    check_attention, default_scale, expect_dim, Error, Mask, Result, Tensor4Layout, TensorMut,
+    TensorRef, Variants,
+};
+
+use crate::arch::{self, Isa};
+use crate::attention::{Attention, Path};
+use crate::par::Parallelism;
+
+/// Queries per work item: a sequence longer than this is cut into chunks of this many queries
+/// (its last chunk shorter), each one [`Attention`] call over the keys it may see. The cut
+/// depends only on the sequence, never on the thread count, so results are bitwise the same
+/// for every [`Parallelism`]. 256 rows are several flash query tiles (so a chunk keeps the
+/// kernel's blocking), and a 4096-token sequence gives 16 items to balance.
+pub const VARLEN_Q_CHUNK: usize = 256;
+
+/// Attention over a packed batch of sequences of different lengths, FlashAttention's varlen
+/// call: sequence `s` is queries `cu_q[s]..cu_q[s + 1]` of `q` against keys and values
+/// `cu_k[s]..cu_k[s + 1]` of `k` and `v`, written to the same rows of the output.
+///
+/// Operands are packed views `q: [1, hq, total_q, dk]`, `k: [1, hkv, total_k, dk]`,
+/// `v: [1, hkv, total_k, dv]`, output `o: [1, hq, total_q, dv]` (any strides; `[total, heads,
+/// d]` storage is the strides `[0, d, heads·d, 1]`, see [`attn_core::batch`]); GQA when
+/// `hkv < hq`. The settings are [`Attention`]'s, with the same defaults (scale `1/√dk`, no
+/// mask, no logsumexp, sequential, the selected ISA, [`Path::Auto`], no variants), applied to
+/// each sequence with its own sizes:
+///
+/// - the mask is [`Mask::None`] or [`Mask::Causal`]; the causal offset of sequence `s` is its
+///   own, `nk_s − nq_s` by default (its queries are the last `nq_s` positions of its keys);
+///   keep and bias masks are per-batch tensors that a packed call cannot take
+///   (`InvalidParameter { arg: "mask" }`);
+/// - variants measure from each sequence's offset; sinks and slopes are per query head;
+/// - the logsumexps, when asked for, are `[hq, total_q]` row-major (FlashAttention's
+///   `softmax_lse`).
+///
+/// Work: only the sequences' own rows (no padding); a sequence of `nq_s` queries is
+/// `⌈nq_s / VARLEN_Q_CHUNK⌉` items, and a causal chunk visits only the keys up to its last
+/// query's diagonal. With several threads the items are shared among them, largest first,
+/// each running on one thread, when the output stores each token's rows apart from other
+/// tokens' (its token stride exceeds the extent of one token's heads and values, as in
+/// `[total, heads, d]` and `[batch·seq, heads, d]` storage): the output then splits into one
+/// contiguous piece per item. Otherwise (e.g. head-major `[heads, total, d]` output) the items
+/// run one after another, each using the threads itself. The result is the reference's
+/// `attn_reference::batch::attention_varlen` within the attention bounds, and bitwise the same
+/// for every thread count.
+///
+/// Errors, the reference's for the same arguments: an unsupported ISA; a keep or bias mask;
+/// a batch other than 1; those of [`check_attention`] on the packed views; bad offsets
+/// ([`SeqOffsets::new`]: empty, not starting at 0, decreasing); offsets whose totals differ
+/// from the views' token counts or whose sequence counts differ (`ShapeMismatch` on
+/// `cu_seqlens_q`/`cu_seqlens_k`); those of [`Variants::check`]. Nothing is written when a
+/// check fails.
+///
+/// ```
+/// use attn_kernels::batch::VarlenAttention;
+/// use attn_kernels::{Mask, Tensor4Layout, TensorMut, TensorRef};
+///
+/// // Two sequences of 1 and 3 tokens, one head, d = 2, stored [total, heads, d].
+/// let packed = |t| Tensor4Layout { dims: [1, 1, t, 2], strides: [0, 2, 2, 1], offset: 0 };
+/// let (q, k) = (vec![0.0f32; 8], vec![0.0f32; 8]);
+/// let v = vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0];
+/// let (cu, mut o) = ([0usize, 1, 4], vec![0.0f32; 8]);
+/// VarlenAttention::new(
+///     TensorRef::new(&q, packed(4)),
+///     TensorRef::new(&k, packed(4)),
+///     TensorRef::new(&v, packed(4)),
+///     &cu,
+///     &cu,
+/// )
+/// .mask(Mask::CAUSAL)
+/// .run(TensorMut::new(&mut o, packed(4)))?;
+/// // Equal scores: each query averages the values of its own sequence up to itself.
+/// let want = [1.0, 2.0, 3.0, 4.0, 4.0, 5.0, 5.0, 6.0];
+/// assert!(o.iter().zip(want).all(|(x, y)| (x - y).abs() < 1e-6), "{o:?}");
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "an attention problem computes nothing until `run`"]
+pub struct VarlenAttention<'a> {
+    q: TensorRef<'a>,
+    k: TensorRef<'a>,
+    v: TensorRef<'a>,
+    cu_q: &'a [usize],
+    cu_k: &'a [usize],
+    scale: Option<f32>,
+    mask: Mask<'a>,
+    lse: Option<&'a mut [f32]>,
+    par: Parallelism,
+    isa: Option<Isa>,
+    path: Path,
+    variants: Variants<'a>,
+}
+
+impl<'a> VarlenAttention<'a> {
+    /// The problem over packed operands and their cumulative offsets `cu_q` (`cu_seqlens_q`)
+    /// and `cu_k` (`cu_seqlens_k`), every setting at its default. Nothing is checked until
+    /// [`run`](Self::run).
+    pub fn new(
+        q: TensorRef<'a>,
+        k: TensorRef<'a>,
+        v: TensorRef<'a>,
+        cu_q: &'a [usize],
+        cu_k: &'a [usize],
+    ) -> Self {
+        VarlenAttention {
+            q,
+            k,
+            v,
+            cu_q,
+            cu_k,
+            scale: None,
+            mask: Mask::None,
+            lse: None,
+            par: Parallelism::Sequential,
+            isa: None,
+            path: Path::Auto,
+            variants: Variants::NONE,
+        }
+    }
+
+    /// The score scale (default `1/√dk`); any finite value.
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// [`Mask::None`] (the default) or [`Mask::Causal`], applied to each sequence.
+    pub fn mask(mut self, mask: Mask<'a>) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// Where to write the logsumexps: `hq·total_q` floats, `[hq, total_q]` row-major.
+    pub fn lse(mut self, lse: &'a mut [f32]) -> Self {
+        self.lse = Some(lse);
+        self
+    }
+
+    /// How many threads the call may use (default [`Parallelism::Sequential`]).
+    pub fn parallelism(mut self, par: Parallelism) -> Self {
+        self.par = par;
+        self
+    }
+
+    /// The ISA to run on (default [`arch::selected`]).
+    pub fn isa(mut self, isa: Isa) -> Self {
+        self.isa = Some(isa);
+        self
+    }
+
+    /// The algorithm of each item (default [`Path::Auto`]: decode for items of at most 16
+    /// queries, flash otherwise).
+    pub fn path(mut self, path: Path) -> Self {
+        self.path = path;
+        self
+    }
+
+    /// The variants (default [`Variants::NONE`]), measured from each sequence's offset.
+    pub fn variants(mut self, variants: Variants<'a>) -> Self {
+        self.variants = variants;
+        self
+    }
+
+    /// Checks the problem against the output `o: [1, hq, total_q, dv]` and computes it (see
+    /// [`VarlenAttention`] for the errors). Nothing is written when a check fails.
+    pub fn run(mut self, o: TensorMut<'_>) -> Result<()> {
+        let isa = self.isa.unwrap_or_else(arch::selected).require()?;
+        let scale = self.scale.unwrap_or_else(|| default_scale(self.q.layout.dims[3]));
+        if !matches!(self.mask, Mask::None | Mask::Causal { .. }) {
+            return Err(Error::InvalidParameter {
+                arg: "mask",
+                requirement: "packed and paged batches take no mask, or a causal one",
+            });
+        }
+        expect_dim("q", "batch", 1, self.q.layout.dims[0])?;
+        let lse = self.lse.take();
+        let [_, hq, _, total_q, total_k, _, dv] =
+            check_attention(&self.q, &self.k, &self.v, scale, &self.mask, &o, lse.as_deref())?;
+        let sq = SeqOffsets::new("cu_seqlens_q", self.cu_q)?;
+        let sk = SeqOffsets::new("cu_seqlens_k", self.cu_k)?;
+        expect_dim("cu_seqlens_q", "total", total_q, sq.total())?;
+        expect_dim("cu_seqlens_k", "total", total_k, sk.total())?;
+        expect_dim("cu_seqlens_k", "sequences", sq.count(), sk.count())?;
+        self.variants.check(hq)?;
+        if total_q == 0 {
+            return Ok(());
+        }
+        let items = plan(&sq, &sk, &self.mask, &self.variants);
+        let call = Call {
+            q: self.q,
+            k: self.k,
+            v: self.v,
+            scale,
+            variants: self.variants,
+            isa,
+            path: self.path,
+            hq,
+        };
+        // The logsumexp rows of each item: its range of every head's row of `[hq, total_q]`.
+        let mut lse_rows: Vec<Option<Vec<&mut [f32]>>> =
+            items.iter().map(|_| lse.is_some().then(Vec::new)).collect();
+        if let Some(lse) = lse {
+            for row in lse.chunks_mut(total_q) {
+                let (mut rest, mut at) = (row, 0);
+                for (it, rows) in items.iter().zip(&mut lse_rows) {
+                    let (_, tail) = std::mem::take(&mut rest).split_at_mut(it.q.start - at);
+                    let (mine, tail) = tail.split_at_mut(it.q.len());
+                    if let Some(rows) = rows {
+                        rows.push(mine);
+                    }
+                    (rest, at) = (tail, it.q.end);
+                }
+            }
+        }
+        let layout = o.layout;
+        if self.par.count() == 1 || items.len() < 2 || !token_major(&layout) {
+            for (it, rows) in items.iter().zip(lse_rows) {
+                let out = TensorMut::new(&mut *o.data, packed_seq(&layout, it.q.clone()));
+                call.item(it, out, rows, self.par)?;
+            }
+            return Ok(());
+        }
+        // One contiguous piece of the output per item: items are in token order and disjoint,
+        // and a token's rows lie within its token stride (`token_major`), so item `t0..t1`
+        // owns elements `offset + t0·st .. offset + t1·st` (cut at the slice's end).
+        let (st, len) = (layout.strides[2], o.data.len());
+        let (mut rest, mut at) = (o.data, 0usize);
+        let mut tasks = Vec::with_capacity(items.len());
+        for (it, rows) in items.into_iter().zip(lse_rows) {
+            let lo = layout.offset + it.q.start * st;
+            let hi = (layout.offset + it.q.end * st).min(len);
+            let (_, tail) = std::mem::take(&mut rest).split_at_mut(lo - at);
+            let (mine, tail) = tail.split_at_mut(hi - lo);
+            (rest, at) = (tail, hi);
+            let piece = Tensor4Layout { dims: [1, hq, it.q.len(), dv], offset: 0, ..layout };
+            tasks.push((it, TensorMut::new(mine, piece), rows));
+        }
+        // Largest first, so that the long causal chunks do not finish last.
+        tasks.sort_by_key(|(it, _, _)| std::cmp::Reverse(it.q.len() * it.k.len()));
+        self.par.install(|| {
+            tasks
+                .into_par_iter()
+                .with_max_len(1)
+                .try_for_each(|(it, out, rows)| call.item(&it, out, rows, Parallelism::Sequential))
+        })
+    }
+}
+
+/// One work item: packed queries `q` against packed keys `k` (already cut at the causal
+/// diagonal of the last query), with the mask that gives those queries their sequence's
+/// offset.
+#[derive(Debug)]
+struct Item {
+    q: Range<usize>,
+    k: Range<usize>,
+    mask: Mask<'static>,
+}
+
+/// The items of a batch, in token order: each non-empty sequence cut into chunks of
+/// [`VARLEN_Q_CHUNK`] queries. A causal chunk starting at query `a` of its sequence is the
+/// causal mask of offset `off_s + a` (then its query `i − a` sees key `j` iff
+/// `j ≤ i + off_s`, as in the whole sequence). Not cut: a sequence without a causal mask
+/// whose variants measure from the offset (window, ALiBi: a chunk's default offset would
+/// differ), and one whose chunk offsets would overflow `isize`.
+fn plan(
+    sq: &SeqOffsets<'_>,
+    sk: &SeqOffsets<'_>,
+    mask: &Mask<'_>,
+    var: &Variants<'_>,
+) -> Vec<Item> {
+    let mut items = Vec::new();
+    for s in 0..sq.count() {
+        let (rq, rk) = (sq.range(s), sk.range(s));
+        let (nq, nk) = (rq.len(), rk.len());
+        if nq == 0 {
+            continue;
+        }
+        let whole = |mask| Item { q: rq.clone(), k: rk.clone(), mask };
+        let off = match *mask {
+            Mask::Causal { offset } => Mask::causal_offset(offset, nq, nk),
+            _ if var.window.is_some() || var.alibi.is_some() => {
+                items.push(whole(Mask::None));
+                continue;
+            }
+            _ => {
+                for a in (0..nq).step_by(VARLEN_Q_CHUNK) {
+                    let b = (a + VARLEN_Q_CHUNK).min(nq);
+                    items.push(Item {
+                        q: rq.start + a..rq.start + b,
+                        k: rk.clone(),
+                        mask: Mask::None,
+                    });
+                }
+                continue;
+            }
+        };
+        if isize::try_from(nq).ok().and_then(|n| off.checked_add(n)).is_none() {
+            items.push(whole(Mask::Causal { offset: Some(off) }));
+            continue;
+        }
+        for a in (0..nq).step_by(VARLEN_Q_CHUNK) {
+            let b = (a + VARLEN_Q_CHUNK).min(nq);
+            let chunk_off = off + a as isize;
+            // Keys past the last query's diagonal, `b − 1 + off`, are never visible.
+            let end = (b as i128 + off as i128).clamp(0, nk as i128) as usize;
+            items.push(Item {
+                q: rq.start + a..rq.start + b,
+                k: rk.start..rk.start + end,
+                mask: Mask::Causal { offset: Some(chunk_off) },
+            });
+        }
+    }
+    items
+}
+
+/// True when every token's rows of `o: [1, heads, total, d]` lie within its token stride
+/// (`(heads − 1)·st_h + (d − 1)·st_d < st_t`), with at least one element per token: then
+/// tokens `t0..t1` own the contiguous elements `offset + t0·st_t .. offset + t1·st_t`.
+fn token_major(o: &Tensor4Layout) -> bool {
+    let [_, heads, _, d] = o.dims;
+    let [_, sh, st, sd] = o.strides;
+    let extent = (heads.checked_sub(1), d.checked_sub(1));
+    match extent {
+        (Some(h), Some(d)) => h
+            .checked_mul(sh)
+            .zip(d.checked_mul(sd))
+            .and_then(|(a, b)| a.checked_add(b))
+            .is_some_and(|e| e < st),
+        _ => false,
+    }
+}
+
+/// What every item of one call shares.
+struct Call<'a> {
+    q: TensorRef<'a>,
+    k: TensorRef<'a>,
+    v: TensorRef<'a>,
+    scale: f32,
+    variants: Variants<'a>,
+    isa: Isa,
+    path: Path,
+    hq: usize,
+}
+
+impl Call<'_> {
+    /// Runs one item into its output view `o: [1, hq, n, dv]`, and its logsumexps into `lse`
+    /// (one slice of `n` entries per head) when given.
+    fn item(
+        &self,
+        it: &Item,
+        o: TensorMut<'_>,
+        lse: Option<Vec<&mut [f32]>>,
+        par: Parallelism,
+    ) -> Result<()> {
+        let attention = Attention::new(
+            TensorRef::new(self.q.data, packed_seq(&self.q.layout, it.q.clone())),
+            TensorRef::new(self.k.data, packed_seq(&self.k.layout, it.k.clone())),
+            TensorRef::new(self.v.data, packed_seq(&self.v.layout, it.k.clone())),
+        )
+        .scale(self.scale)
+        .mask(it.mask)
+        .variants(self.variants)
+        .isa(self.isa)
+        .path(self.path)
+        .parallelism(par);
+        let Some(rows) = lse else { return attention.run(o) };
+        let n = it.q.len();
+        let mut part = vec![0.0f32; self.hq * n];
+        attention.lse(&mut part).run(o)?;
+        for (row, got) in rows.into_iter().zip(part.chunks_exact(n)) {
+            row.copy_from_slice(got);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,564 @@
+//! The C ABI of packed batches and paged caches: [`attn_varlen_attention`] over one
+//! [`AttnVarlenArgs`] (the Rust [`VarlenAttention`] behind it) and [`attn_append_kv`] over one
+//! [`AttnAppendKvArgs`] (the Rust [`append_kv`]). Conventions (views, null pointers, overlap,
+//! threads, versioned structs) are those of the parent module's [`AttnStatus`] and
+//! `AttnAttentionArgs`.
+
+use super::raw::{self, disjoint, slice, slice_mut, span};
+use super::{guard, mask_span, mask_view, opt_mut, threads, AttnMask, AttnPath, AttnStatus};
+use super::{AttnTensor, AttnTensorMut, AttnVariants, CVariants, Failure};
+use crate::batch::{append_kv, PagedKvMut, VarlenAttention};
+
+/// The operands and settings of one [`attn_varlen_attention`] call: attention over a packed
+/// batch of sequences of different lengths (FlashAttention's varlen call). Sequence `s` is
+/// queries `cu_seqlens_q[s] .. cu_seqlens_q[s + 1]` of `q` against keys and values
+/// `cu_seqlens_k[s] .. cu_seqlens_k[s + 1]` of `k` and `v`, written to the same rows of `o`.
+///
+/// **Versioning** as `AttnAttentionArgs`: the struct starts with `struct_size` and only grows
+/// at its end; zero-initialise it, set `struct_size = sizeof(AttnVarlenArgs)`, then the fields
+/// you need. Refused with `ATTN_STATUS_INVALID_PARAMETER` naming `args.struct_size`: a size
+/// below this first version's (416 bytes on 64-bit targets) or above 4096, and a larger struct
+/// with a nonzero byte past the fields this library knows.
+///
+/// Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
+/// auto, no variants.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnVarlenArgs {
+    /// `sizeof(AttnVarlenArgs)` in the caller's header (see the versioning rule above).
+    pub struct_size: usize,
+    /// Packed queries `[1, hq, total_q, dk]` (`[total_q, hq, dk]` storage is the strides
+    /// `{0, dk, hq·dk, 1}`).
+    pub q: AttnTensor,
+    /// Packed keys `[1, hkv, total_k, dk]` (hkv divides hq).
+    pub k: AttnTensor,
+    /// Packed values `[1, hkv, total_k, dv]`.
+    pub v: AttnTensor,
+    /// The packed output `[1, hq, total_q, dv]`, written (only) within its view.
+    pub o: AttnTensorMut,
+    /// `cu_seqlens_q_len` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`
+    /// (`ATTN_STATUS_INVALID_PARAMETER` naming `cu_seqlens_q` when empty, not starting at 0
+    /// or decreasing; `ATTN_STATUS_SHAPE_MISMATCH` when the last is not `total_q`).
+    pub cu_seqlens_q: *const usize,
+    /// The number of entries at `cu_seqlens_q`: the number of sequences plus one.
+    pub cu_seqlens_q_len: usize,
+    /// Cumulative key offsets, as `cu_seqlens_q`, ending at `total_k`, with as many entries.
+    pub cu_seqlens_k: *const usize,
+    /// The number of entries at `cu_seqlens_k`.
+    pub cu_seqlens_k_len: usize,
+    /// NULL, or a mask of kind none or causal (any other kind is
+    /// `ATTN_STATUS_INVALID_PARAMETER` naming `mask`), applied to each sequence with its own
+    /// sizes: the default causal offset of sequence `s` is `nk_s − nq_s`.
+    pub mask: *const AttnMask,
+    /// The score scale when `has_scale` is 1 (finite); ignored when `has_scale` is 0.
+    pub scale: f32,
+    /// 0 = the default scale `1/√dk`; 1 = use `scale`. Any other value is
+    /// `ATTN_STATUS_INVALID_PARAMETER` naming `args.has_scale`.
+    pub has_scale: u8,
+    /// The algorithm of each piece: one of the `ATTN_PATH_*` values (0 = auto), an `int32_t`.
+    pub path: i32,
+    /// NULL for no logsumexp; otherwise `lse_len` must be `hq·total_q` and
+    /// `lse[h·total_q + t]` receives the logsumexp of query token `t`, head `h`.
+    pub lse: *mut f32,
+    /// The number of floats at `lse`.
+    pub lse_len: usize,
+    /// Threads: 0 = every available core, 1 = the calling thread, n = at most n; the result is
+    /// bitwise the same for every count.
+    pub threads: usize,
+    /// NULL for no variants, or an `AttnVariants` (its own `struct_size`) measured from each
+    /// sequence's causal offset; sinks and slopes have `hq` entries.
+    pub variants: *const AttnVariants,
+}
+
+/// The smallest `struct_size` [`attn_varlen_attention`] accepts: the whole first version.
+const VARLEN_ARGS_MIN_SIZE: usize = std::mem::size_of::<AttnVarlenArgs>();
+
+/// Attention over a packed batch of variable-length sequences, every operand and setting in
+/// one [`AttnVarlenArgs`]; the Rust `VarlenAttention` behind it (no work for padding, each
+/// sequence its own causal offset, the threads sharing the sequences).
+///
+/// Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
+/// `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
+/// `args.path`, `args.has_scale`, `mask.kind`, `mask.causal_default_offset`,
+/// `variants.struct_size` or `variants.has_window` for a value it may not take; then the
+/// null, bounds and overlap checks (`q`, `k`, `v`, `o`, `cu_seqlens_q`, `cu_seqlens_k`,
+/// `sinks`, `alibi`, `lse`); then those of the Rust call: a keep or bias mask
+/// (`ATTN_STATUS_INVALID_PARAMETER` naming `mask`), a batch other than 1, the shapes of the
+/// packed views, bad or mismatched offsets, `lse_len`, the variants' values. Nothing is written
+/// when a check fails.
+///
+/// # Safety
+///
+/// `args` is null or addresses `args->struct_size` readable, initialised bytes; each view's
+/// `data` addresses the elements the view reaches; `cu_seqlens_*` address their `*_len`
+/// entries; `lse` addresses `lse_len` floats; `mask` and `variants` are null or valid (with
+/// `hq` floats at non-null sinks and slopes); outputs overlap nothing else (checked).
+#[no_mangle]
+pub unsafe extern "C" fn attn_varlen_attention(args: *const AttnVarlenArgs) -> AttnStatus {
+    guard(|| {
+        // SAFETY: the caller's contract; `AttnVarlenArgs` is `repr(C)`, starts with its
+        // `size_t struct_size`, and is valid when all-zero (integers, floats, raw pointers).
+        let args = unsafe {
+            raw::read_sized(("args", "args.struct_size"), args, &[VARLEN_ARGS_MIN_SIZE])?
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { varlen_call(&args) }
+    })
+}
+
+/// The body of [`attn_varlen_attention`].
+///
+/// # Safety
+/// As [`attn_varlen_attention`] (after `args` was read).
+unsafe fn varlen_call(a: &AttnVarlenArgs) -> Result<(), Failure> {
+    let path = AttnPath::from_c(a.path)?;
+    let scale = match a.has_scale {
+        0 => None,
+        1 => Some(a.scale),
+        v => {
+            return Err(Failure::BadValue {
+                arg: "args.has_scale",
+                value: i64::from(v),
+                allowed: "must be 0 (the default scale 1/sqrt(dk)) or 1 (use args.scale)",
+            })
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    let variants = unsafe { CVariants::of_layer(a.variants)? };
+    variants.window()?;
+    let hq = a.q.dims[1];
+    let mut inputs = vec![a.q.span("q")?, a.k.span("k")?, a.v.span("v")?];
+    inputs.push(span("cu_seqlens_q", a.cu_seqlens_q, a.cu_seqlens_q_len)?);
+    inputs.push(span("cu_seqlens_k", a.cu_seqlens_k, a.cu_seqlens_k_len)?);
+    inputs.extend(variants.spans(hq)?);
+    // SAFETY: forwarded from the caller.
+    inputs.extend(unsafe { mask_span(a.mask)? });
+    disjoint(&[a.o.span("o")?, span("lse", a.lse, a.lse_len)?], &inputs)?;
+    // SAFETY: the caller's contract; outputs checked disjoint from everything else.
+    let (q, k, v, mask, o) = unsafe {
+        (a.q.view("q")?, a.k.view("k")?, a.v.view("v")?, mask_view(a.mask)?, a.o.view("o")?)
+    };
+    // SAFETY: as above (inputs, and the one output `lse`).
+    let (cu_q, cu_k, lse) = unsafe {
+        (
+            slice("cu_seqlens_q", a.cu_seqlens_q, a.cu_seqlens_q_len)?,
+            slice("cu_seqlens_k", a.cu_seqlens_k, a.cu_seqlens_k_len)?,
+            opt_mut("lse", a.lse, a.lse_len)?,
+        )
+    };
+    let mut p = VarlenAttention::new(q, k, v, cu_q, cu_k)
+        .mask(mask)
+        .parallelism(threads(a.threads))
+        .path(path);
+    if let Some(scale) = scale {
+        p = p.scale(scale);
+    }
+    if let Some(lse) = lse {
+        p = p.lse(lse);
+    }
+    // SAFETY: the caller's contract (`hq` floats at each non-null pointer); inputs only.
+    p = p.variants(unsafe { variants.view(hq)? });
+    Ok(p.run(o)?)
+}
+
+/// The operands of one [`attn_append_kv`] call: new K/V rows of a packed batch appended to a
+/// paged cache. The pools are `[num_pages, page_size, kv_heads, d]` row-major; sequence `b`
+/// holds `seq_lens[b]` keys, its key `j` in slot `j mod page_size` of page
+/// `block_table[b·max_pages + j / page_size]`. Rows `cu_seqlens_new[b] .. cu_seqlens_new[b +
+/// 1]` of `k_new`/`v_new` become its keys and values `seq_lens[b] ..`; the caller then grows
+/// `seq_lens[b]` by their count.
+///
+/// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
+/// version is 280 bytes on 64-bit targets).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnAppendKvArgs {
+    /// `sizeof(AttnAppendKvArgs)` in the caller's header.
+    pub struct_size: usize,
+    /// The key pool, written in the appended slots only.
+    pub k_pool: *mut f32,
+    /// Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+    pub k_pool_len: usize,
+    /// The value pool, written in the appended slots only.
+    pub v_pool: *mut f32,
+    /// Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+    pub v_pool_len: usize,
+    /// Token slots per page: a power of two from 16 to 256.
+    pub page_size: usize,
+    /// K/V heads per slot.
+    pub kv_heads: usize,
+    /// Key width (at least 1).
+    pub dk: usize,
+    /// Value width.
+    pub dv: usize,
+    /// `[batch, max_pages]` row-major page indices (`batch·max_pages` entries).
+    pub block_table: *const u32,
+    /// The number of entries at `block_table`.
+    pub block_table_len: usize,
+    /// Entries per row of `block_table`.
+    pub max_pages: usize,
+    /// Keys each sequence holds before the append, `batch` entries.
+    pub seq_lens: *const usize,
+    /// The number of sequences.
+    pub batch: usize,
+    /// `batch + 1` cumulative offsets of the new rows in `k_new`/`v_new`.
+    pub cu_seqlens_new: *const usize,
+    /// The new keys, packed `[1, kv_heads, total_new, dk]`.
+    pub k_new: AttnTensor,
+    /// The new values, packed `[1, kv_heads, total_new, dv]`.
+    pub v_new: AttnTensor,
+}
+
+/// The smallest `struct_size` [`attn_append_kv`] accepts: the whole first version.
+const APPEND_ARGS_MIN_SIZE: usize = std::mem::size_of::<AttnAppendKvArgs>();
+
+/// Appends a batch's new K/V rows to their pages, every operand in one [`AttnAppendKvArgs`];
+/// the Rust `append_kv` behind it. All checks happen before any write: the null, bounds and
+/// overlap checks (`k_pool`, `v_pool`, `block_table`, `seq_lens`, `cu_seqlens_new`, `k_new`,
+/// `v_new`), then the cache's (`page_size`, head count and widths, pool lengths in whole and
+/// equal page counts, `block_table_len`), `cu_seqlens_new` (`ATTN_STATUS_INVALID_PARAMETER`
+/// when decreasing or not from 0), every grown sequence within its row of the block table
+/// (`ATTN_STATUS_INVALID_PARAMETER` naming `seq_lens`), every written page in the pool
+/// (`ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), no slot written twice and none held
+/// by any sequence (`ATTN_STATUS_INVALID_PARAMETER` naming `block_table`), and the new views'
+/// dims (`ATTN_STATUS_SHAPE_MISMATCH`). Runs on the calling thread.
+///
+/// # Safety
+///
+/// `args` is null or addresses `args->struct_size` readable, initialised bytes; each pointer
+/// addresses the entries its length (or view) says; the pools overlap nothing else (checked).
+#[no_mangle]
+pub unsafe extern "C" fn attn_append_kv(args: *const AttnAppendKvArgs) -> AttnStatus {
+    guard(|| {
+        // SAFETY: the caller's contract; `AttnAppendKvArgs` is `repr(C)`, starts with its
+        // `size_t struct_size`, and is valid when all-zero.
+        let a = unsafe {
+            raw::read_sized(("args", "args.struct_size"), args, &[APPEND_ARGS_MIN_SIZE])?
+        };
+        let cu_len = a
+            .batch
+            .checked_add(1)
+            .ok_or(Failure::Api(attn_core::Error::IndexOverflow { arg: "cu_seqlens_new" }))?;
+        let inputs = [
+            span("block_table", a.block_table, a.block_table_len)?,
+            span("seq_lens", a.seq_lens, a.batch)?,
+            span("cu_seqlens_new", a.cu_seqlens_new, cu_len)?,
+            a.k_new.span("k_new")?,
+            a.v_new.span("v_new")?,
+        ];
+        let outputs =
+            [span("k_pool", a.k_pool, a.k_pool_len)?, span("v_pool", a.v_pool, a.v_pool_len)?];
+        disjoint(&outputs, &inputs)?;
+        // SAFETY: the caller's contract; the pools checked disjoint from each other and from
+        // every input.
+        let (k, v, block_table, seq_lens, cu_new, k_new, v_new) = unsafe {
+            (
+                slice_mut("k_pool", a.k_pool, a.k_pool_len)?,
+                slice_mut("v_pool", a.v_pool, a.v_pool_len)?,
+                slice("block_table", a.block_table, a.block_table_len)?,
+                slice("seq_lens", a.seq_lens, a.batch)?,
+                slice("cu_seqlens_new", a.cu_seqlens_new, cu_len)?,
+                a.k_new.view("k_new")?,
+                a.v_new.view("v_new")?,
+            )
+        };
+        let mut cache = PagedKvMut {
+            k,
+            v,
+            page_size: a.page_size,
+            kv_heads: a.kv_heads,
+            dk: a.dk,
+            dv: a.dv,
+            block_table,
+            max_pages: a.max_pages,
+            seq_lens,
+        };
+        Ok(append_kv(&mut cache, k_new, v_new, cu_new)?)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::{c_char, CStr};
+    use std::ptr::{null, null_mut};
+
+    use super::super::{attn_last_error_message, AttnMaskKind};
+    use super::*;
+    use crate::{Mask, Parallelism, Tensor4Layout, TensorMut, TensorRef};
+
+    fn last_error() -> String {
+        let mut buf = vec![0 as c_char; 512];
+        // SAFETY: `buf` holds 512 writable bytes.
+        unsafe { attn_last_error_message(buf.as_mut_ptr(), buf.len()) };
+        // SAFETY: the function NUL-terminates within `cap`.
+        unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    }
+
+    fn vals(n: usize, seed: u32) -> Vec<f32> {
+        (0..n).map(|i| ((i as u32 * 37 + seed * 11) % 23) as f32 / 11.5 - 1.0).collect()
+    }
+
+    /// `[total, heads, d]` storage as a packed view.
+    fn packed(heads: usize, total: usize, d: usize) -> Tensor4Layout {
+        Tensor4Layout::strided([1, heads, total, d], [0, d, heads * d, 1], 0)
+    }
+
+    fn tensor(data: &[f32], l: Tensor4Layout) -> AttnTensor {
+        AttnTensor { data: data.as_ptr(), dims: l.dims, strides: l.strides, offset: l.offset }
+    }
+
+    // Three sequences (3, 0, 20 queries; 5, 2, 20 keys), hq 2, hkv 1, d 4.
+    const CU_Q: [usize; 4] = [0, 3, 3, 23];
+    const CU_K: [usize; 4] = [0, 5, 7, 27];
+    const HQ: usize = 2;
+    const D: usize = 4;
+
+    struct Bufs {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        o: Vec<f32>,
+        lse: Vec<f32>,
+    }
+
+    impl Bufs {
+        fn new() -> Bufs {
+            Bufs {
+                q: vals(23 * HQ * D, 1),
+                k: vals(27 * D, 2),
+                v: vals(27 * D, 3),
+                o: vec![f32::NAN; 23 * HQ * D],
+                lse: vec![f32::NAN; HQ * 23],
+            }
+        }
+
+        fn args(&mut self, mask: *const AttnMask) -> AttnVarlenArgs {
+            let lo = packed(HQ, 23, D);
+            AttnVarlenArgs {
+                struct_size: std::mem::size_of::<AttnVarlenArgs>(),
+                q: tensor(&self.q, lo),
+                k: tensor(&self.k, packed(1, 27, D)),
+                v: tensor(&self.v, packed(1, 27, D)),
+                o: AttnTensorMut {
+                    data: self.o.as_mut_ptr(),
+                    dims: lo.dims,
+                    strides: lo.strides,
+                    offset: 0,
+                },
+                cu_seqlens_q: CU_Q.as_ptr(),
+                cu_seqlens_q_len: 4,
+                cu_seqlens_k: CU_K.as_ptr(),
+                cu_seqlens_k_len: 4,
+                mask,
+                scale: 0.0,
+                has_scale: 0,
+                path: 0,
+                lse: self.lse.as_mut_ptr(),
+                lse_len: self.lse.len(),
+                threads: 2,
+                variants: null(),
+            }
+        }
+
+        fn rust(&self, mask: Mask<'_>) -> (Vec<f32>, Vec<f32>) {
+            let (mut o, mut lse) = (vec![f32::NAN; self.o.len()], vec![f32::NAN; HQ * 23]);
+            VarlenAttention::new(
+                TensorRef::new(&self.q, packed(HQ, 23, D)),
+                TensorRef::new(&self.k, packed(1, 27, D)),
+                TensorRef::new(&self.v, packed(1, 27, D)),
+                &CU_Q,
+                &CU_K,
+            )
+            .mask(mask)
+            .lse(&mut lse)
+            .parallelism(Parallelism::Sequential)
+            .run(TensorMut::new(&mut o, packed(HQ, 23, D)))
+            .unwrap();
+            (o, lse)
+        }
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    fn causal() -> AttnMask {
+        AttnMask {
+            kind: AttnMaskKind::Causal as i32,
+            causal_default_offset: 1,
+            causal_offset: 0,
+            keep: null(),
+            bias: null(),
+            dims: [0; 4],
+            strides: [0; 4],
+            offset: 0,
+        }
+    }
+
+    fn run(a: &AttnVarlenArgs) -> AttnStatus {
+        // SAFETY: every test builds `a` over live buffers whose views fit them.
+        unsafe { attn_varlen_attention(a) }
+    }
+
+    #[test]
+    fn first_version_sizes() {
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!((VARLEN_ARGS_MIN_SIZE, APPEND_ARGS_MIN_SIZE), (416, 280));
+    }
+
+    #[test]
+    fn varlen_is_the_rust_api() {
+        let mut b = Bufs::new();
+        let m = causal();
+        for mask in [null(), &m as *const AttnMask] {
+            let a = b.args(mask);
+            assert_eq!(run(&a), AttnStatus::Ok, "{}", last_error());
+            let want = b.rust(if mask.is_null() { Mask::None } else { Mask::CAUSAL });
+            assert_eq!((bits(&b.o), bits(&b.lse)), (bits(&want.0), bits(&want.1)));
+        }
+    }
+
+    #[test]
+    fn bad_varlen_arguments() {
+        let mut b = Bufs::new();
+        let base = b.args(null());
+        let keep = AttnMask { kind: AttnMaskKind::Keep as i32, ..causal() };
+        let bad_cu = [0usize, 4, 3, 23];
+        let q_ptr = b.q.as_ptr();
+        let cases: Vec<(AttnVarlenArgs, AttnStatus, &str)> = vec![
+            (
+                AttnVarlenArgs { struct_size: 8, ..base },
+                AttnStatus::InvalidParameter,
+                "args.struct_size",
+            ),
+            (
+                AttnVarlenArgs { cu_seqlens_q: null(), ..base },
+                AttnStatus::NullPointer,
+                "`cu_seqlens_q`",
+            ),
+            (
+                AttnVarlenArgs { cu_seqlens_q: bad_cu.as_ptr(), ..base },
+                AttnStatus::InvalidParameter,
+                "cu_seqlens_q",
+            ),
+            (
+                AttnVarlenArgs { cu_seqlens_k_len: 3, ..base },
+                AttnStatus::ShapeMismatch,
+                "cu_seqlens_k",
+            ),
+            (
+                AttnVarlenArgs { has_scale: 2, ..base },
+                AttnStatus::InvalidParameter,
+                "args.has_scale",
+            ),
+            (AttnVarlenArgs { path: 9, ..base }, AttnStatus::InvalidParameter, "args.path"),
+            (AttnVarlenArgs { lse_len: 5, ..base }, AttnStatus::ShapeMismatch, "lse"),
+            (
+                AttnVarlenArgs { lse: q_ptr.cast_mut(), lse_len: 2, ..base },
+                AttnStatus::AliasedOutput,
+                "`lse` overlaps argument `q`",
+            ),
+        ];
+        for (i, (a, status, arg)) in cases.into_iter().enumerate() {
+            assert_eq!(run(&a), status, "case {i}: {}", last_error());
+            assert!(last_error().contains(arg), "case {i}: {}", last_error());
+            assert!(b.o.iter().all(|x| x.is_nan()), "case {i}: wrote on error");
+        }
+        // A keep mask with its elements: refused by the Rust call, naming `mask`.
+        let bytes = vec![1u8; HQ * 23 * 27];
+        let keep = AttnMask {
+            keep: bytes.as_ptr(),
+            dims: [1, HQ, 23, 27],
+            strides: [0, 23 * 27, 27, 1],
+            ..keep
+        };
+        assert_eq!(run(&AttnVarlenArgs { mask: &keep, ..base }), AttnStatus::InvalidParameter);
+        assert!(last_error().contains("`mask`"), "{}", last_error());
+        assert!(b.o.iter().all(|x| x.is_nan()));
+    }
+
+    /// Two sequences, page size 16, one K/V head, dk 2, dv 1; four pages.
+    struct Cache {
+        k: Vec<f32>,
+        v: Vec<f32>,
+        table: [u32; 4],
+        lens: [usize; 2],
+    }
+
+    fn append_args(
+        c: &mut Cache,
+        cu: &[usize; 3],
+        new_k: &[f32],
+        new_v: &[f32],
+    ) -> AttnAppendKvArgs {
+        let total = cu[2];
+        AttnAppendKvArgs {
+            struct_size: std::mem::size_of::<AttnAppendKvArgs>(),
+            k_pool: c.k.as_mut_ptr(),
+            k_pool_len: c.k.len(),
+            v_pool: c.v.as_mut_ptr(),
+            v_pool_len: c.v.len(),
+            page_size: 16,
+            kv_heads: 1,
+            dk: 2,
+            dv: 1,
+            block_table: c.table.as_ptr(),
+            block_table_len: 4,
+            max_pages: 2,
+            seq_lens: c.lens.as_ptr(),
+            batch: 2,
+            cu_seqlens_new: cu.as_ptr(),
+            k_new: tensor(new_k, packed(1, total, 2)),
+            v_new: tensor(new_v, packed(1, total, 1)),
+        }
+    }
+
+    #[test]
+    fn append_writes_its_slots_and_checks_first() {
+        let mut c = Cache {
+            k: vec![-1.0; 4 * 16 * 2],
+            v: vec![-1.0; 4 * 16],
+            table: [3, 1, 0, 2],
+            lens: [15, 0],
+        };
+        let (new_k, new_v) = ([1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [7.0f32, 8.0, 9.0]);
+        let cu = [0usize, 2, 3];
+        let a = append_args(&mut c, &cu, &new_k, &new_v);
+        // SAFETY: the views and pointers address live buffers of the stated lengths.
+        assert_eq!(unsafe { attn_append_kv(&a) }, AttnStatus::Ok, "{}", last_error());
+        // Sequence 0: keys 15 (page 3, slot 15) and 16 (page 1, slot 0); sequence 1: key 0
+        // (page 0, slot 0).
+        assert_eq!((&c.k[(3 * 16 + 15) * 2..][..2], c.v[3 * 16 + 15]), (&[1.0, 2.0][..], 7.0));
+        assert_eq!((&c.k[16 * 2..][..2], c.v[16]), (&[3.0, 4.0][..], 8.0));
+        assert_eq!((&c.k[..2], c.v[0]), (&[5.0, 6.0][..], 9.0));
+        assert_eq!(c.k.iter().filter(|&&x| x != -1.0).count(), 6);
+        let before = (c.k.clone(), c.v.clone());
+        // Both sequences writing page 1's slot 0: refused, nothing written.
+        c.table = [3, 1, 1, 2];
+        let a = append_args(&mut c, &cu, &new_k, &new_v);
+        // SAFETY: as above.
+        assert_eq!(unsafe { attn_append_kv(&a) }, AttnStatus::InvalidParameter);
+        assert!(last_error().contains("block_table"), "{}", last_error());
+        c.table = [3, 1, 0, 9];
+        let far = [0usize, 0, 17];
+        let k17 = [0.0f32; 34];
+        let a = append_args(&mut c, &far, &k17, &k17[..17]);
+        // SAFETY: as above.
+        assert_eq!(unsafe { attn_append_kv(&a) }, AttnStatus::OutOfBounds);
+        assert!(last_error().contains("block_table"), "{}", last_error());
+        assert_eq!((c.k.clone(), c.v.clone()), before);
+        // Null and overlapping pointers.
+        let a = AttnAppendKvArgs { seq_lens: null(), ..append_args(&mut c, &cu, &new_k, &new_v) };
+        // SAFETY: refused before anything is read.
+        assert_eq!(unsafe { attn_append_kv(&a) }, AttnStatus::NullPointer);
+        assert!(last_error().contains("`seq_lens`"), "{}", last_error());
+        let a = append_args(&mut c, &cu, &new_k, &new_v);
+        let a = AttnAppendKvArgs { v_pool: a.k_pool, v_pool_len: 64, ..a };
+        // SAFETY: refused before anything is read.
+        assert_eq!(unsafe { attn_append_kv(&a) }, AttnStatus::AliasedOutput);
+        let a = AttnAppendKvArgs { k_pool: null_mut(), ..append_args(&mut c, &cu, &new_k, &new_v) };
+        // SAFETY: refused before anything is read.
+        assert_eq!(unsafe { attn_append_kv(&a) }, AttnStatus::NullPointer);
+        assert_eq!((c.k, c.v), before);
+    }
+}
