@@ -55,11 +55,13 @@ pub enum SectionId {
     Variants,
     /// Additive (Bahdanau, tanh) attention, and its tanh throughput.
     Additive,
+    /// Attention with bf16/f16 operands and int8 K/V caches (decode and flash).
+    Dtypes,
 }
 
 impl SectionId {
     /// Every section, in report order.
-    pub const ALL: [SectionId; 7] = [
+    pub const ALL: [SectionId; 8] = [
         SectionId::Gemm,
         SectionId::Softmax,
         SectionId::Attention,
@@ -67,6 +69,7 @@ impl SectionId {
         SectionId::Layers,
         SectionId::Variants,
         SectionId::Additive,
+        SectionId::Dtypes,
     ];
 
     /// Lower-case name, as on the command line and in the `op` field of records.
@@ -79,6 +82,7 @@ impl SectionId {
             SectionId::Layers => "layers",
             SectionId::Variants => "variants",
             SectionId::Additive => "additive",
+            SectionId::Dtypes => "dtypes",
         }
     }
 }

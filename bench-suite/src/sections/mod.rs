@@ -8,6 +8,7 @@
 pub mod additive;
 pub mod attention;
 pub mod decode;
+pub mod dtypes;
 pub mod gemm;
 pub mod layers;
 pub mod softmax;
@@ -34,6 +35,7 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Layers => Some(layers::run),
         SectionId::Variants => Some(variants::run),
         SectionId::Additive => Some(additive::run),
+        SectionId::Dtypes => Some(dtypes::run),
     }
 }
 
