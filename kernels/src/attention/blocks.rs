@@ -506,6 +506,18 @@ pub(crate) enum KvAny<'a> {
 }
 
 impl KvAny<'_> {
+    /// [`KvMat::prefetch`] of whichever type this holds (one match per hint, so that the
+    /// decode tiles are not instantiated once per value type for their prefetches).
+    #[inline(always)]
+    fn prefetch(self, j: usize, n: usize) {
+        match self {
+            KvAny::F32(m) => m.prefetch(j, n),
+            KvAny::BF16(m) => m.prefetch(j, n),
+            KvAny::F16(m) => m.prefetch(j, n),
+            KvAny::Q8(m) => m.prefetch(j, n),
+        }
+    }
+
     /// [`KvMat::gather`] of whichever type this holds.
     #[inline(always)]
     pub(crate) fn gather<S: Simd>(self, s: S, j0: usize, nb: usize, n: usize, buf: &mut [f32]) {
@@ -677,8 +689,8 @@ fn dec_pv_tile<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
 /// The value rows that [`dec_qk_rows`] prefetches for the P·V pass that follows: rows
 /// `j0..j0 + nb` of `v`, `dv` columns.
 #[derive(Clone, Copy)]
-struct PrefetchV<V> {
-    v: V,
+struct PrefetchV<'a> {
+    v: KvAny<'a>,
     j0: usize,
     dv: usize,
 }
@@ -691,7 +703,7 @@ struct PrefetchV<V> {
 /// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dec_qk_rows<S: Simd, K: KvMat, V: KvMat, const R: usize, const C: usize>(
+fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     s: S,
     dk: usize,
     q: &[f32],
@@ -700,7 +712,7 @@ fn dec_qk_rows<S: Simd, K: KvMat, V: KvMat, const R: usize, const C: usize>(
     nb: usize,
     out: &mut [f32],
     os: usize,
-    pv: Option<PrefetchV<V>>,
+    pv: Option<PrefetchV<'_>>,
 ) {
     use super::blocking::DECODE_PREFETCH_KEYS as PF;
     let mut j = 0;
@@ -779,7 +791,7 @@ fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
 /// [`DECODE_QK_KEYS`]: super::blocking::DECODE_QK_KEYS
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn decode_qk_block<S: Simd, K: KvMat, V: KvMat>(
+pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
     s: S,
     q: &[f32],
     rows: usize,
@@ -789,7 +801,7 @@ pub(crate) fn decode_qk_block<S: Simd, K: KvMat, V: KvMat>(
     nb: usize,
     out: &mut [f32],
     os: usize,
-    prefetch_v: Option<(V, usize, usize)>,
+    prefetch_v: Option<(KvAny<'_>, usize, usize)>,
 ) {
     use super::blocking::DECODE_QK_KEYS as W;
     if rows == 0 || nb == 0 {
@@ -813,10 +825,10 @@ pub(crate) fn decode_qk_block<S: Simd, K: KvMat, V: KvMat>(
             _ => None,
         };
         match rt {
-            1 => dec_qk_rows::<S, K, V, 1, { W[0] }>(s, dk, qt, k, j0, nb, ot, os, pv),
-            2 => dec_qk_rows::<S, K, V, 2, { W[1] }>(s, dk, qt, k, j0, nb, ot, os, pv),
-            3 => dec_qk_rows::<S, K, V, 3, { W[2] }>(s, dk, qt, k, j0, nb, ot, os, pv),
-            _ => dec_qk_rows::<S, K, V, 4, { W[3] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            1 => dec_qk_rows::<S, K, 1, { W[0] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            2 => dec_qk_rows::<S, K, 2, { W[1] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            3 => dec_qk_rows::<S, K, 3, { W[2] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            _ => dec_qk_rows::<S, K, 4, { W[3] }>(s, dk, qt, k, j0, nb, ot, os, pv),
         }
         r0 += rt;
     }

@@ -239,7 +239,7 @@ impl Chunk<'_, '_> {
             let nb = (c1 - j0).min(DECODE_BC);
             // Scores of every row against the block's keys: each key row is read once. Value
             // rows read in place are prefetched by the score pass.
-            let pf = vin.map(|v| (v, j0, dv));
+            let pf = vin.is_some().then_some((values, j0, dv));
             match kin {
                 Some(k) => decode_qk_block(s, &qs, rows, dk, k, j0, nb, &mut sb, DECODE_BC, pf),
                 None => {
