@@ -20,7 +20,7 @@
 //!
 //! [`Path::Auto`] (the default) picks the decode path for `Nq ≤ 16` and the flash path
 //! otherwise. Every path has the semantics, checks and errors of
-//! `attn_reference::attention::attention` (they share [`check_attention`]): any strides (so
+//! `attn_reference::attention::attention` (they share [`check_attention`](attn_core::check_attention)): any strides (so
 //! `[b, s, h, d]` and `[b, h, s, d]` storage both work without copies), `Nq ≠ Nk`, `d_k ≠ d_v`,
 //! GQA/MQA (query head `h` reads K/V head `h / (H_q / H_kv)`, no copies), every [`Mask`]; a
 //! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine. A call with
@@ -308,7 +308,7 @@ impl<'a> Attention<'a> {
     /// Checks the problem against the output `o: [batch, hq, nq, dv]` and computes it into `o`
     /// (and the logsumexps, if asked). Nothing is written when a check fails.
     ///
-    /// Errors: an unsupported [`isa`](Self::isa) first, then those of [`check_attention`]
+    /// Errors: an unsupported [`isa`](Self::isa) first, then those of [`check_attention_any`]
     /// (shapes, bounds, aliasing output, zero heads, K/V heads not dividing query heads,
     /// non-finite scale, `lse` length), then those of [`Variants::check`] (softcap, the
     /// length and finiteness of sinks and slopes), the same errors as the reference's for the
