@@ -57,11 +57,13 @@ pub enum SectionId {
     Additive,
     /// Packed variable-length batches against the same batch padded.
     Batch,
+    /// Attention with bf16/f16 operands and int8 K/V caches (decode and flash).
+    Dtypes,
 }
 
 impl SectionId {
     /// Every section, in report order.
-    pub const ALL: [SectionId; 8] = [
+    pub const ALL: [SectionId; 9] = [
         SectionId::Gemm,
         SectionId::Softmax,
         SectionId::Attention,
@@ -70,6 +72,7 @@ impl SectionId {
         SectionId::Variants,
         SectionId::Additive,
         SectionId::Batch,
+        SectionId::Dtypes,
     ];
 
     /// Lower-case name, as on the command line and in the `op` field of records.
@@ -83,6 +86,7 @@ impl SectionId {
             SectionId::Variants => "variants",
             SectionId::Additive => "additive",
             SectionId::Batch => "batch",
+            SectionId::Dtypes => "dtypes",
         }
     }
 }

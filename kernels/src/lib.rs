@@ -40,6 +40,7 @@ pub use attn_core::{
     MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, PositionalEncoding, Result, Tensor4Layout,
     TensorMut, TensorRef,
 };
+pub use attn_core::{quantize_q8, AnyMut, AnyRef, KvRef, Q8Mut, Q8Ref};
 pub use par::Parallelism;
 pub mod ffi;
 pub mod layers;

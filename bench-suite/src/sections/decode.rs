@@ -48,8 +48,8 @@ fn sum(x: &[f32]) -> f32 {
 }
 
 /// The roofline probe: reads every float of `bufs` once, split evenly over `threads` threads
-/// (the same pinned pools the kernels run in).
-fn stream_sum(bufs: &[&[f32]], threads: usize) -> f32 {
+/// (the same pinned pools the kernels run in). Also the `dtypes` section's read roof.
+pub(super) fn stream_sum(bufs: &[&[f32]], threads: usize) -> f32 {
     if threads <= 1 {
         return bufs.iter().map(|b| sum(b)).sum();
     }

@@ -9,6 +9,7 @@ pub mod additive;
 pub mod attention;
 pub mod batch;
 pub mod decode;
+pub mod dtypes;
 pub mod gemm;
 pub mod layers;
 pub mod softmax;
@@ -36,6 +37,7 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Variants => Some(variants::run),
         SectionId::Additive => Some(additive::run),
         SectionId::Batch => Some(batch::run),
+        SectionId::Dtypes => Some(dtypes::run),
     }
 }
 

@@ -152,6 +152,11 @@ impl Simd for Avx2 {
         unsafe { _mm_storeu_si128(p.cast(), _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)) }
     }
     #[inline(always)]
+    unsafe fn load_i8(self, p: *const i8) -> __m256 {
+        // SAFETY: see the impl (8 bytes read).
+        unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))) }
+    }
+    #[inline(always)]
     fn prefetch(self, p: *const f32) {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }

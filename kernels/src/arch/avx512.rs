@@ -147,6 +147,11 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
+    unsafe fn load_i8(self, p: *const i8) -> __m512 {
+        // SAFETY: see the impl (16 bytes read).
+        unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
+    }
+    #[inline(always)]
     fn prefetch(self, p: *const f32) {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }

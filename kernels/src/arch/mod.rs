@@ -34,7 +34,7 @@ pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
 pub(crate) use simd::{
     addr, keep, keep_tail, lanes_to_boundary, load, load_cells, load_tail, load_tail_cells,
-    prefetch_l1_at, store, store_cells, store_fence, store_tail, store_tail_cells, stream_cells,
+    prefetch_l1, store, store_cells, store_fence, store_tail, store_tail_cells, stream_cells,
     vectorize, Floats, Kernel, Simd, MAX_LANES, ROUND_MAGIC, TWO_POW_M64,
 };
 

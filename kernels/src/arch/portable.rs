@@ -104,6 +104,11 @@ impl Simd for Portable {
         unsafe { p.cast::<[f16; 8]>().write_unaligned(v.to_array().map(f16::from_f32)) }
     }
     #[inline(always)]
+    unsafe fn load_i8(self, p: *const i8) -> f32x8 {
+        // SAFETY: the caller guarantees 8 readable i8.
+        f32x8::new(unsafe { p.cast::<[i8; 8]>().read_unaligned() }.map(f32::from))
+    }
+    #[inline(always)]
     fn prefetch(self, _p: *const f32) {}
     #[inline(always)]
     fn prefetch_far(self, _p: *const f32) {}

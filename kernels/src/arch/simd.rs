@@ -111,6 +111,13 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// `p` valid for writing `LANES` f16.
     unsafe fn store_f16(self, p: *mut f16, v: Self::V);
+    /// `LANES` int8 widened to f32 (exact: every int8 is an f32): the values of a quantised
+    /// K/V row ([`attn_core::quant`]), which the decode tiles then multiply by their block's
+    /// scale in registers.
+    ///
+    /// # Safety
+    /// `p` valid for reading `LANES` i8.
+    unsafe fn load_i8(self, p: *const i8) -> Self::V;
     /// Hints that the cache line holding `p` will be read soon (into L1). Any address is
     /// allowed: a prefetch never faults. No-op on [`Portable`].
     fn prefetch(self, p: *const f32);
@@ -446,13 +453,6 @@ pub(crate) fn store_fence() {
     unsafe {
         std::arch::x86_64::_mm_sfence()
     };
-}
-
-/// Hints the cache to fetch the line holding `x[i]` into L1 whatever the token (as
-/// [`prefetch_l1`]). Any `i` is allowed, past the end of `x` too: a prefetch reads nothing.
-#[inline(always)]
-pub(crate) fn prefetch_l1_at(x: &[f32], i: usize) {
-    prefetch_l1(x.as_ptr().wrapping_add(i));
 }
 
 /// Hints the cache to fetch the line holding `p` into L1 whatever the token (no fault, no

@@ -22,19 +22,23 @@
 
 use super::blocking::QV;
 use super::FLUSH_WEIGHTS_BELOW;
-use crate::arch::{load, prefetch_l1_at, store, Isa, Simd};
+use attn_core::quant::{q8_blocks, Q8_BLOCK};
+
+use crate::arch::convert::{load_elems, SimdElement};
+use crate::arch::{load, prefetch_l1, store, Isa, Simd};
 use crate::gemm::ukernel::{kernel_for, panel_product, Kernel as GemmKernel};
 use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
 
 // ---------------------------------------------------------------------------------------------
 // Flash block products on the GEMM micro-kernels
 
-/// A strided matrix operand of the block products: element `(row, col)` of `data` at
-/// `offset + row·rs + col·cs`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Strided<'a> {
+/// A strided matrix operand of the block products and the decode tiles: element `(row, col)`
+/// of `data` at `offset + row·rs + col·cs`. f32 for the flash block products; any
+/// [`SimdElement`] (or `i8`, the values of a quantised cache) for the decode tiles.
+#[derive(Debug)]
+pub(crate) struct Strided<'a, T = f32> {
     /// The elements.
-    pub data: &'a [f32],
+    pub data: &'a [T],
     /// Index of element (0, 0).
     pub offset: usize,
     /// Row stride.
@@ -43,7 +47,14 @@ pub(crate) struct Strided<'a> {
     pub cs: usize,
 }
 
-impl Strided<'_> {
+impl<T> Clone for Strided<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for Strided<'_, T> {}
+
+impl<T> Strided<'_, T> {
     /// True when rows `r0..r0 + nr` and columns `0..nc` are inside `data` (no overflow).
     fn covers(&self, r0: usize, nr: usize, nc: usize) -> bool {
         if nr == 0 || nc == 0 {
@@ -291,18 +302,246 @@ pub(crate) fn pos_inf_weights(x: &mut [f32], n: usize, stride: usize, lane: usiz
 // ([`Simd::reduce_add4`]) instead of a horizontal sum each. Each tile slices its rows once,
 // to exactly the length it reads, so that the loop bounds imply every index inside them and
 // the compiler drops the per-load checks.
+//
+// The K and V rows are read in their stored type through [`KvMat`] / [`KvRow`]: f32 in place;
+// bf16/f16 widened in registers (exact, [`SimdElement`]); int8 widened and multiplied by its
+// block's scale in registers (`fl(q·scale)`, one rounding: within `2⁻²⁴` relative, or `2⁻¹⁵⁰`
+// absolute among subnormals, of the exact value `q·scale`, and `±∞` past `f32::MAX`). No K/V
+// row is ever converted in memory on this path. One body per tile for every storage type.
 
-/// Decode score tile: `out[r·os + c] = Σ_d q[r·dk + d] · k[c·k_rs + d]` for `r < R`, `c < C`,
+/// One K/V row (or a run of it) as the decode tiles read it: vectors and single elements,
+/// widened (or dequantised) to f32.
+pub(crate) trait KvRow: Copy {
+    /// A row with no element (the initial value of tile arrays).
+    fn empty() -> Self;
+    /// Elements `start..start + len` of this run (panics unless inside).
+    fn sub(self, start: usize, len: usize) -> Self;
+    /// `LANES` elements from `at` as f32 (panics unless inside).
+    fn vec<S: Simd>(self, s: S, at: usize) -> S::V;
+    /// Element `at` as f32, the same value as the lane [`vec`](Self::vec) gives it.
+    fn get(self, at: usize) -> f32;
+}
+
+impl<T: SimdElement> KvRow for &[T] {
+    #[inline(always)]
+    fn empty() -> Self {
+        &[]
+    }
+    #[inline(always)]
+    fn sub(self, start: usize, len: usize) -> Self {
+        &self[start..start + len]
+    }
+    #[inline(always)]
+    fn vec<S: Simd>(self, s: S, at: usize) -> S::V {
+        load_elems(s, &self[at..])
+    }
+    #[inline(always)]
+    fn get(self, at: usize) -> f32 {
+        self[at].widen()
+    }
+}
+
+/// A run of one int8-quantised row: values `v` (starting at column `base` of the row) and the
+/// row's scales `sc` from block 0. Element `at` is `v[at]·sc[(base + at)/32]` rounded to f32.
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Row<'a> {
+    v: &'a [i8],
+    sc: &'a [f32],
+    base: usize,
+}
+
+impl KvRow for Q8Row<'_> {
+    #[inline(always)]
+    fn empty() -> Self {
+        Q8Row { v: &[], sc: &[], base: 0 }
+    }
+    #[inline(always)]
+    fn sub(self, start: usize, len: usize) -> Self {
+        Q8Row { v: &self.v[start..start + len], sc: self.sc, base: self.base + start }
+    }
+    #[inline(always)]
+    fn vec<S: Simd>(self, s: S, at: usize) -> S::V {
+        // A vector never straddles two blocks: the callers load at multiples of LANES from a
+        // block boundary (`base` and `at` are multiples of LANES, which divides 32).
+        const { assert!(Q8_BLOCK.is_multiple_of(S::LANES)) };
+        debug_assert!((self.base + at).is_multiple_of(S::LANES));
+        let x = &self.v[at..at + S::LANES];
+        let scale = self.sc[(self.base + at) / Q8_BLOCK];
+        // SAFETY: `x` has exactly LANES elements.
+        let q = unsafe { s.load_i8(x.as_ptr()) };
+        s.mul(q, s.splat(scale))
+    }
+    #[inline(always)]
+    fn get(self, at: usize) -> f32 {
+        f32::from(self.v[at]) * self.sc[(self.base + at) / Q8_BLOCK]
+    }
+}
+
+/// The K or V matrix of one `(batch, K/V head)` (`[nk, d]`) as the decode tiles read it in
+/// place, and as the flash path converts it block by block ([`KvMat::gather`]).
+pub(crate) trait KvMat: Copy {
+    /// One row's run.
+    type Row: KvRow;
+    /// True when the rows can be read in place (contiguous columns for `n` of them); otherwise
+    /// only [`at`](Self::at) and [`gather`](Self::gather) may be used.
+    fn in_place(&self, n: usize) -> bool;
+    /// True when rows `j0..j0 + nb`, columns `0..n` are inside the data (no overflow).
+    fn covers(&self, j0: usize, nb: usize, n: usize) -> bool;
+    /// Columns `c0..c0 + n` of row `j` (only when [`in_place`](Self::in_place); panics unless
+    /// inside).
+    fn row(self, j: usize, c0: usize, n: usize) -> Self::Row;
+    /// Element `(j, c)` as f32 (widened or dequantised), any strides.
+    fn at(self, j: usize, c: usize) -> f32;
+    /// Hints that row `j` (`n` columns) will be read soon. Any `j`: nothing is read.
+    fn prefetch(self, j: usize, n: usize);
+
+    /// Rows `j0..j0 + nb`, columns `0..n`, widened (or dequantised) into `buf` as a contiguous
+    /// `nb × n` f32 matrix: by vectors when [`in_place`](Self::in_place), element by element
+    /// otherwise. The same values the tiles read.
+    #[inline(always)]
+    fn gather<S: Simd>(self, s: S, j0: usize, nb: usize, n: usize, buf: &mut [f32]) {
+        let l = S::LANES;
+        if n == 0 {
+            return;
+        }
+        let contiguous = self.in_place(n);
+        for (j, dst) in buf[..nb * n].chunks_exact_mut(n).enumerate() {
+            if contiguous {
+                let row = self.row(j0 + j, 0, n);
+                let mut d = 0;
+                while d + l <= n {
+                    store(s, &mut dst[d..], row.vec(s, d));
+                    d += l;
+                }
+                for (c, x) in dst.iter_mut().enumerate().skip(d) {
+                    *x = row.get(c);
+                }
+            } else {
+                for (c, x) in dst.iter_mut().enumerate() {
+                    *x = self.at(j0 + j, c);
+                }
+            }
+        }
+    }
+}
+
+impl<'a, T: SimdElement> KvMat for Strided<'a, T> {
+    type Row = &'a [T];
+    #[inline(always)]
+    fn in_place(&self, n: usize) -> bool {
+        self.cs == 1 || n <= 1
+    }
+    #[inline(always)]
+    fn covers(&self, j0: usize, nb: usize, n: usize) -> bool {
+        Strided::covers(self, j0, nb, n)
+    }
+    #[inline(always)]
+    fn row(self, j: usize, c0: usize, n: usize) -> &'a [T] {
+        &self.data[self.offset + j * self.rs + c0..][..n]
+    }
+    #[inline(always)]
+    fn at(self, j: usize, c: usize) -> f32 {
+        self.data[self.offset + j * self.rs + c * self.cs].widen()
+    }
+    #[inline(always)]
+    fn prefetch(self, j: usize, n: usize) {
+        let at = self.offset.wrapping_add(j.wrapping_mul(self.rs));
+        prefetch_bytes(self.data.as_ptr().wrapping_add(at).cast(), n * T::SIZE);
+    }
+}
+
+/// An int8-quantised K/V matrix of one `(batch, K/V head)`: values `[nk, d]` and scales
+/// `[nk, ⌈d/32⌉]` (see [`attn_core::quant`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Q8Mat<'a> {
+    /// The int8 values.
+    pub v: Strided<'a, i8>,
+    /// The f32 scales, one per block of 32 columns.
+    pub sc: Strided<'a, f32>,
+}
+
+impl<'a> KvMat for Q8Mat<'a> {
+    type Row = Q8Row<'a>;
+    #[inline(always)]
+    fn in_place(&self, n: usize) -> bool {
+        (self.v.cs == 1 || n <= 1) && (self.sc.cs == 1 || q8_blocks(n) <= 1)
+    }
+    #[inline(always)]
+    fn covers(&self, j0: usize, nb: usize, n: usize) -> bool {
+        self.v.covers(j0, nb, n) && self.sc.covers(j0, nb, q8_blocks(n))
+    }
+    #[inline(always)]
+    fn row(self, j: usize, c0: usize, n: usize) -> Q8Row<'a> {
+        let v = &self.v.data[self.v.offset + j * self.v.rs + c0..][..n];
+        let sc = &self.sc.data[self.sc.offset + j * self.sc.rs..][..q8_blocks(c0 + n)];
+        Q8Row { v, sc, base: c0 }
+    }
+    #[inline(always)]
+    fn at(self, j: usize, c: usize) -> f32 {
+        let q = self.v.data[self.v.offset + j * self.v.rs + c * self.v.cs];
+        let b = c / Q8_BLOCK;
+        f32::from(q) * self.sc.data[self.sc.offset + j * self.sc.rs + b * self.sc.cs]
+    }
+    #[inline(always)]
+    fn prefetch(self, j: usize, n: usize) {
+        let at = self.v.offset.wrapping_add(j.wrapping_mul(self.v.rs));
+        prefetch_bytes(self.v.data.as_ptr().wrapping_add(at).cast(), n);
+        let at = self.sc.offset.wrapping_add(j.wrapping_mul(self.sc.rs));
+        prefetch_l1(self.sc.data.as_ptr().wrapping_add(at));
+    }
+}
+
+/// A K or V matrix of one `(batch, K/V head)` in any storage type: what `Problem::keys` and
+/// `Problem::values` return; the paths dispatch on it once per task.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum KvAny<'a> {
+    /// f32.
+    F32(Strided<'a, f32>),
+    /// bf16.
+    BF16(Strided<'a, attn_core::bf16>),
+    /// f16.
+    F16(Strided<'a, attn_core::f16>),
+    /// int8 with block scales.
+    Q8(Q8Mat<'a>),
+}
+
+impl KvAny<'_> {
+    /// [`KvMat::prefetch`] of whichever type this holds (one match per hint, so that the
+    /// decode tiles are not instantiated once per value type for their prefetches).
+    #[inline(always)]
+    fn prefetch(self, j: usize, n: usize) {
+        match self {
+            KvAny::F32(m) => m.prefetch(j, n),
+            KvAny::BF16(m) => m.prefetch(j, n),
+            KvAny::F16(m) => m.prefetch(j, n),
+            KvAny::Q8(m) => m.prefetch(j, n),
+        }
+    }
+
+    /// [`KvMat::gather`] of whichever type this holds.
+    #[inline(always)]
+    pub(crate) fn gather<S: Simd>(self, s: S, j0: usize, nb: usize, n: usize, buf: &mut [f32]) {
+        match self {
+            KvAny::F32(m) => m.gather(s, j0, nb, n, buf),
+            KvAny::BF16(m) => m.gather(s, j0, nb, n, buf),
+            KvAny::F16(m) => m.gather(s, j0, nb, n, buf),
+            KvAny::Q8(m) => m.gather(s, j0, nb, n, buf),
+        }
+    }
+}
+
+/// Decode score tile: `out[r·os + c] = Σ_d q[r·dk + d] · k(j + c, d)` for `r < R`, `c < C`,
 /// `d < dk`: vectors along `d`, one accumulator per (row, key), a scalar tail for
 /// `dk mod LANES`. Panics unless `q` holds the `R` rows, `k` the `C` key rows and `out` the
 /// tile.
 #[inline(always)]
-fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
+#[allow(clippy::too_many_arguments)]
+fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
     s: S,
     dk: usize,
     q: &[f32],
-    k: &[f32],
-    k_rs: usize,
+    k: K,
+    j: usize,
     out: &mut [f32],
     os: usize,
 ) {
@@ -313,18 +552,18 @@ fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
     for (r, x) in qs.iter_mut().enumerate() {
         *x = &q[r * dk..][..dk];
     }
-    let mut ks = [&[][..]; C];
+    let mut ks = [K::Row::empty(); C];
     for (c, x) in ks.iter_mut().enumerate() {
-        *x = &k[c * k_rs..][..dk];
+        *x = k.row(j + c, 0, dk);
     }
     let mut acc = [[s.splat(0.0); C]; R];
     // Windows of U vectors per row: one bounds check per row and window, none per load.
     const U: usize = 4;
     let mut d = 0;
     while d + U * l <= dk {
-        let mut kw = [&[][..]; C];
+        let mut kw = [K::Row::empty(); C];
         for (w, kc) in kw.iter_mut().zip(&ks) {
-            *w = &kc[d..d + U * l];
+            *w = kc.sub(d, U * l);
         }
         let mut qw = [&[][..]; R];
         for (w, qr) in qw.iter_mut().zip(&qs) {
@@ -333,7 +572,7 @@ fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
         for u in 0..U {
             let mut kv = [s.splat(0.0); C];
             for (x, kc) in kv.iter_mut().zip(&kw) {
-                *x = load(s, &kc[u * l..]);
+                *x = kc.vec(s, u * l);
             }
             for (ar, qr) in acc.iter_mut().zip(&qw) {
                 let qv = load(s, &qr[u * l..]);
@@ -347,7 +586,7 @@ fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
     while d + l <= dk {
         let mut kv = [s.splat(0.0); C];
         for (x, kc) in kv.iter_mut().zip(&ks) {
-            *x = load(s, &kc[d..]);
+            *x = kc.vec(s, d);
         }
         for (ar, qr) in acc.iter_mut().zip(&qs) {
             let qv = load(s, &qr[d..]);
@@ -380,28 +619,29 @@ fn dec_qk_tile<S: Simd, const R: usize, const C: usize>(
     for ((sr, qr), r) in sums.iter_mut().zip(&qs).zip(0..) {
         let orow = &mut out[r * os..][..C];
         for ((x, kc), o) in sr.iter_mut().zip(&ks).zip(orow) {
-            for (qd, kd) in qr[tail..].iter().zip(&kc[tail..]) {
-                *x = qd.mul_add(*kd, *x);
+            for (dd, qd) in qr.iter().enumerate().skip(tail) {
+                *x = qd.mul_add(kc.get(dd), *x);
             }
             *o = *x;
         }
     }
 }
 
-/// Decode P·V tile: `o[r·o_rs + c·LANES + e] += Σ_j p[r·ps + j] · v[j·v_rs + c·LANES + e]` for
-/// `r < R`, `c < CT`, `e < LANES`, `j < nb`. With `GUARD` a zero weight contributes exactly
+/// Decode P·V tile: `o[r·o_rs + c·LANES + e] += Σ_j p[r·ps + j] · v(j0 + j, c0 + c·LANES + e)`
+/// for `r < R`, `c < CT`, `e < LANES`, `j < nb`. With `GUARD` a zero weight contributes exactly
 /// nothing even when the value is `±∞`/NaN (a masked key over an unwritten cache slot);
 /// without it (no zero weight in the block) the loop is the plain FMA chain. Panics unless
 /// `p`, `v` and `o` hold those ranges.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dec_pv_tile<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
+fn dec_pv_tile<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: bool>(
     s: S,
     nb: usize,
     p: &[f32],
     ps: usize,
-    v: &[f32],
-    v_rs: usize,
+    v: V,
+    j0: usize,
+    c0: usize,
     o: &mut [f32],
     o_rs: usize,
 ) {
@@ -419,10 +659,10 @@ fn dec_pv_tile<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
         }
     }
     for j in 0..nb {
-        let vrow = &v[j * v_rs..][..w];
+        let vrow = v.row(j0 + j, c0, w);
         let mut vv = [s.splat(0.0); CT];
         for (c, x) in vv.iter_mut().enumerate() {
-            *x = load(s, &vrow[c * l..]);
+            *x = vrow.vec(s, c * l);
         }
         for (ar, prow) in acc.iter_mut().zip(&pr) {
             let w = s.splat(prow[j]);
@@ -446,30 +686,29 @@ fn dec_pv_tile<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
     }
 }
 
-/// The value rows that [`dec_qk_rows`] prefetches for the P·V pass that follows: key `j` of
-/// the block has its row at `data[at + j·rs ..]`, `dv` floats.
+/// The value rows that [`dec_qk_rows`] prefetches for the P·V pass that follows: rows
+/// `j0..j0 + nb` of `v`, `dv` columns.
 #[derive(Clone, Copy)]
 struct PrefetchV<'a> {
-    data: &'a [f32],
-    at: usize,
-    rs: usize,
+    v: KvAny<'a>,
+    j0: usize,
     dv: usize,
 }
 
 /// All keys of one row tile of [`decode_qk_block`]: tiles of `C` keys, then single keys
-/// (`k` from the block's first key row, `out` from the tile's first row). Ahead of each tile
-/// it prefetches the key rows [`DECODE_PREFETCH_KEYS`] further on and, when `pv` is given, the
-/// value rows of the same keys, which the P·V pass of the block reads next.
+/// (`k` from the block's first key row `j0`, `out` from the tile's first row). Ahead of each
+/// tile it prefetches the key rows [`DECODE_PREFETCH_KEYS`] further on and, when `pv` is
+/// given, the value rows of the same keys, which the P·V pass of the block reads next.
 ///
 /// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dec_qk_rows<S: Simd, const R: usize, const C: usize>(
+fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     s: S,
     dk: usize,
     q: &[f32],
-    k: &[f32],
-    k_rs: usize,
+    k: K,
+    j0: usize,
     nb: usize,
     out: &mut [f32],
     os: usize,
@@ -479,17 +718,17 @@ fn dec_qk_rows<S: Simd, const R: usize, const C: usize>(
     let mut j = 0;
     while j + C <= nb {
         for c in 0..C {
-            // Hints only: the addresses may lie past the block or the tensor.
-            prefetch_row(k, (j + PF + c).wrapping_mul(k_rs), dk);
-            if let Some(v) = pv {
-                prefetch_row(v.data, v.at.wrapping_add((j + c).wrapping_mul(v.rs)), v.dv);
+            // Hints only: the rows may lie past the block or the tensor.
+            k.prefetch(j0.wrapping_add(j + PF + c), dk);
+            if let Some(p) = pv {
+                p.v.prefetch(p.j0.wrapping_add(j + c), p.dv);
             }
         }
-        dec_qk_tile::<S, R, C>(s, dk, q, &k[j * k_rs..], k_rs, &mut out[j..], os);
+        dec_qk_tile::<S, K, R, C>(s, dk, q, k, j0 + j, &mut out[j..], os);
         j += C;
     }
     while j < nb {
-        dec_qk_tile::<S, R, 1>(s, dk, q, &k[j * k_rs..], k_rs, &mut out[j..], os);
+        dec_qk_tile::<S, K, R, 1>(s, dk, q, k, j0 + j, &mut out[j..], os);
         j += 1;
     }
 }
@@ -501,28 +740,28 @@ const PLAIN: bool = false;
 
 /// All value columns of one row tile of [`decode_pv_block`]: tiles of `CT` vectors, single
 /// vectors, then the `dv mod LANES` scalar columns (`p`, `o` from the tile's first row, `v`
-/// from the block's first value row).
+/// from the block's first value row `j0`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn dec_pv_rows<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
+fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: bool>(
     s: S,
     dv: usize,
     nb: usize,
     p: &[f32],
     ps: usize,
-    v: &[f32],
-    v_rs: usize,
+    v: V,
+    j0: usize,
     o: &mut [f32],
     o_rs: usize,
 ) {
     let l = S::LANES;
     let mut c = 0;
     while c + CT * l <= dv {
-        dec_pv_tile::<S, R, CT, GUARD>(s, nb, p, ps, &v[c..], v_rs, &mut o[c..], o_rs);
+        dec_pv_tile::<S, V, R, CT, GUARD>(s, nb, p, ps, v, j0, c, &mut o[c..], o_rs);
         c += CT * l;
     }
     while c + l <= dv {
-        dec_pv_tile::<S, R, 1, GUARD>(s, nb, p, ps, &v[c..], v_rs, &mut o[c..], o_rs);
+        dec_pv_tile::<S, V, R, 1, GUARD>(s, nb, p, ps, v, j0, c, &mut o[c..], o_rs);
         c += l;
     }
     for col in c..dv {
@@ -532,7 +771,7 @@ fn dec_pv_rows<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
             for (j, &w) in prow.iter().enumerate() {
                 // A zero weight is skipped, whatever the value (see dec_pv_tile).
                 if w != 0.0 {
-                    x = w.mul_add(v[j * v_rs + col], x);
+                    x = w.mul_add(v.row(j0 + j, col, 1).get(0), x);
                 }
             }
             o[r * o_rs + col] = x;
@@ -542,27 +781,27 @@ fn dec_pv_rows<S: Simd, const R: usize, const CT: usize, const GUARD: bool>(
 
 /// Decode scores of one key block: `out[r·os + j] = Σ_d q[r·dk + d] · k(j0 + j, d)` for
 /// `r < rows`, `j < nb`, where `q` holds `rows` pre-scaled query rows of `dk` floats and `k`
-/// has contiguous columns (`cs = 1`; gather otherwise). `prefetch_v = Some((v, vj0, dv))`
-/// also prefetches value rows `vj0..vj0 + nb` of `v` (contiguous, `dv` columns) while the
-/// scores are computed, so the P·V pass that follows finds them in cache. Rows go in tiles of
-/// up to four, keys in tiles of [`DECODE_QK_KEYS`]`[R − 1]`. Panics if a buffer is too small
-/// or `k.cs ≠ 1`, which the caller rules out. With `dk = 0` the scores are 0 and K is not
-/// indexed.
+/// is read in place in its storage type (`k.in_place(dk)`; gather otherwise).
+/// `prefetch_v = Some((v, vj0, dv))` also prefetches value rows `vj0..vj0 + nb` of `v` while
+/// the scores are computed, so the P·V pass that follows finds them in cache. Rows go in tiles
+/// of up to four, keys in tiles of [`DECODE_QK_KEYS`]`[R − 1]`. Panics if a buffer is too
+/// small or `k` cannot be read in place, which the caller rules out. With `dk = 0` the scores
+/// are 0 and K is not indexed.
 ///
 /// [`DECODE_QK_KEYS`]: super::blocking::DECODE_QK_KEYS
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn decode_qk_block<S: Simd>(
+pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
     s: S,
     q: &[f32],
     rows: usize,
     dk: usize,
-    k: Strided<'_>,
+    k: K,
     j0: usize,
     nb: usize,
     out: &mut [f32],
     os: usize,
-    prefetch_v: Option<(Strided<'_>, usize, usize)>,
+    prefetch_v: Option<(KvAny<'_>, usize, usize)>,
 ) {
     use super::blocking::DECODE_QK_KEYS as W;
     if rows == 0 || nb == 0 {
@@ -575,49 +814,44 @@ pub(crate) fn decode_qk_block<S: Simd>(
         }
         return;
     }
-    assert!((k.cs == 1 || dk == 1) && k.covers(j0, nb, dk));
-    let kb = &k.data[k.offset + j0 * k.rs..];
+    assert!(k.in_place(dk) && k.covers(j0, nb, dk));
     let mut r0 = 0;
     while r0 < rows {
         let rt = (rows - r0).min(4);
         let (qt, ot) = (&q[r0 * dk..], &mut out[r0 * os..]);
         // The value rows are prefetched once, with the first row tile.
         let pv = match prefetch_v {
-            Some((v, vj0, dv)) if r0 == 0 => Some(PrefetchV {
-                data: v.data,
-                at: v.offset.wrapping_add(vj0.wrapping_mul(v.rs)),
-                rs: v.rs,
-                dv,
-            }),
+            Some((v, j0, dv)) if r0 == 0 => Some(PrefetchV { v, j0, dv }),
             _ => None,
         };
         match rt {
-            1 => dec_qk_rows::<S, 1, { W[0] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
-            2 => dec_qk_rows::<S, 2, { W[1] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
-            3 => dec_qk_rows::<S, 3, { W[2] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
-            _ => dec_qk_rows::<S, 4, { W[3] }>(s, dk, qt, kb, k.rs, nb, ot, os, pv),
+            1 => dec_qk_rows::<S, K, 1, { W[0] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            2 => dec_qk_rows::<S, K, 2, { W[1] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            3 => dec_qk_rows::<S, K, 3, { W[2] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            _ => dec_qk_rows::<S, K, 4, { W[3] }>(s, dk, qt, k, j0, nb, ot, os, pv),
         }
         r0 += rt;
     }
 }
 
 /// Decode P·V of one value block: `o[r·dv + c] += Σ_j p[r·ps + j] · v(j0 + j, c)` for
-/// `r < rows`, `c < dv`, `j < nb`; `v` has contiguous columns (`cs = 1`; gather otherwise).
-/// `guard` must be set when some weight of the block may be 0: those then contribute exactly
-/// 0 whatever the value (see [`dec_pv_tile`]). Rows go in tiles of up to four, columns in tiles
-/// of [`DECODE_PV_VECS`]`[R − 1]` vectors. Panics if a buffer is too small or `v.cs ≠ 1`.
+/// `r < rows`, `c < dv`, `j < nb`; `v` is read in place in its storage type
+/// (`v.in_place(dv)`; gather otherwise). `guard` must be set when some weight of the block
+/// may be 0: those then contribute exactly 0 whatever the value (see [`dec_pv_tile`]). Rows go
+/// in tiles of up to four, columns in tiles of [`DECODE_PV_VECS`]`[R − 1]` vectors. Panics if
+/// a buffer is too small or `v` cannot be read in place.
 ///
 /// [`DECODE_PV_VECS`]: super::blocking::DECODE_PV_VECS
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn decode_pv_block<S: Simd>(
+pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(
     s: S,
     guard: bool,
     p: &[f32],
     ps: usize,
     rows: usize,
     nb: usize,
-    v: Strided<'_>,
+    v: V,
     j0: usize,
     dv: usize,
     o: &mut [f32],
@@ -627,8 +861,7 @@ pub(crate) fn decode_pv_block<S: Simd>(
         return;
     }
     assert!(ps >= nb && p.len() >= (rows - 1) * ps + nb && o.len() >= rows * dv);
-    assert!((v.cs == 1 || dv == 1) && v.covers(j0, nb, dv));
-    let vb = &v.data[v.offset + j0 * v.rs..];
+    assert!(v.in_place(dv) && v.covers(j0, nb, dv));
     let mut r0 = 0;
     while r0 < rows {
         let rt = (rows - r0).min(4);
@@ -636,11 +869,11 @@ pub(crate) fn decode_pv_block<S: Simd>(
         macro_rules! rows {
             ($r:literal) => {
                 if guard {
-                    dec_pv_rows::<S, $r, { W[$r - 1] }, GUARDED>(
-                        s, dv, nb, pt, ps, vb, v.rs, ot, dv,
+                    dec_pv_rows::<S, V, $r, { W[$r - 1] }, GUARDED>(
+                        s, dv, nb, pt, ps, v, j0, ot, dv,
                     )
                 } else {
-                    dec_pv_rows::<S, $r, { W[$r - 1] }, PLAIN>(s, dv, nb, pt, ps, vb, v.rs, ot, dv)
+                    dec_pv_rows::<S, V, $r, { W[$r - 1] }, PLAIN>(s, dv, nb, pt, ps, v, j0, ot, dv)
                 }
             };
         }
@@ -654,19 +887,18 @@ pub(crate) fn decode_pv_block<S: Simd>(
     }
 }
 
-/// Prefetches the cache lines of the row of `n` floats at `data[at..]` (a hint: `at` may lie
-/// past the end).
+/// Prefetches the cache lines of the `n` bytes at `p` (a hint: `p` may lie anywhere).
 #[inline(always)]
-fn prefetch_row(data: &[f32], at: usize, n: usize) {
+fn prefetch_bytes(p: *const u8, n: usize) {
     let mut d = 0;
     while d < n {
-        prefetch_l1_at(data, at.wrapping_add(d));
-        d += LINE_FLOATS;
+        prefetch_l1(p.wrapping_add(d).cast());
+        d += LINE_BYTES;
     }
 }
 
-/// Floats per 64-byte cache line (the prefetch stride).
-const LINE_FLOATS: usize = 16;
+/// Bytes per cache line (the prefetch stride).
+const LINE_BYTES: usize = 64;
 
 /// `max(init, max_j x_j)` with NaN entries ignored (as `if x > m { m = x }` does), vectorised:
 /// the decode path's per-block row maximum. `init` must not be NaN.

@@ -22,11 +22,12 @@
 
 use rayon::prelude::*;
 
-use attn_core::{Result, TensorMut};
+use attn_core::{AnyMut, Element, Result, TensorMut};
 
 use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK};
 use super::blocks::{
-    axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, Strided,
+    axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat,
+    Strided,
 };
 use super::variants::softcap;
 use super::{zeros, Problem};
@@ -48,7 +49,7 @@ struct Partial {
 pub(super) fn run(
     isa: Isa,
     p: &Problem<'_>,
-    o: TensorMut<'_>,
+    o: AnyMut<'_>,
     lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
@@ -75,7 +76,11 @@ pub(super) fn run(
         par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect::<Result<_>>())?
     };
     let acc = zeros("v", Some(p.dv))?;
-    vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc });
+    match o {
+        AnyMut::F32(o) => vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc }),
+        AnyMut::BF16(o) => vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc }),
+        AnyMut::F16(o) => vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc }),
+    }
     Ok(())
 }
 
@@ -93,18 +98,18 @@ fn split(nk: usize) -> (usize, usize) {
 /// [`Kernel`]: the weighted sums of the chunks' output rows are vector FMAs (`axpy`), where
 /// `f32::mul_add` outside the ISA's code would be a call to the software `fmaf` per element,
 /// which cost more than the chunking itself (the same bits either way: a fused multiply-add
-/// is rounded once).
-struct Merge<'r, 'a, 'o> {
+/// is rounded once). Each output value is rounded once to the output type `T`.
+struct Merge<'r, 'a, 'o, T> {
     p: &'r Problem<'a>,
     partials: &'r [Partial],
     chunks: usize,
-    o: TensorMut<'o>,
+    o: TensorMut<'o, T>,
     lse: Option<&'r mut [f32]>,
     /// One output row's weighted sum, `dv` floats.
     acc: Vec<f32>,
 }
 
-impl Kernel for Merge<'_, '_, '_> {
+impl<T: Element> Kernel for Merge<'_, '_, '_, T> {
     type Output = ();
 
     #[inline(always)]
@@ -140,7 +145,7 @@ impl Kernel for Merge<'_, '_, '_> {
                 let (inv, row_lse) = p.finish(h, mx, total);
                 for (d, a) in acc.iter().enumerate() {
                     let idx = o.layout.index(b, h, i, d);
-                    o.data[idx] = a * inv;
+                    o.data[idx] = T::from_f32(a * inv);
                 }
                 if let Some(out) = lse.as_deref_mut() {
                     out[(b * p.hq + h) * p.nq + i] = row_lse;
@@ -164,8 +169,51 @@ struct Chunk<'r, 'a> {
 impl Kernel for Chunk<'_, '_> {
     type Output = Result<Partial>;
 
+    /// Dispatches once on the K/V storage types: K and V of one type are read in place in it
+    /// (bf16/f16 widened, int8 dequantised in registers), whatever strides leave their
+    /// columns contiguous; columns that are not, or K and V of two different types, are
+    /// gathered block by block into f32 (the same values).
     #[inline(always)]
     fn run<S: Simd>(self, s: S) -> Result<Partial> {
+        let (keys, values) = (self.p.keys(self.b, self.kh), self.p.values(self.b, self.kh));
+        let (dk, dv) = (self.p.dk, self.p.dv);
+        let none = None::<Strided<'_>>;
+        match (keys, values) {
+            (KvAny::F32(k), KvAny::F32(v)) => {
+                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            }
+            (KvAny::BF16(k), KvAny::BF16(v)) => {
+                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            }
+            (KvAny::F16(k), KvAny::F16(v)) => {
+                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            }
+            (KvAny::Q8(k), KvAny::Q8(v)) => {
+                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            }
+            _ => self.body(s, keys, values, none, none),
+        }
+    }
+}
+
+/// `m` when the tiles can read its rows (`n` columns) in place.
+#[inline(always)]
+fn in_place<M: KvMat>(m: M, n: usize) -> Option<M> {
+    m.in_place(n).then_some(m)
+}
+
+impl Chunk<'_, '_> {
+    /// The chunk's online softmax with K read from `kin` (in place) or, when `None`, gathered
+    /// from `keys` into f32 block by block; V likewise.
+    #[inline(always)]
+    fn body<S: Simd, K: KvMat, V: KvMat>(
+        self,
+        s: S,
+        keys: KvAny<'_>,
+        values: KvAny<'_>,
+        kin: Option<K>,
+        vin: Option<V>,
+    ) -> Result<Partial> {
         let Chunk { p, b, kh, c0, c1 } = self;
         let (dk, dv, nq) = (p.dk, p.dv, p.nq);
         let rows = p.group * nq;
@@ -180,21 +228,25 @@ impl Kernel for Chunk<'_, '_> {
             let h = kh * p.group + r / nq;
             p.scaled_query(b, h, r % nq, &mut qs[r * dk..(r + 1) * dk]);
         }
-        let (keys, values) = (p.keys(b, kh), p.values(b, kh));
-        // Strided columns: each block is gathered into a contiguous copy first, so the tiles
-        // always read contiguous vectors.
+        // Operands not read in place are gathered block by block into a contiguous f32 copy,
+        // so the tiles always read contiguous vectors.
         let gather = |n: usize, arg| zeros(arg, DECODE_BC.checked_mul(n));
-        let mut kbuf = if keys.cs == 1 { Vec::new() } else { gather(dk, "k")? };
-        let mut vbuf = if values.cs == 1 { Vec::new() } else { gather(dv, "v")? };
+        let mut kbuf = if kin.is_some() { Vec::new() } else { gather(dk, "k")? };
+        let mut vbuf = if vin.is_some() { Vec::new() } else { gather(dv, "v")? };
         let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let mut j0 = c0;
         while j0 < c1 {
             let nb = (c1 - j0).min(DECODE_BC);
-            // Scores of every row against the block's keys: each key row is read once.
-            let (kv, kj) = block(&keys, j0, nb, dk, &mut kbuf);
-            // Value rows read in place are prefetched by the score pass.
-            let pf = (values.cs == 1).then_some((values, j0, dv));
-            decode_qk_block(s, &qs, rows, dk, kv, kj, nb, &mut sb, DECODE_BC, pf);
+            // Scores of every row against the block's keys: each key row is read once. Value
+            // rows read in place are prefetched by the score pass.
+            let pf = vin.is_some().then_some((values, j0, dv));
+            match kin {
+                Some(k) => decode_qk_block(s, &qs, rows, dk, k, j0, nb, &mut sb, DECODE_BC, pf),
+                None => {
+                    let kb = gathered(s, keys, j0, nb, dk, &mut kbuf);
+                    decode_qk_block(s, &qs, rows, dk, kb, 0, nb, &mut sb, DECODE_BC, pf);
+                }
+            }
             if let Some(c) = p.variants.softcap {
                 softcap(s, &mut sb[..rows * DECODE_BC], c);
             }
@@ -233,32 +285,32 @@ impl Kernel for Chunk<'_, '_> {
                 }
             }
             // Values: each value row is read once for all rows.
-            let (vv, vj) = block(&values, j0, nb, dv, &mut vbuf);
-            decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, vv, vj, dv, &mut part.o);
+            match vin {
+                Some(v) => {
+                    decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, v, j0, dv, &mut part.o)
+                }
+                None => {
+                    let vb = gathered(s, values, j0, nb, dv, &mut vbuf);
+                    decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, vb, 0, dv, &mut part.o);
+                }
+            }
             j0 += nb;
         }
         Ok(part)
     }
 }
 
-/// Rows `j0..j0 + nb` of `m` (`n` columns) as a view with contiguous columns and the index of
-/// its first row: `m` itself when its columns are contiguous, else a gathered copy in `buf`
-/// (`nb·n` floats).
-fn block<'t>(
-    m: &Strided<'t>,
+/// Rows `j0..j0 + nb` of `m` (`n` columns) widened or dequantised into `buf` (`nb·n` floats):
+/// a contiguous f32 view whose row 0 is key `j0`.
+#[inline(always)]
+fn gathered<'t, S: Simd>(
+    s: S,
+    m: KvAny<'_>,
     j0: usize,
     nb: usize,
     n: usize,
     buf: &'t mut [f32],
-) -> (Strided<'t>, usize) {
-    if m.cs == 1 || n <= 1 {
-        return (*m, j0);
-    }
-    for (j, dst) in buf[..nb * n].chunks_exact_mut(n).enumerate() {
-        let start = m.offset + (j0 + j) * m.rs;
-        for (c, x) in dst.iter_mut().enumerate() {
-            *x = m.data[start + c * m.cs];
-        }
-    }
-    (Strided { data: &buf[..nb * n], offset: 0, rs: n, cs: 1 }, 0)
+) -> Strided<'t> {
+    m.gather(s, j0, nb, n, buf);
+    Strided { data: &buf[..nb * n], offset: 0, rs: n, cs: 1 }
 }

@@ -21,16 +21,22 @@
 //! The running maximum starts at `f32::MIN` rather than −∞, so `m − m'` and `S_j − m'` are never
 //! `−∞ − (−∞)`: a block where everything so far is masked gives `α = 1` on an empty sum and
 //! `P = e^(−∞) = 0`.
+//!
+//! Element types: a bf16/f16 query tile is widened while it is packed; K and V of any type
+//! other than f32 (bf16, f16, int8) are converted to f32 one key block at a time, into
+//! per-thread scratch, once per task and block (the block then serves the task's QT query
+//! tiles), with the same values the decode tiles read; the output is rounded at the write.
 
 use rayon::prelude::*;
 
-use attn_core::{Error, Result};
+use attn_core::{AnyRef, Error, Result};
 
 use super::blocking::{FlashBlocking, QV};
-use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows, weights};
+use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows, weights, KvAny, Strided};
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{matrix, scale_query, zeros, Problem, FLUSH_WEIGHTS_BELOW};
+use crate::arch::convert::SimdElement;
 use crate::arch::{load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
 use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7_scalar};
@@ -56,12 +62,21 @@ pub(super) struct Scratch {
     l: Vec<f32>,
     /// Rescale factors of the tile being processed.
     alpha: Vec<f32>,
+    /// One key block and one value block converted to f32 (`BC·dk`, `BC·dv` floats), when K
+    /// or V is stored in another type; empty otherwise.
+    kb: Vec<f32>,
+    vb: Vec<f32>,
 }
 
 impl Scratch {
     /// The scratch of one thread, or an error when `dk` or `dv` (which a zero-stride operand
     /// can make huge) asks for more than can be allocated.
-    fn new(dk: usize, dv: usize, fb: FlashBlocking) -> Result<Self> {
+    fn new(p: &Problem<'_>, fb: FlashBlocking) -> Result<Self> {
+        let (dk, dv) = (p.dk, p.dv);
+        let convert = |kv: &attn_core::KvRef<'_>, d: usize, arg| match kv {
+            attn_core::KvRef::F32(_) => Ok(Vec::new()),
+            _ => zeros(arg, fb.bc.checked_mul(d)),
+        };
         let tiles = |d: usize, n: usize| d.checked_mul(n).and_then(|x| x.checked_mul(MAX_QR));
         let (mut qp, mut s) = (AlignedBuf::default(), AlignedBuf::default());
         if !tiles(dk, fb.qt).is_some_and(|n| qp.try_grow(n)) || !s.try_grow(fb.bc * MAX_QR) {
@@ -78,6 +93,8 @@ impl Scratch {
             m: vec![0.0; fb.qt * MAX_QR],
             l: vec![0.0; fb.qt * MAX_QR],
             alpha: vec![0.0; MAX_QR],
+            kb: convert(&p.k, dk, "k")?,
+            vb: convert(&p.v, dv, "v")?,
         })
     }
 }
@@ -95,13 +112,13 @@ pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) 
     let tasks = p.batch.saturating_mul(p.hq).saturating_mul(groups);
     let task = |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups, fb });
     if par.count() == 1 || tasks == 1 {
-        let mut scr = Scratch::new(p.dk, p.dv, fb)?;
+        let mut scr = Scratch::new(p, fb)?;
         (0..tasks).for_each(|t| task(&mut scr, t));
         Ok(())
     } else {
         par.install(|| {
             (0..tasks).into_par_iter().with_min_len(1).try_for_each_init(
-                || Scratch::new(p.dk, p.dv, fb),
+                || Scratch::new(p, fb),
                 |scr, t| {
                     task(scr.as_mut().map_err(|e| e.clone())?, t);
                     Ok(())
@@ -142,20 +159,17 @@ impl Kernel for Task<'_, '_, '_> {
 
         // 1. Packed, pre-scaled query tiles; fresh online-softmax states.
         let qps = scr.qp.get(qt * dk * qr);
-        let qm = matrix(&p.q.layout, b, h);
-        let (scale, cs) = (p.scale2, qm.col_stride);
+        let qm = matrix(p.q.layout(), b, h);
         for u in 0..tiles {
             let ((i0, rows), qp) = (tile(u), &mut qps[u * dk * qr..(u + 1) * dk * qr]);
             if rows < qr {
                 qp.fill(0.0);
             }
-            // Row by row: one index computation per row, a stride per element (the windowed
-            // tiles, which see only a few blocks, spent 5 % of their time here).
-            for r in 0..rows {
-                let at = qm.index(i0 + r, 0);
-                for d in 0..dk {
-                    qp[d * qr + r] = scale_query(p.q.data[at + d * cs], scale);
-                }
+            let pack = (qm, i0, rows, dk, qr, p.scale2);
+            match p.q {
+                AnyRef::F32(q) => pack_tile(q.data, pack, qp),
+                AnyRef::BF16(q) => pack_tile(q.data, pack, qp),
+                AnyRef::F16(q) => pack_tile(q.data, pack, qp),
             }
         }
         scr.m[..tiles * qr].fill(f32::MIN);
@@ -171,6 +185,12 @@ impl Kernel for Task<'_, '_, '_> {
         let mut j0 = p.key_start(g0);
         while j0 < kend_task {
             let nb_task = (kend_task - j0).min(bc);
+            // The block's K and V as f32: in place, or converted once for all the tiles (as
+            // the keys of the block `js..je` a tile visits lie inside `j0..j0 + nb_task`).
+            let (kblk, vblk) = (
+                block_f32(s, keys, j0, nb_task, dk, &mut scr.kb),
+                block_f32(s, values, j0, nb_task, dv, &mut scr.vb),
+            );
             for u in 0..tiles {
                 let (i0, rows) = tile(u);
                 // The tile's keys in this block, `js..je`: its causal diagonal or window trims
@@ -183,7 +203,8 @@ impl Kernel for Task<'_, '_, '_> {
                 }
                 let nb = je - js;
                 let sb = scr.s.get(nb * qr);
-                qk_block(s, &qps[u * dk * qr..(u + 1) * dk * qr], dk, keys, js, nb, sb);
+                let qpu = &qps[u * dk * qr..(u + 1) * dk * qr];
+                qk_block(s, qpu, dk, kblk.0, js - kblk.1, nb, sb);
                 if let Some(c) = p.variants.softcap {
                     softcap(s, sb, c);
                 }
@@ -193,7 +214,8 @@ impl Kernel for Task<'_, '_, '_> {
                     (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);
                 let guard = softmax_step(s, sb, nb, m, lsum, &mut scr.alpha[..qr]);
                 let oacc = &mut scr.o[u * dv * qr..(u + 1) * dv * qr];
-                pv_block(s, guard, sb, nb, values, js, dv, &scr.alpha, oacc, &mut scr.save);
+                let (vm, vj) = (vblk.0, js - vblk.1);
+                pv_block(s, guard, sb, nb, vm, vj, dv, &scr.alpha, oacc, &mut scr.save);
             }
             j0 += nb_task;
         }
@@ -206,6 +228,47 @@ impl Kernel for Task<'_, '_, '_> {
                 let (inv, lse) = p.finish(h, scr.m[u * qr + r], scr.l[u * qr + r]);
                 sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv);
             }
+        }
+    }
+}
+
+/// Packs query rows `i0..i0 + rows` of the `[nq, dk]` matrix `qm` of `data` into the tile
+/// `qp` (`qp[d·QR + r]`), widened to f32 and pre-scaled ([`scale_query`]). Row by row: one
+/// index computation per row, a stride per element (the windowed tiles, which see only a few
+/// blocks, spent 5 % of their time here).
+#[inline(always)]
+fn pack_tile<T: SimdElement>(
+    data: &[T],
+    (qm, i0, rows, dk, qr, scale): (attn_core::MatLayout, usize, usize, usize, usize, f32),
+    qp: &mut [f32],
+) {
+    let cs = qm.col_stride;
+    for r in 0..rows {
+        let at = qm.index(i0 + r, 0);
+        for d in 0..dk {
+            qp[d * qr + r] = scale_query(data[at + d * cs].widen(), scale);
+        }
+    }
+}
+
+/// Rows `j0..j0 + nb` (`n` columns) of a K or V matrix as an f32 operand of the block
+/// products, and the key whose row is its row 0 (subtract it from key indices): an f32 matrix
+/// itself (any strides, key 0), any other type converted into `buf` (sized `BC·n` by
+/// [`Scratch::new`], key `j0`).
+#[inline(always)]
+fn block_f32<'t, S: Simd>(
+    s: S,
+    m: KvAny<'t>,
+    j0: usize,
+    nb: usize,
+    n: usize,
+    buf: &'t mut [f32],
+) -> (Strided<'t>, usize) {
+    match m {
+        KvAny::F32(m) => (m, 0),
+        _ => {
+            m.gather(s, j0, nb, n, buf);
+            (Strided { data: &buf[..nb * n], offset: 0, rs: n, cs: 1 }, j0)
         }
     }
 }

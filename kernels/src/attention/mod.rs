@@ -20,7 +20,7 @@
 //!
 //! [`Path::Auto`] (the default) picks the decode path for `Nq ≤ 16` and the flash path
 //! otherwise. Every path has the semantics, checks and errors of
-//! `attn_reference::attention::attention` (they share [`check_attention`]): any strides (so
+//! `attn_reference::attention::attention` (they share [`check_attention`](attn_core::check_attention)): any strides (so
 //! `[b, s, h, d]` and `[b, h, s, d]` storage both work without copies), `Nq ≠ Nk`, `d_k ≠ d_v`,
 //! GQA/MQA (query head `h` reads K/V head `h / (H_q / H_kv)`, no copies), every [`Mask`]; a
 //! fully masked row gives zeros and logsumexp −∞; `Nq = 0` or `Nk = 0` are fine. A call with
@@ -63,14 +63,16 @@ mod sink;
 mod unfused;
 mod variants;
 
-use attn_core::attention::check_attention;
+use attn_core::attention::check_attention_any;
 use attn_core::{
-    default_scale, Error, Mask, MatLayout, Result, Tensor4Layout, TensorMut, TensorRef, Variants,
+    default_scale, AnyMut, AnyRef, Element, Error, KvRef, Mask, MatLayout, Result, Tensor4Layout,
+    TensorRef, Variants,
 };
 
+use crate::arch::convert::SimdElement;
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
-use blocks::Strided;
+use blocks::{KvAny, Q8Mat, Strided};
 
 pub use additive::{AdditiveAttention, AdditiveWeights};
 
@@ -168,6 +170,21 @@ impl Path {
 /// The softcap's tanh adds its [`TANH_MAX_ULP`](crate::math::TANH_MAX_ULP) to each capped
 /// score; the ALiBi term is `slope·(j − i − off)` rounded once in f32.
 ///
+/// **Element types.** Q and the output are f32, bf16 or f16 views (`TensorRef<'_, bf16>`, …),
+/// K and V any of those or an int8 cache ([`Q8Ref`](attn_core::Q8Ref): blocks of 32 along `d`,
+/// one f32 scale each), every combination on every path; an f32 view converts by `Into`, so
+/// f32 callers write nothing new. The result is the f32 computation on the exact values the
+/// operands represent (half types widened exactly, an int8 element `q` of scale `s` read as
+/// `fl(q·s)`, within `2⁻²⁴` relative of `q·s`): scores, softmax and weighted sums in f32, the
+/// bound of the f32 call; the output is then rounded once to its type (nearest, ties to
+/// even: half an ULP more, at most `2⁻⁸` relative for bf16, `2⁻¹¹` for f16), so an f16 output
+/// overflows to `±∞` where the f32 result reaches 65520 (bf16 near `f32::MAX`). The logsumexp
+/// stays f32. Decode reads bf16/f16/int8 K/V in place and widens (or dequantises) in
+/// registers; flash and unfused convert K/V to f32 one key block (flash) or head (unfused) at
+/// a time. K and V of different types, or with non-contiguous columns, are converted block by
+/// block on the decode path too. Scales are checked for shape and bounds (`k_scales`,
+/// `v_scales`), not values: a scale of 0, `±∞` or NaN acts as the f32 values it produces.
+///
 /// **Growing.** New settings are new methods with a default that leaves every existing call as
 /// it is, never a new function per combination; varlen batches as a method taking
 /// `cu_seqlens_q`/`cu_seqlens_k`; a paged KV cache as a method taking the block table, with
@@ -177,9 +194,9 @@ impl Path {
 #[derive(Debug)]
 #[must_use = "an attention problem computes nothing until `run`"]
 pub struct Attention<'a> {
-    q: TensorRef<'a>,
-    k: TensorRef<'a>,
-    v: TensorRef<'a>,
+    q: AnyRef<'a>,
+    k: KvRef<'a>,
+    v: KvRef<'a>,
     /// `None`: `default_scale(dk)`.
     scale: Option<f32>,
     mask: Mask<'a>,
@@ -193,12 +210,14 @@ pub struct Attention<'a> {
 
 impl<'a> Attention<'a> {
     /// The problem over these operands, every setting at its default (see [`Attention`]).
-    /// Nothing is checked until [`run`](Self::run).
-    pub fn new(q: TensorRef<'a>, k: TensorRef<'a>, v: TensorRef<'a>) -> Self {
+    /// Nothing is checked until [`run`](Self::run). Each operand may be a [`TensorRef`] of
+    /// `f32`, `bf16` or `f16`, and K and V also a [`Q8Ref`](attn_core::Q8Ref) (see
+    /// "Element types" in [`Attention`]).
+    pub fn new(q: impl Into<AnyRef<'a>>, k: impl Into<KvRef<'a>>, v: impl Into<KvRef<'a>>) -> Self {
         Attention {
-            q,
-            k,
-            v,
+            q: q.into(),
+            k: k.into(),
+            v: v.into(),
             scale: None,
             mask: Mask::None,
             lse: None,
@@ -289,38 +308,37 @@ impl<'a> Attention<'a> {
     /// Checks the problem against the output `o: [batch, hq, nq, dv]` and computes it into `o`
     /// (and the logsumexps, if asked). Nothing is written when a check fails.
     ///
-    /// Errors: an unsupported [`isa`](Self::isa) first, then those of [`check_attention`]
+    /// Errors: an unsupported [`isa`](Self::isa) first, then those of [`check_attention_any`]
     /// (shapes, bounds, aliasing output, zero heads, K/V heads not dividing query heads,
     /// non-finite scale, `lse` length), then those of [`Variants::check`] (softcap, the
     /// length and finiteness of sinks and slopes), the same errors as the reference's for the
     /// same operands; and `InvalidParameter` when the per-thread scratch (a few query tiles of
     /// `d_k` and `d_v` floats) cannot be allocated, which only a broadcast operand declaring an
     /// absurd head dimension can cause (the output is then unspecified).
-    pub fn run(mut self, o: TensorMut<'_>) -> Result<()> {
+    pub fn run<'o>(mut self, o: impl Into<AnyMut<'o>>) -> Result<()> {
+        let o = o.into();
         let isa = self.isa.unwrap_or_else(arch::selected).require()?;
-        let path = self.path.resolve(self.q.layout.seq());
+        let path = self.path.resolve(self.q.layout().seq());
         let par = self.par;
         let mut lse = self.lse.take();
         let p = Problem::new(&self, &o, lse.as_deref())?;
-        if p.trivial(&o, lse.as_deref_mut()) {
+        if p.trivial(o.layout(), lse.as_deref_mut()) {
             return Ok(());
         }
         match path {
             Path::Decode => decode::run(isa, &p, o, lse, par),
-            Path::Unfused => unfused::run(isa, &p, &sink::Sink::new(o.data, o.layout, lse), par),
+            Path::Unfused => unfused::run(isa, &p, &sink::Sink::new_any(o, lse), par),
             // `Auto` is resolved above.
-            Path::Flash | Path::Auto => {
-                flash::run(isa, &p, &sink::Sink::new(o.data, o.layout, lse), par)
-            }
+            Path::Flash | Path::Auto => flash::run(isa, &p, &sink::Sink::new_any(o, lse), par),
         }
     }
 }
 
 /// A checked attention problem: operands, sizes and mask.
 pub(crate) struct Problem<'a> {
-    q: TensorRef<'a>,
-    k: TensorRef<'a>,
-    v: TensorRef<'a>,
+    q: AnyRef<'a>,
+    k: KvRef<'a>,
+    v: KvRef<'a>,
     mask: &'a Mask<'a>,
     /// The score scale, folded into the packed queries.
     scale2: f32,
@@ -339,12 +357,12 @@ pub(crate) struct Problem<'a> {
 }
 
 impl<'a> Problem<'a> {
-    /// The operands of `a`, checked against the output `o` and `lse` by [`check_attention`],
-    /// with the default scale resolved.
-    fn new(a: &'a Attention<'_>, o: &TensorMut<'_>, lse: Option<&[f32]>) -> Result<Self> {
-        let scale = a.scale.unwrap_or_else(|| default_scale(a.q.layout.dims[3]));
+    /// The operands of `a`, checked against the output `o` and `lse` by
+    /// [`check_attention_any`], with the default scale resolved.
+    fn new(a: &'a Attention<'_>, o: &AnyMut<'_>, lse: Option<&[f32]>) -> Result<Self> {
+        let scale = a.scale.unwrap_or_else(|| default_scale(a.q.layout().dims[3]));
         let [batch, hq, hkv, nq, nk, dk, dv] =
-            check_attention(&a.q, &a.k, &a.v, scale, &a.mask, o, lse)?;
+            check_attention_any(&a.q, &a.k, &a.v, scale, &a.mask, o, lse)?;
         a.variants.check(hq)?;
         Ok(Problem {
             variants: a.variants,
@@ -374,9 +392,9 @@ impl<'a> Problem<'a> {
     /// proportion to a dimension whose product with a zero one is empty: the loop below runs
     /// over the `lse` slice, and over the keys only to read a keep-mask or bias, which has
     /// that many (broadcast) elements.
-    fn trivial(&self, o: &TensorMut<'_>, lse: Option<&mut [f32]>) -> bool {
+    fn trivial(&self, o: &Tensor4Layout, lse: Option<&mut [f32]>) -> bool {
         let lse = lse.filter(|l| !l.is_empty());
-        if o.layout.is_empty() && lse.is_none() {
+        if o.is_empty() && lse.is_none() {
             return true;
         }
         let Some(out) = lse else { return false };
@@ -415,16 +433,14 @@ impl<'a> Problem<'a> {
         true
     }
 
-    /// Keys of K/V head `kh` of batch `b` as a `[nk, dk]` strided matrix.
-    fn keys(&self, b: usize, kh: usize) -> Strided<'a> {
-        let m = matrix(&self.k.layout, b, kh);
-        Strided { data: self.k.data, offset: m.offset, rs: m.row_stride, cs: m.col_stride }
+    /// Keys of K/V head `kh` of batch `b` as a `[nk, dk]` strided matrix of their type.
+    fn keys(&self, b: usize, kh: usize) -> KvAny<'a> {
+        kv_matrix(&self.k, b, kh)
     }
 
-    /// Values of K/V head `kh` of batch `b` as a `[nk, dv]` strided matrix.
-    fn values(&self, b: usize, kh: usize) -> Strided<'a> {
-        let m = matrix(&self.v.layout, b, kh);
-        Strided { data: self.v.data, offset: m.offset, rs: m.row_stride, cs: m.col_stride }
+    /// Values of K/V head `kh` of batch `b` as a `[nk, dv]` strided matrix of their type.
+    fn values(&self, b: usize, kh: usize) -> KvAny<'a> {
+        kv_matrix(&self.v, b, kh)
     }
 
     /// Exclusive end of the keys any of the queries `0..=i_last` may see: `nk`, cut at the
@@ -586,10 +602,57 @@ impl<'a> Problem<'a> {
         }
     }
 
-    /// Query row `(b, h, i)` times `scale`, into `out[..dk]` (see [`scale_query`]).
+    /// Query row `(b, h, i)` widened to f32 and times `scale`, into `out[..dk]` (see
+    /// [`scale_query`]).
     fn scaled_query(&self, b: usize, h: usize, i: usize, out: &mut [f32]) {
-        for (d, x) in out[..self.dk].iter_mut().enumerate() {
-            *x = scale_query(self.q.at(b, h, i, d), self.scale2);
+        fn row<T: SimdElement>(
+            q: &TensorRef<'_, T>,
+            b: usize,
+            h: usize,
+            i: usize,
+            scale: f32,
+            out: &mut [f32],
+        ) {
+            for (d, x) in out.iter_mut().enumerate() {
+                *x = scale_query(q.at(b, h, i, d).widen(), scale);
+            }
+        }
+        let out = &mut out[..self.dk];
+        match &self.q {
+            AnyRef::F32(q) => row(q, b, h, i, self.scale2, out),
+            AnyRef::BF16(q) => row(q, b, h, i, self.scale2, out),
+            AnyRef::F16(q) => row(q, b, h, i, self.scale2, out),
+        }
+    }
+}
+
+/// K/V head `kh` of batch `b` of `t` as a strided matrix of its storage type (the scales of a
+/// quantised one as a second matrix, `[nk, ⌈d/32⌉]`).
+fn kv_matrix<'a>(t: &KvRef<'a>, b: usize, kh: usize) -> KvAny<'a> {
+    fn strided<'a, T: Element>(t: &TensorRef<'a, T>, b: usize, kh: usize) -> Strided<'a, T> {
+        let m = matrix(&t.layout, b, kh);
+        Strided { data: t.data, offset: m.offset, rs: m.row_stride, cs: m.col_stride }
+    }
+    match t {
+        KvRef::F32(t) => KvAny::F32(strided(t, b, kh)),
+        KvRef::BF16(t) => KvAny::BF16(strided(t, b, kh)),
+        KvRef::F16(t) => KvAny::F16(strided(t, b, kh)),
+        KvRef::Q8(q) => {
+            let (v, s) = (matrix(&q.values.layout, b, kh), matrix(&q.scales.layout, b, kh));
+            KvAny::Q8(Q8Mat {
+                v: Strided {
+                    data: q.values.data,
+                    offset: v.offset,
+                    rs: v.row_stride,
+                    cs: v.col_stride,
+                },
+                sc: Strided {
+                    data: q.scales.data,
+                    offset: s.offset,
+                    rs: s.row_stride,
+                    cs: s.col_stride,
+                },
+            })
         }
     }
 }

@@ -12,11 +12,20 @@
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use attn_core::Tensor4Layout;
+use attn_core::{bf16, f16, AnyMut, Element, Tensor4Layout};
+
+/// The output's elements, of whichever type: rows are written as f32 values rounded once to
+/// it (nearest, ties to even; see [`Element::from_f32`]).
+#[derive(Clone, Copy)]
+enum Out {
+    F32(*mut f32),
+    BF16(*mut bf16),
+    F16(*mut f16),
+}
 
 /// Row writer over the output tensor and the logsumexp vector.
 pub(crate) struct Sink<'a> {
-    o: *mut f32,
+    o: Out,
     o_len: usize,
     layout: Tensor4Layout,
     lse: *mut f32,
@@ -38,13 +47,33 @@ impl<'a> Sink<'a> {
     /// Wraps the output (already checked by `check_attention`) and the optional logsumexp
     /// vector of `batch·heads·nq` floats.
     pub(crate) fn new(o: &'a mut [f32], layout: Tensor4Layout, lse: Option<&'a mut [f32]>) -> Self {
+        Self::with(Out::F32(o.as_mut_ptr()), o.len(), layout, lse)
+    }
+
+    /// [`new`](Self::new) for an output of any element type.
+    pub(crate) fn new_any(o: AnyMut<'a>, lse: Option<&'a mut [f32]>) -> Self {
+        match o {
+            AnyMut::F32(t) => {
+                Self::with(Out::F32(t.data.as_mut_ptr()), t.data.len(), t.layout, lse)
+            }
+            AnyMut::BF16(t) => {
+                Self::with(Out::BF16(t.data.as_mut_ptr()), t.data.len(), t.layout, lse)
+            }
+            AnyMut::F16(t) => {
+                Self::with(Out::F16(t.data.as_mut_ptr()), t.data.len(), t.layout, lse)
+            }
+        }
+    }
+
+    /// The sink over `o_len` output elements at `o` (borrowed for `'a` by the caller).
+    fn with(o: Out, o_len: usize, layout: Tensor4Layout, lse: Option<&'a mut [f32]>) -> Self {
         let (lse, lse_len) = match lse {
             Some(l) => (l.as_mut_ptr(), l.len()),
             None => (std::ptr::null_mut(), 0),
         };
         Sink {
-            o: o.as_mut_ptr(),
-            o_len: o.len(),
+            o,
+            o_len,
             layout,
             lse,
             lse_len,
@@ -80,17 +109,37 @@ impl<'a> Sink<'a> {
             !self.written[row].swap(true, Ordering::Relaxed),
             "row ({b}, {h}, {i}) written twice"
         );
-        for d in 0..dv {
-            let idx = self.layout.index(b, h, i, d);
-            assert!(idx < self.o_len);
-            // SAFETY: in bounds (checked); this call claimed the row above, so no other write of
-            // it can happen, and the view is injective, so no other row maps to this element.
-            unsafe { *self.o.add(idx) = value(d) };
+        match self.o {
+            Out::F32(o) => self.put(o, b, h, i, dv, value),
+            Out::BF16(o) => self.put(o, b, h, i, dv, value),
+            Out::F16(o) => self.put(o, b, h, i, dv, value),
         }
         if !self.lse.is_null() {
             assert!(row < self.lse_len);
             // SAFETY: in bounds; entry (b, h, i) belongs to this row only, claimed above.
             unsafe { *self.lse.add(row) = lse };
+        }
+    }
+}
+
+impl Sink<'_> {
+    /// The elements of row `(b, h, i)`, claimed by the caller, rounded to `T` at `o`.
+    #[inline(always)]
+    fn put<T: Element>(
+        &self,
+        o: *mut T,
+        b: usize,
+        h: usize,
+        i: usize,
+        dv: usize,
+        value: impl Fn(usize) -> f32,
+    ) {
+        for d in 0..dv {
+            let idx = self.layout.index(b, h, i, d);
+            assert!(idx < self.o_len);
+            // SAFETY: in bounds (checked); the caller claimed the row, so no other write of it
+            // can happen, and the view is injective, so no other row maps to this element.
+            unsafe { *o.add(idx) = T::from_f32(value(d)) };
         }
     }
 }

@@ -2,13 +2,14 @@
 //! (`Nq × Nk`, one SGEMM, then the scale), apply the mask and a row softmax in place, then
 //! `O = P·V` (a second SGEMM) and divide each row by its sum. It needs `Nq·(Nk + dv)` floats per task, which is the
 //! point of comparison with the flash path; it is kept for equivalence tests and benchmarks,
-//! not for production use.
+//! not for production use. Operands stored in another type than f32 (bf16, f16, int8 K/V)
+//! are converted to f32 per head first, the same values the other paths read.
 
 use rayon::prelude::*;
 
-use attn_core::{MatLayout, MatMut, MatRef, Result};
+use attn_core::{AnyRef, MatLayout, MatMut, MatRef, Result};
 
-use super::blocks::{axpy, exp_row, pos_inf_weights};
+use super::blocks::{axpy, exp_row, pos_inf_weights, KvAny, Strided};
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{matrix, row_of, zeros, Problem};
@@ -44,8 +45,30 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     //    the SGEMM's α: α = 0 skips the product (BLAS), where the reference's scale·(q·k) is
     //    NaN for an infinite q·k.
     let mut sc = zeros("k", nq.checked_mul(nk))?;
-    let q = MatRef::new(p.q.data, matrix(&p.q.layout, b, h));
-    let kt = MatRef::new(p.k.data, matrix(&p.k.layout, b, kh).transposed());
+    let dk = p.dk;
+    let qbuf;
+    let q = match p.q {
+        AnyRef::F32(q) => MatRef::new(q.data, matrix(&q.layout, b, h)),
+        _ => {
+            let mut buf = zeros("q", nq.checked_mul(dk))?;
+            for (i, row) in buf.chunks_exact_mut(dk.max(1)).enumerate().take(nq) {
+                for (d, x) in row[..dk].iter_mut().enumerate() {
+                    *x = p.q.at_f64(b, h, i, d) as f32; // exact: an f32 value widened
+                }
+            }
+            qbuf = buf;
+            MatRef::row_major(&qbuf, nq, dk)
+        }
+    };
+    let kbuf;
+    let ks = match p.keys(b, kh) {
+        KvAny::F32(m) => m,
+        other => {
+            kbuf = widen_head(isa, other, nk, dk)?;
+            Strided { data: &kbuf, offset: 0, rs: dk, cs: 1 }
+        }
+    };
+    let kt = MatRef::new(ks.data, MatLayout::strided(nk, dk, ks.rs, ks.cs, ks.offset).transposed());
     sgemm_with_isa(isa, 1.0, q, kt, 0.0, MatMut::row_major(&mut sc, nq, nk), par)?;
     // 2. Mask and softmax rows (unnormalised; each row keeps its max and sum).
     let (maxes, sums) = vectorize(isa, SoftmaxRows { p, b, h, sc: &mut sc });
@@ -55,14 +78,21 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
     //    weights row by row instead (vectorised along dv; this path is for tests and benches).
     let mut o = zeros("v", nq.checked_mul(dv))?;
     if nk > 0 && dv > 0 {
-        let vs = p.values(b, kh);
+        let vbuf;
+        let vs = match p.values(b, kh) {
+            KvAny::F32(m) => m,
+            other => {
+                vbuf = widen_head(isa, other, nk, dv)?;
+                Strided { data: &vbuf, offset: 0, rs: dv, cs: 1 }
+            }
+        };
         let mut tmp = vec![0.0f32; dv];
         let nonfinite_v =
             (0..nk).any(|j| row_of(&vs, j, dv, &mut tmp).iter().any(|x| !x.is_finite()));
         if nonfinite_v && sc.contains(&0.0) {
-            vectorize(isa, SkipZeroPv { p, b, kh, sc: &sc, o: &mut o });
+            vectorize(isa, SkipZeroPv { p, values: vs, sc: &sc, o: &mut o });
         } else {
-            let v = MatRef::new(p.v.data, matrix(&p.v.layout, b, kh));
+            let v = MatRef::new(vs.data, MatLayout::strided(nk, dv, vs.rs, vs.cs, vs.offset));
             let pm = MatRef::new(&sc, MatLayout::row_major(nq, nk));
             sgemm_with_isa(isa, 1.0, pm, v, 0.0, MatMut::row_major(&mut o, nq, dv), par)?;
         }
@@ -117,12 +147,36 @@ impl Kernel for SoftmaxRows<'_, '_> {
     }
 }
 
+/// All `nk` rows (`n` columns) of a K/V head of another type than f32, converted to a
+/// contiguous f32 matrix.
+fn widen_head(isa: Isa, m: KvAny<'_>, nk: usize, n: usize) -> Result<Vec<f32>> {
+    let mut buf = zeros("k", nk.checked_mul(n))?;
+    vectorize(isa, WidenHead { m, nk, n, buf: &mut buf });
+    Ok(buf)
+}
+
+/// The body of [`widen_head`].
+struct WidenHead<'r, 'a> {
+    m: KvAny<'a>,
+    nk: usize,
+    n: usize,
+    buf: &'r mut [f32],
+}
+
+impl Kernel for WidenHead<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        self.m.gather(s, 0, self.nk, self.n, self.buf);
+    }
+}
+
 /// `O = P·V` for one head skipping zero weights (`o` is `nq × dv`, zeroed), for heads whose V
 /// has non-finite values.
 struct SkipZeroPv<'r, 'a> {
     p: &'r Problem<'a>,
-    b: usize,
-    kh: usize,
+    values: Strided<'r>,
     sc: &'r [f32],
     o: &'r mut [f32],
 }
@@ -132,9 +186,8 @@ impl Kernel for SkipZeroPv<'_, '_> {
 
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        let SkipZeroPv { p, b, kh, sc, o } = self;
+        let SkipZeroPv { p, values, sc, o } = self;
         let (nk, dv) = (p.nk, p.dv);
-        let values = p.values(b, kh);
         let mut tmp = vec![0.0f32; dv];
         for (prow, orow) in sc.chunks_exact(nk).zip(o.chunks_exact_mut(dv)) {
             for (j, &w) in prow.iter().enumerate() {
