@@ -26,9 +26,9 @@
 //! `u ≤ u_T` for the half types; for f32 output the existing harness's rule applies).
 
 use attn_kernels::attention::{Attention, Path};
-use attn_kernels::{bf16, f16, Error, Isa, Parallelism, Q8Ref, Tensor4Layout};
+use attn_kernels::{alibi_slopes, bf16, f16, Error, Isa, Parallelism, Q8Ref, Tensor4Layout};
 use attn_reference::{TensorMut, TensorRef};
-use attn_tests::attention_support::{compare, with_lse, Case, MaskKind};
+use attn_tests::attention_support::{compare, with_lse, Case, MaskKind, Rng};
 use proptest::prelude::*;
 
 /// Storage type of one operand in a test combination.
@@ -255,10 +255,21 @@ fn small_case() -> impl Strategy<Value = Case> {
         any::<bool>(),
         prop::sample::select(vec![0usize, 3]),
         mask_kind(),
+        any::<u8>(),
     )
-        .prop_map(|(seed, batch, (hkv, group), nq, nk, d, bshd, pad, mask)| {
+        .prop_map(|(seed, batch, (hkv, group), nq, nk, d, bshd, pad, mask, var)| {
             let dv = if seed % 3 == 0 { 32 } else { d };
-            Case::new(seed, batch, hkv, group, nq, nk, d, dv, bshd, pad, mask, 2.0)
+            let mut c = Case::new(seed, batch, hkv, group, nq, nk, d, dv, bshd, pad, mask, 2.0);
+            // The variants (issue 22) with every element type: each bit of `var` sets one.
+            let mut rng = Rng::new(seed ^ 0xD7E5);
+            let hq = c.hq;
+            c.variants.window =
+                (var & 1 != 0).then_some((usize::from(var >> 4) * 5, var as usize % 3));
+            c.variants.softcap = (var & 2 != 0).then_some(5.0);
+            c.variants.sinks =
+                (var & 4 != 0).then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect());
+            c.variants.alibi = (var & 8 != 0).then(|| alibi_slopes(hq));
+            c
         })
 }
 

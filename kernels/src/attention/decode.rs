@@ -169,50 +169,96 @@ struct Chunk<'r, 'a> {
 impl Kernel for Chunk<'_, '_> {
     type Output = Result<Partial>;
 
-    /// Dispatches once on the K/V storage types: K and V of one type are read in place in it
-    /// (bf16/f16 widened, int8 dequantised in registers), whatever strides leave their
-    /// columns contiguous; columns that are not, or K and V of two different types, are
-    /// gathered block by block into f32 (the same values).
+    /// Dispatches once on the K/V storage types: K and V of one type whose columns are
+    /// contiguous are read in place in it (bf16/f16 widened, int8 dequantised in registers);
+    /// otherwise (strided columns, or K and V of two types) both are gathered block by block
+    /// into f32 (the same values). One body per source pair, so each ISA compiles five bodies,
+    /// each with one set of tiles.
     #[inline(always)]
     fn run<S: Simd>(self, s: S) -> Result<Partial> {
         let (keys, values) = (self.p.keys(self.b, self.kh), self.p.values(self.b, self.kh));
         let (dk, dv) = (self.p.dk, self.p.dv);
-        let none = None::<Strided<'_>>;
         match (keys, values) {
-            (KvAny::F32(k), KvAny::F32(v)) => {
-                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            (KvAny::F32(k), KvAny::F32(v)) if k.in_place(dk) && v.in_place(dv) => {
+                self.body(s, values, InPlace(k), InPlace(v))
             }
-            (KvAny::BF16(k), KvAny::BF16(v)) => {
-                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
+                self.body(s, values, InPlace(k), InPlace(v))
             }
-            (KvAny::F16(k), KvAny::F16(v)) => {
-                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            (KvAny::F16(k), KvAny::F16(v)) if k.in_place(dk) && v.in_place(dv) => {
+                self.body(s, values, InPlace(k), InPlace(v))
             }
-            (KvAny::Q8(k), KvAny::Q8(v)) => {
-                self.body(s, keys, values, in_place(k, dk), in_place(v, dv))
+            (KvAny::Q8(k), KvAny::Q8(v)) if k.in_place(dk) && v.in_place(dv) => {
+                self.body(s, values, InPlace(k), InPlace(v))
             }
-            _ => self.body(s, keys, values, none, none),
+            _ => self.body(s, values, Gather::new(keys, dk, "k")?, Gather::new(values, dv, "v")?),
         }
     }
 }
 
-/// `m` when the tiles can read its rows (`n` columns) in place.
-#[inline(always)]
-fn in_place<M: KvMat>(m: M, n: usize) -> Option<M> {
-    m.in_place(n).then_some(m)
+/// Where a task's key (or value) blocks come from: the matrix itself, read in place, or an
+/// f32 copy gathered block by block.
+trait Blocks {
+    /// The matrix the tiles read.
+    type M<'b>: KvMat
+    where
+        Self: 'b;
+    /// Whether the rows are read in place (their later rows can be prefetched).
+    const IN_PLACE: bool;
+    /// Rows `j0..j0 + nb` as a matrix and the index of row `j0` in it.
+    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> (Self::M<'_>, usize);
+}
+
+/// A matrix read in place.
+struct InPlace<K>(K);
+
+impl<K: KvMat> Blocks for InPlace<K> {
+    type M<'b>
+        = K
+    where
+        Self: 'b;
+    const IN_PLACE: bool = true;
+    #[inline(always)]
+    fn block<S: Simd>(&mut self, _: S, j0: usize, _: usize) -> (K, usize) {
+        (self.0, j0)
+    }
+}
+
+/// A matrix (`n` columns, any type and strides) gathered into a contiguous f32 block.
+struct Gather<'a> {
+    m: KvAny<'a>,
+    n: usize,
+    buf: Vec<f32>,
+}
+
+impl<'a> Gather<'a> {
+    /// Allocated fallibly: `n` can be huge for a zero-stride operand.
+    fn new(m: KvAny<'a>, n: usize, arg: &'static str) -> Result<Self> {
+        Ok(Gather { m, n, buf: zeros(arg, DECODE_BC.checked_mul(n))? })
+    }
+}
+
+impl Blocks for Gather<'_> {
+    type M<'b>
+        = Strided<'b>
+    where
+        Self: 'b;
+    const IN_PLACE: bool = false;
+    #[inline(always)]
+    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> (Strided<'_>, usize) {
+        (gathered(s, self.m, j0, nb, self.n, &mut self.buf), 0)
+    }
 }
 
 impl Chunk<'_, '_> {
-    /// The chunk's online softmax with K read from `kin` (in place) or, when `None`, gathered
-    /// from `keys` into f32 block by block; V likewise.
+    /// The chunk's online softmax with the key and value blocks from `kb` and `vb`.
     #[inline(always)]
-    fn body<S: Simd, K: KvMat, V: KvMat>(
+    fn body<S: Simd, KB: Blocks, VB: Blocks>(
         self,
         s: S,
-        keys: KvAny<'_>,
         values: KvAny<'_>,
-        kin: Option<K>,
-        vin: Option<V>,
+        mut kb: KB,
+        mut vb: VB,
     ) -> Result<Partial> {
         let Chunk { p, b, kh, c0, c1 } = self;
         let (dk, dv, nq) = (p.dk, p.dv, p.nq);
@@ -228,25 +274,15 @@ impl Chunk<'_, '_> {
             let h = kh * p.group + r / nq;
             p.scaled_query(b, h, r % nq, &mut qs[r * dk..(r + 1) * dk]);
         }
-        // Operands not read in place are gathered block by block into a contiguous f32 copy,
-        // so the tiles always read contiguous vectors.
-        let gather = |n: usize, arg| zeros(arg, DECODE_BC.checked_mul(n));
-        let mut kbuf = if kin.is_some() { Vec::new() } else { gather(dk, "k")? };
-        let mut vbuf = if vin.is_some() { Vec::new() } else { gather(dv, "v")? };
         let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let mut j0 = c0;
         while j0 < c1 {
             let nb = (c1 - j0).min(DECODE_BC);
             // Scores of every row against the block's keys: each key row is read once. Value
             // rows read in place are prefetched by the score pass.
-            let pf = vin.is_some().then_some((values, j0, dv));
-            match kin {
-                Some(k) => decode_qk_block(s, &qs, rows, dk, k, j0, nb, &mut sb, DECODE_BC, pf),
-                None => {
-                    let kb = gathered(s, keys, j0, nb, dk, &mut kbuf);
-                    decode_qk_block(s, &qs, rows, dk, kb, 0, nb, &mut sb, DECODE_BC, pf);
-                }
-            }
+            let pf = VB::IN_PLACE.then_some((values, j0, dv));
+            let (k, kj) = kb.block(s, j0, nb);
+            decode_qk_block(s, &qs, rows, dk, k, kj, nb, &mut sb, DECODE_BC, pf);
             if let Some(c) = p.variants.softcap {
                 softcap(s, &mut sb[..rows * DECODE_BC], c);
             }
@@ -285,15 +321,8 @@ impl Chunk<'_, '_> {
                 }
             }
             // Values: each value row is read once for all rows.
-            match vin {
-                Some(v) => {
-                    decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, v, j0, dv, &mut part.o)
-                }
-                None => {
-                    let vb = gathered(s, values, j0, nb, dv, &mut vbuf);
-                    decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, vb, 0, dv, &mut part.o);
-                }
-            }
+            let (v, vj) = vb.block(s, j0, nb);
+            decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, v, vj, dv, &mut part.o);
             j0 += nb;
         }
         Ok(part)
