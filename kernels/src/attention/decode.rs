@@ -64,7 +64,7 @@ pub(super) fn run(
         let (bk, c) = (t / chunks, t % chunks);
         let c0 = k0.saturating_add(c * chunk_len).min(k1);
         let c1 = c0.saturating_add(chunk_len).min(k1);
-        vectorize(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
+        chunk(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
     };
     // Rows (batch·hq·nq) are bounded by the output or lse slice (the caller returned early
     // when neither has an element), so this product is too; saturating all the same.
@@ -166,33 +166,50 @@ struct Chunk<'r, 'a> {
     c1: usize,
 }
 
-impl Kernel for Chunk<'_, '_> {
+/// Runs one chunk: dispatches once on the K/V storage types, before entering the ISA's code.
+/// K and V of one type whose columns are contiguous are read in place in it (bf16/f16
+/// widened, int8 dequantised in registers); otherwise (strided columns, or K and V of two
+/// types) both are gathered block by block into f32 (the same values). Each source pair is
+/// its own [`Kernel`], so each ISA compiles five functions of one body each: inlined into one
+/// function, the five bodies made that function's optimisation superlinearly slow to compile.
+fn chunk(isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
+    let (keys, values) = (c.p.keys(c.b, c.kh), c.p.values(c.b, c.kh));
+    let (dk, dv) = (c.p.dk, c.p.dv);
+    match (keys, values) {
+        (KvAny::F32(k), KvAny::F32(v)) if k.in_place(dk) && v.in_place(dv) => {
+            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+        }
+        (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
+            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+        }
+        (KvAny::F16(k), KvAny::F16(v)) if k.in_place(dk) && v.in_place(dv) => {
+            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+        }
+        (KvAny::Q8(k), KvAny::Q8(v)) if k.in_place(dk) && v.in_place(dv) => {
+            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+        }
+        _ => {
+            let (kb, vb) = (Gather::new(keys, dk, "k")?, Gather::new(values, dv, "v")?);
+            vectorize(isa, Sourced { c, values, kb, vb })
+        }
+    }
+}
+
+/// A chunk with its key and value block sources: the [`Kernel`] of one source pair.
+struct Sourced<'r, 'a, 'v, KB, VB> {
+    c: Chunk<'r, 'a>,
+    values: KvAny<'v>,
+    kb: KB,
+    vb: VB,
+}
+
+impl<KB: Blocks, VB: Blocks> Kernel for Sourced<'_, '_, '_, KB, VB> {
     type Output = Result<Partial>;
 
-    /// Dispatches once on the K/V storage types: K and V of one type whose columns are
-    /// contiguous are read in place in it (bf16/f16 widened, int8 dequantised in registers);
-    /// otherwise (strided columns, or K and V of two types) both are gathered block by block
-    /// into f32 (the same values). One body per source pair, so each ISA compiles five bodies,
-    /// each with one set of tiles.
     #[inline(always)]
     fn run<S: Simd>(self, s: S) -> Result<Partial> {
-        let (keys, values) = (self.p.keys(self.b, self.kh), self.p.values(self.b, self.kh));
-        let (dk, dv) = (self.p.dk, self.p.dv);
-        match (keys, values) {
-            (KvAny::F32(k), KvAny::F32(v)) if k.in_place(dk) && v.in_place(dv) => {
-                self.body(s, values, InPlace(k), InPlace(v))
-            }
-            (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
-                self.body(s, values, InPlace(k), InPlace(v))
-            }
-            (KvAny::F16(k), KvAny::F16(v)) if k.in_place(dk) && v.in_place(dv) => {
-                self.body(s, values, InPlace(k), InPlace(v))
-            }
-            (KvAny::Q8(k), KvAny::Q8(v)) if k.in_place(dk) && v.in_place(dv) => {
-                self.body(s, values, InPlace(k), InPlace(v))
-            }
-            _ => self.body(s, values, Gather::new(keys, dk, "k")?, Gather::new(values, dv, "v")?),
-        }
+        let Sourced { c, values, kb, vb } = self;
+        c.body(s, values, kb, vb)
     }
 }
 
