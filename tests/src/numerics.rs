@@ -3,8 +3,9 @@
 //! correctness check (`attn-bench`) all import these, so their bounds cannot disagree; the
 //! kernels' own accuracy enters only through the constants the kernels publish
 //! (`EXP_MAX_ULP`, `SOFTMAX_EXP_MAX_ULP`, `TANH_MAX_ULP`, `TANH_RATIONAL_MAX_ULP`,
-//! `GELU_TANH_*`, `FLUSH_WEIGHTS_BELOW`).
+//! `GELU_TANH_*`, `FLUSH_WEIGHTS_BELOW`, `RECIP_MAX_REL`).
 
+use attn_kernels::arch::RECIP_MAX_REL;
 use attn_kernels::attention::FLUSH_WEIGHTS_BELOW;
 use attn_kernels::math::{
     EXP_MAX_ULP, GELU_TANH_ARG_ROUNDINGS, GELU_TANH_OUT_ROUNDINGS, SOFTMAX_EXP_MAX_ULP,
@@ -115,20 +116,30 @@ pub fn softcap_error(c: f64) -> f64 {
 
 /// Bound on `|ŝ − s|` for one additive score `s = Σ_a w_a·tanh(x_a)`, `x_a = A_a + B_a` with
 /// the projections `A_a = q·Wq[:, a]` (inner length `dq`) and `B_a = k·Wk[:, a]` (length `dk`),
-/// as the kernels compute it (GEMM projections, f32 add, the vectorised tanh, an FMA chain over
-/// `a`). Arguments per hidden unit `a`: `w_a`, the exact `x_a`, and the magnitudes
-/// `mq_a = Σ_p |q_p·Wq_pa|`, `mk_a = Σ_p |k_p·Wk_pa|`.
+/// as the kernels compute it: GEMM projections, then either path of
+/// `attn_kernels::attention::additive` (the larger of the two bounds, since the kernel picks
+/// the path from values the test does not see). Arguments per hidden unit `a`: `w_a`, the
+/// exact `x_a`, and the magnitudes `mq_a = Σ_p |q_p·Wq_pa|`, `mk_a = Σ_p |k_p·Wk_pa|`.
 ///
-/// Derivation (`T` = [`TANH_RATIONAL_MAX_ULP`], the kernel's rational tanh; one ULP ≤ `2u`
-/// relative):
-/// 1. the projections are dot products: `|Â_a − A_a| ≤ γ(dq + 3)·u·mq_a` ([`dot_bound`]), the
-///    same for `B_a` with `dk`, `mk_a`; the add rounds once: `ε_a = dot_bound(dq, mq_a) +
-///    dot_bound(dk, mk_a) + u·(|x_a| + …)`;
-/// 2. tanh is 1-Lipschitz and bounded by 1, so `|t̂_a − tanh x_a| ≤ ε_a + 2T·u`;
-/// 3. the sum of `da` products `w_a·t̂_a` adds `γ(da + 1)·u·Σ_a |w_a|·|t̂_a|`.
+/// Common to both: the projections are dot products, `|Â_a − A_a| ≤ γ(dq + 3)·u·mq_a`
+/// ([`dot_bound`]), the same for `B_a` with `dk`, `mk_a`, and the tanh path's add rounds once:
+/// `ε_a = dot_bound(dq, mq_a) + dot_bound(dk, mk_a) + u·(|x_a| + …)`. tanh is 1-Lipschitz, so
+/// this moves each term by at most `|w_a|·ε_a`.
 ///
-/// So `δ = Σ_a |w_a|·(ε_a + 2Tu) + γ(da + 1)·u·Σ_a |w_a|·(|tanh x_a| + ε_a + 2Tu)`, with 1 %
-/// added for second-order terms.
+/// Tanh path (`T` = [`TANH_RATIONAL_MAX_ULP`], the rational tanh; one ULP ≤ `2u` relative):
+/// `|t̂_a − tanh x_a| ≤ ε_a + 2T·u` (tanh bounded by 1), and the FMA chain of `da` products
+/// adds `γ(da + 1)·Σ_a |w_a|·|t̂_a|`: `δ = Σ_a |w_a|·(ε_a + 2Tu) + γ(da + 1)·Σ_a |w_a|·(|tanh x_a|
+/// + ε_a + 2Tu)`.
+///
+/// Exp path (`S = W − 2·Σ_a w_a·r_a`, `r_a = 1/(e^(2Â_a)·e^(2B̂_a) + 1)`, `W = Σ_a w_a`):
+/// each exp is off by `EXP_REL` relative, the multiply-add forming the denominator rounds once
+/// and the reciprocal is within [`RECIP_MAX_REL`], so `r̂_a = r_a·(1 + θ_a)` with
+/// `|θ_a| ≤ θ = 2·EXP_REL + u + RECIP_MAX_REL` (a relative error `η` of `E` moves `1/(E + 1)`
+/// by at most `η·E/(E + 1) ≤ η`); with `r_a ≤ 1`, the chain's `γ(da)·Σ|w_a|·r̂_a`, `W` rounded
+/// once (`u·Σ|w_a|`) and the final multiply-add `u·|S| ≤ u·Σ|w_a|` (`|1 − 2r_a| ≤ 1`):
+/// `δ = Σ_a |w_a|·(ε_a + 2θ + 2γ(da)·(1 + θ) + 2u)`.
+///
+/// Each with 1 % added for second-order terms.
 pub fn additive_score_bound(
     w: &[f32],
     x: &[f64],
@@ -138,14 +149,17 @@ pub fn additive_score_bound(
     dk: usize,
 ) -> f64 {
     let tanh_err = 2.0 * TANH_RATIONAL_MAX_ULP * U;
-    let (mut first, mut mag) = (0.0, 0.0);
+    let theta = 2.0 * EXP_REL + U + RECIP_MAX_REL;
+    let per_w = 2.0 * theta + 2.0 * gamma(w.len()) * (1.0 + theta) + 2.0 * U;
+    let (mut first, mut mag, mut exp_path) = (0.0, 0.0, 0.0);
     for a in 0..w.len() {
         let eps = dot_bound(dq, mq[a]) + dot_bound(dk, mk[a]) + U * (x[a].abs() + mq[a] + mk[a]);
         let wa = f64::from(w[a]).abs();
         first += wa * (eps + tanh_err);
         mag += wa * (x[a].tanh().abs() + eps + tanh_err);
+        exp_path += wa * (eps + per_w);
     }
-    1.01 * (first + gamma(w.len() + 1) * mag)
+    1.01 * (first + gamma(w.len() + 1) * mag).max(exp_path)
 }
 
 /// Relative bound, against `Σ_j p_j·|v_jd|`, on one output element of a streamed attention row

@@ -188,6 +188,14 @@ impl Simd for Avx2 {
         unsafe { _mm256_div_ps(a, b) }
     }
     #[inline(always)]
+    fn recip(self, d: __m256) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe {
+            let r = _mm256_rcp_ps(d);
+            _mm256_fmadd_ps(r, _mm256_fnmadd_ps(d, r, _mm256_set1_ps(1.0)), r)
+        }
+    }
+    #[inline(always)]
     fn fma(self, a: __m256, b: __m256, c: __m256) -> __m256 {
         // SAFETY: see the impl.
         unsafe { _mm256_fmadd_ps(a, b, c) }

@@ -183,6 +183,14 @@ impl Simd for Avx512 {
         unsafe { _mm512_div_ps(a, b) }
     }
     #[inline(always)]
+    fn recip(self, d: __m512) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe {
+            let r = _mm512_rcp14_ps(d);
+            _mm512_fmadd_ps(r, _mm512_fnmadd_ps(d, r, _mm512_set1_ps(1.0)), r)
+        }
+    }
+    #[inline(always)]
     fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_fmadd_ps(a, b, c) }

@@ -32,6 +32,7 @@ pub(crate) use avx2::Avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
+pub use simd::RECIP_MAX_REL;
 pub(crate) use simd::{
     addr, keep, keep_tail, lanes_to_boundary, load, load_cells, load_tail, load_tail_cells,
     prefetch_l1, store, store_cells, store_fence, store_tail, store_tail_cells, stream_cells,
@@ -162,6 +163,57 @@ mod tests {
         }
         assert_eq!(Isa::parse("AVX2"), Some(Isa::Avx2));
         assert_eq!(Isa::parse("sse"), None);
+    }
+
+    /// [`Simd::recip`] of every element of a slice (whole vectors: the tests' lengths are
+    /// multiples of every lane count).
+    struct Recip<'a>(&'a [f32]);
+
+    impl Kernel for Recip<'_> {
+        type Output = Vec<f32>;
+
+        fn run<S: Simd>(self, s: S) -> Vec<f32> {
+            let mut out = self.0.to_vec();
+            for v in out.chunks_exact_mut(S::LANES) {
+                let r = s.recip(load(s, v));
+                store(s, v, r);
+            }
+            out
+        }
+    }
+
+    #[test]
+    fn recip_is_within_its_bound() {
+        // Every mantissa of [1, 2) (the estimate's error depends on the mantissa alone), and
+        // of both signs a few steps at the ends of the documented range and around powers of 2.
+        let mut ds: Vec<f32> = (0..1u32 << 23).map(|m| f32::from_bits(0x3F80_0000 | m)).collect();
+        for e in [-125i32, -124, -1, 0, 1, 60, 124] {
+            for k in [-2i64, -1, 0, 1, 2, 1 << 22, (1 << 23) - 3] {
+                let b = ((e + 127) as i64) << 23;
+                let x = f32::from_bits((b + k).clamp(0, 0x7F7F_FFFF) as u32);
+                if x.abs() >= 2.0f32.powi(-125) && x.abs() <= 2.0f32.powi(125) {
+                    ds.extend([x, -x]);
+                }
+            }
+        }
+        ds.resize(ds.len().div_ceil(16) * 16, 1.0);
+        for isa in Isa::ALL {
+            if !isa.is_supported() {
+                eprintln!("recip_is_within_its_bound: skipping {isa} (not supported by this CPU)");
+                continue;
+            }
+            let r = vectorize(isa, Recip(&ds));
+            let worst = ds
+                .iter()
+                .zip(&r)
+                .map(|(&d, &r)| (f64::from(r) * f64::from(d) - 1.0).abs())
+                .fold(0.0f64, f64::max);
+            assert!(worst <= RECIP_MAX_REL, "{isa}: recip off by {worst:e} relative");
+        }
+        for isa in Isa::supported() {
+            let r = vectorize(isa, Recip(&[f32::NAN; 16]));
+            assert!(r.iter().all(|x| x.is_nan()), "{isa}: recip of NaN");
+        }
     }
 
     #[test]

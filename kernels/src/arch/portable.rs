@@ -130,6 +130,10 @@ impl Simd for Portable {
         a / b
     }
     #[inline(always)]
+    fn recip(self, d: f32x8) -> f32x8 {
+        f32x8::splat(1.0) / d
+    }
+    #[inline(always)]
     fn fma(self, a: f32x8, b: f32x8, c: f32x8) -> f32x8 {
         a.mul_add(b, c)
     }

@@ -28,6 +28,13 @@ pub(crate) const ROUND_MAGIC_BITS: i32 = 0x4B40_0000;
 /// `2^−64`, the fixed second factor of [`Simd::ldexp_low`].
 pub(crate) const TWO_POW_M64: f32 = f32::from_bits((127 - 64) << 23);
 
+/// Relative error bound of [`Simd::recip`] on every ISA. After one Newton step with a single
+/// rounding, an estimate of relative error `e` becomes `e² + u`: AVX-512's `vrcp14ps`
+/// (`e ≤ 2⁻¹⁴`) gives `1.0000001·u`, AVX2's `vrcpps` (`e ≤ 1.5·2⁻¹²`) `3.25·u`; the portable
+/// division `0.5·u` (`u = 2⁻²⁴`). Checked over every mantissa of a binade and the edges of the
+/// range by the unit test `recip_is_within_its_bound`.
+pub const RECIP_MAX_REL: f64 = 3.25 / (1u64 << 24) as f64;
+
 /// An f32 vector ISA, as a token: lanes, vector and mask types, and the operations the GEMM
 /// micro-kernels, the softmax and the attention kernels are written in. Implemented by
 /// [`Avx512`](super::Avx512), [`Avx2`](super::Avx2) and [`Portable`].
@@ -133,6 +140,11 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     fn mul(self, a: Self::V, b: Self::V) -> Self::V;
     /// `a / b`, correctly rounded.
     fn div(self, a: Self::V, b: Self::V) -> Self::V;
+    /// `1/d` within [`RECIP_MAX_REL`] relative, for `2⁻¹²⁵ ≤ |d| ≤ 2¹²⁵` (elsewhere
+    /// unspecified, possibly NaN; a NaN lane stays NaN): the hardware estimate and one
+    /// Newton step `r·(1 + (1 − d·r))` where the ISA has one (a quarter of a division's cost on
+    /// AVX-512), a division otherwise.
+    fn recip(self, d: Self::V) -> Self::V;
     /// `a · b + c`: one rounding on the x86 ISAs; [`Portable`] rounds once where the build
     /// target has an FMA and twice otherwise ([`FUSED`](Self::FUSED)).
     fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;

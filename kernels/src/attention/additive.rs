@@ -5,25 +5,34 @@
 //! 1. Project once with the SGEMM: `A = Q·Wq` (`[Nq, da]` per query head, row-major) and
 //!    `B = K·Wk` (per K/V head, stored transposed as `[da, Nk']`, `Nk'` = `Nk` rounded up to
 //!    16 with zero padding, so that a vector of keys is one load per hidden unit).
-//! 2. One task per `(batch, query head, tile of QR queries)`, `QR` the column width of the
+//! 2. Exponentiate both projections once, `e^(2a)` and `e^(2b)` (full-range exp), for the
+//!    *exp path* of the scores: with `E = e^(2(a + b)) = e^(2a)·e^(2b)`,
+//!    `tanh(a + b) = 1 − 2/(E + 1)`, so a score is `S = W − 2·Σ_a w_a/(E_a + 1)` with
+//!    `W = Σ_a w_a`: per (query, key, hidden unit) one multiply-add for `E + 1`, a reciprocal
+//!    ([`Simd::recip`], an estimate and a Newton step) and a multiply-add, about a quarter of a
+//!    tanh's operations. Its error is absolute (below `w_a·(2·(2·EXP_REL + u + RECIP_MAX_REL))`
+//!    per term, before the sum's rounding): that is what moves a softmax weight, and it is
+//!    the size of the rational tanh's few ULP of a result near ±1. It needs `|a|, |b| ≤ 20`
+//!    (then `E` and `1/(E + 1)` are normal); query rows or blocks of keys with a projection
+//!    beyond that, or not finite, take the *tanh path*: `Σ_a w_a·tanh(a + b)` with the
+//!    rational tanh [`tanh_rational_simd`] (within
+//!    [`TANH_RATIONAL_MAX_ULP`](crate::math::TANH_RATIONAL_MAX_ULP)).
+//! 3. One task per `(batch, query head, tile of QR queries)`, `QR` the column width of the
 //!    ISA's GEMM micro-kernel; for each block of `BLOCK_K` keys (stopping at the causal
-//!    diagonal of the tile's last query, and per row at its own), per query row and per vector
-//!    of keys on the lanes: `S_j = Σ_a w_a·tanh(A_ia + B_aj)` with the rational tanh
-//!    [`tanh_rational_simd`] (its bound: [`TANH_RATIONAL_MAX_ULP`](crate::math::TANH_RATIONAL_MAX_ULP);
-//!    a few ULP per term against the `γ(da + 1)·u` of the sum, at 2.2× the accurate tanh's
-//!    throughput on AVX-512), then the mask, then the online softmax of
+//!    diagonal of the tile's last query, and per row at its own), per query row: the scores
+//!    (exp or tanh path), then the mask, then the online softmax of
 //!    the flash path: running maximum `m` from `f32::MIN` (so `m − m'` is never `−∞ − (−∞)`),
 //!    `α = e^(m − m')`, `P_j = e^(S_j − m')` with the 1-ULP exp, `l ← α·l + Σ P_j`. The row's
 //!    `P` goes into column `r` of the tile's probability block, laid out as one packed B
 //!    micro-panel (`[key][QR]`), and the block product `Oᵀ ← α·Oᵀ + Vᵀ·Pᵀ` runs on the GEMM
 //!    micro-kernel as in the flash path ([`pv_block`]: keys of weight 0 contribute exactly
 //!    nothing, so an `±∞`/NaN value there does not leak).
-//! 3. Write `O/l` (zeros and logsumexp −∞ where `l = 0`: fully masked rows).
+//! 4. Write `O/l` (zeros and logsumexp −∞ where `l = 0`: fully masked rows).
 //!
 //! `+∞` scores (only from a `+∞` bias: a finite `w` bounds `|S_ij| ≤ Σ|w_a|`) share their row's
 //! weight evenly, a NaN score gives a NaN row, as in `attn_reference::softmax::softmax_row`.
-//! Memory beyond the operands: the projections (`(batch·hq·Nq + batch·hkv·Nk')·da` floats) and
-//! per-thread scratch of a tile.
+//! Memory beyond the operands: the projections and their exps (`2·(batch·hq·Nq +
+//! batch·hkv·Nk')·da` floats) and per-thread scratch of a tile.
 
 use rayon::prelude::*;
 
@@ -194,7 +203,16 @@ impl<'a> AdditiveAttention<'a> {
         let tiles = p.nq.div_ceil(tile_rows(isa));
         // Bounded by the rows of the output or lse slice, which are non-empty here.
         let tasks = p.batch.saturating_mul(p.hq).saturating_mul(tiles);
-        let ctx = Ctx { p: &p, a: &a, bt: &bt, v: self.v, w: self.weights.w, mask: &self.mask };
+        let fast = Factors::new(isa, &p, &a, &bt, self.weights.w)?;
+        let ctx = Ctx {
+            p: &p,
+            a: &a,
+            bt: &bt,
+            fast: &fast,
+            v: self.v,
+            w: self.weights.w,
+            mask: &self.mask,
+        };
         let task = |scr: &mut Scratch, t: usize| {
             vectorize(isa, Task { ctx: &ctx, sink: &sink, scr, t, tiles });
         };
@@ -351,6 +369,8 @@ struct Ctx<'r, 'a> {
     a: &'r [f32],
     /// Transposed key projections, `[batch, hkv, da, nkp]`.
     bt: &'r [f32],
+    /// The exp path's factors `e^(2a)`, `e^(2b)` and flags (module docs).
+    fast: &'r Factors,
     v: TensorRef<'a>,
     w: &'a [f32],
     mask: &'r Mask<'a>,
@@ -414,6 +434,7 @@ impl Kernel for Task<'_, '_> {
         let rows = (p.nq - i0).min(qr);
         let (da, dv, nkp) = (p.da, p.dv, p.nkp);
         let bt = &ctx.bt[(b * p.hkv + kh) * da * nkp..][..da * nkp];
+        let ebt = &ctx.fast.ebt[(b * p.hkv + kh) * da * nkp..][..da * nkp];
         // Value row `j` of this head at `offset + j·rs`; the view was checked against its slice.
         let vl = &ctx.v.layout;
         let values = Strided {
@@ -443,9 +464,16 @@ impl Kernel for Task<'_, '_> {
                 };
                 scr.alpha[r] = 1.0;
                 if nb > 0 {
-                    let arow = &ctx.a[((b * p.hq + h) * p.nq + i) * da..][..da];
+                    let row = (b * p.hq + h) * p.nq + i;
                     let sc = &mut scr.s[..nb.div_ceil(S::LANES) * S::LANES];
-                    scores(s, arow, ctx.w, bt, nkp, j0, sc);
+                    let f = ctx.fast;
+                    if f.row[row] && f.block[(b * p.hkv + kh) * f.blocks + j0 / BLOCK_K] {
+                        let erow = &f.ea[row * da..][..da];
+                        scores_exp(s, erow, ctx.w, ebt, nkp, j0, f.wsum, sc);
+                    } else {
+                        let arow = &ctx.a[row * da..][..da];
+                        scores(s, arow, ctx.w, bt, nkp, j0, sc);
+                    }
                     let sc = &mut sc[..nb];
                     mask_row(ctx, b, h, i, j0, sc);
                     scr.alpha[r] = online_step(s, sc, &mut scr.m[r], &mut scr.l[r]);
@@ -496,6 +524,117 @@ fn scores<S: Simd>(
     }
 }
 
+/// [`scores`] by the exp path: `out_j = W − 2·Σ_a w_a / (ea_a·ebt[a·nkp + j0 + j] + 1)` with
+/// `W = Σ_a w_a` (module docs), four vectors of keys at a time (four independent sums).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores_exp<S: Simd>(
+    s: S,
+    erow: &[f32],
+    w: &[f32],
+    ebt: &[f32],
+    nkp: usize,
+    j0: usize,
+    wsum: f32,
+    out: &mut [f32],
+) {
+    const NV: usize = 4;
+    let (one, m2, ws) = (s.splat(1.0), s.splat(-2.0), s.splat(wsum));
+    let mut col = j0;
+    let mut quads = out.chunks_exact_mut(NV * S::LANES);
+    for quad in &mut quads {
+        let mut acc = [s.splat(0.0); NV];
+        for (a, (&ea, &wa)) in erow.iter().zip(w).enumerate() {
+            let (e, wv) = (s.splat(ea), s.splat(wa));
+            let row = &ebt[a * nkp + col..][..NV * S::LANES];
+            for (u, acc) in acc.iter_mut().enumerate() {
+                let d = s.fma(e, load(s, &row[u * S::LANES..]), one);
+                *acc = s.fma(wv, s.recip(d), *acc);
+            }
+        }
+        for (u, acc) in acc.into_iter().enumerate() {
+            store(s, &mut quad[u * S::LANES..], s.fma(m2, acc, ws));
+        }
+        col += NV * S::LANES;
+    }
+    for chunk in quads.into_remainder().chunks_exact_mut(S::LANES) {
+        let mut acc = s.splat(0.0);
+        for (a, (&ea, &wa)) in erow.iter().zip(w).enumerate() {
+            let d = s.fma(s.splat(ea), load(s, &ebt[a * nkp + col..]), one);
+            acc = s.fma(s.splat(wa), s.recip(d), acc);
+        }
+        store(s, chunk, s.fma(m2, acc, ws));
+        col += S::LANES;
+    }
+}
+
+/// Largest `|a|`, `|b|` of the exp path: `e^(2(a + b))` and `e^(2(a + b)) + 1` then lie within
+/// `e^(±80)`, normal f32 whose reciprocals are normal too (within [`Simd::recip`]'s range).
+const FAST_MAX: f32 = 20.0;
+
+/// The exp path's data (module docs): `e^(2a)` beside `A`, `e^(2b)` beside `Bᵀ`, which rows
+/// of `A` and which blocks of [`BLOCK_K`] keys of `Bᵀ` lie within `±FAST_MAX` (NaN does not),
+/// and `W = Σ w_a` (rounded once from f64).
+struct Factors {
+    ea: Vec<f32>,
+    ebt: Vec<f32>,
+    row: Vec<bool>,
+    block: Vec<bool>,
+    /// Key blocks per K/V head.
+    blocks: usize,
+    wsum: f32,
+}
+
+impl Factors {
+    fn new(isa: Isa, p: &Sizes, a: &[f32], bt: &[f32], w: &[f32]) -> Result<Factors> {
+        let mut ea = try_zeros(Some(a.len()))?;
+        let mut ebt = try_zeros(Some(bt.len()))?;
+        vectorize(isa, ExpTwice { x: a, y: &mut ea });
+        vectorize(isa, ExpTwice { x: bt, y: &mut ebt });
+        let within = |x: &f32| x.abs() <= FAST_MAX;
+        let row = if p.da == 0 {
+            vec![true; p.batch * p.hq * p.nq]
+        } else {
+            a.chunks_exact(p.da).map(|r| r.iter().all(within)).collect()
+        };
+        let blocks = p.nkp.div_ceil(BLOCK_K);
+        let mut block = vec![true; p.batch * p.hkv * blocks];
+        let head = (p.da * p.nkp).max(1);
+        for (bh, head) in bt.chunks_exact(head).enumerate() {
+            for hidden in head.chunks_exact(p.nkp) {
+                for (k, keys) in hidden.chunks(BLOCK_K).enumerate() {
+                    block[bh * blocks + k] &= keys.iter().all(within);
+                }
+            }
+        }
+        let wsum = w.iter().map(|&x| f64::from(x)).sum::<f64>() as f32;
+        Ok(Factors { ea, ebt, row, block, blocks, wsum })
+    }
+}
+
+/// `y = e^(2x)` elementwise with the full-range exp, `x` and `y` of one length.
+struct ExpTwice<'a> {
+    x: &'a [f32],
+    y: &'a mut [f32],
+}
+
+impl Kernel for ExpTwice<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<S: Simd>(self, s: S) {
+        let mut ys = self.y.chunks_exact_mut(S::LANES);
+        let mut xs = self.x.chunks_exact(S::LANES);
+        for (y, x) in (&mut ys).zip(&mut xs) {
+            let v = load(s, x);
+            store(s, y, exp_rr2_p7(s, s.add(v, v)));
+        }
+        for (y, &x) in ys.into_remainder().iter_mut().zip(xs.remainder()) {
+            *y = exp_rr2_p7_scalar(s, x + x);
+        }
+    }
+}
+
 /// Applies the mask to the scores of query `i` against keys `j0..`: masked → −∞ (dropping any
 /// NaN there), a bias added.
 fn mask_row(ctx: &Ctx<'_, '_>, b: usize, h: usize, i: usize, j0: usize, sc: &mut [f32]) {
@@ -521,7 +660,13 @@ fn mask_row(ctx: &Ctx<'_, '_>, b: usize, h: usize, i: usize, j0: usize, sc: &mut
 #[inline(always)]
 fn online_step<S: Simd>(s: S, sc: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
     let m_old = *m;
-    let m_new = sc.iter().fold(m_old, |a, &x| if x > a { x } else { a });
+    // NaN scores are skipped by the maximum (and make `l` NaN below).
+    let mut chunks = sc.chunks_exact(S::LANES);
+    let mut mv = s.splat(m_old);
+    for c in &mut chunks {
+        mv = s.max_skip_nan(mv, load(s, c));
+    }
+    let m_new = chunks.remainder().iter().fold(s.reduce_max(mv), |a, &x| if x > a { x } else { a });
     let alpha = if m_new == f32::INFINITY {
         for x in sc.iter_mut() {
             *x = if *x == f32::INFINITY {
@@ -548,6 +693,11 @@ fn online_step<S: Simd>(s: S, sc: &mut [f32], m: &mut f32, l: &mut f32) -> f32 {
         exp_rr2_p7_scalar(s, m_old - m_new)
     };
     *m = m_new;
-    *l = alpha * *l + sc.iter().sum::<f32>();
+    let mut chunks = sc.chunks_exact(S::LANES);
+    let mut sum = s.splat(0.0);
+    for c in &mut chunks {
+        sum = s.add(sum, load(s, c));
+    }
+    *l = alpha * *l + (s.reduce_add(sum) + chunks.remainder().iter().sum::<f32>());
     alpha
 }
