@@ -45,7 +45,7 @@ use super::sink::Sink;
 use crate::arch::{self, load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
 use crate::gemm::sgemm_with_isa;
-use crate::math::exp::{exp_rr2_p7, exp_rr2_p7_scalar};
+use crate::math::exp::{exp_rr2_p7, exp_rr2_p7_scalar, exp_slice_with_isa};
 use crate::math::tanh::tanh_rational_simd;
 use crate::par::Parallelism;
 
@@ -587,10 +587,16 @@ struct Factors {
 
 impl Factors {
     fn new(isa: Isa, p: &Sizes, a: &[f32], bt: &[f32], w: &[f32]) -> Result<Factors> {
-        let mut ea = try_zeros(Some(a.len()))?;
-        let mut ebt = try_zeros(Some(bt.len()))?;
-        vectorize(isa, ExpTwice { x: a, y: &mut ea });
-        vectorize(isa, ExpTwice { x: bt, y: &mut ebt });
+        // e^(2x) by the full-range exp of the slice entry point (doubling is exact).
+        let exp_twice = |x: &[f32]| -> Result<Vec<f32>> {
+            let (mut two, mut y) = (try_zeros(Some(x.len()))?, try_zeros(Some(x.len()))?);
+            for (t, &x) in two.iter_mut().zip(x) {
+                *t = x + x;
+            }
+            exp_slice_with_isa(isa, &two, &mut y)?;
+            Ok(y)
+        };
+        let (ea, ebt) = (exp_twice(a)?, exp_twice(bt)?);
         let within = |x: &f32| x.abs() <= FAST_MAX;
         let row = if p.da == 0 {
             vec![true; p.batch * p.hq * p.nq]
@@ -609,29 +615,6 @@ impl Factors {
         }
         let wsum = w.iter().map(|&x| f64::from(x)).sum::<f64>() as f32;
         Ok(Factors { ea, ebt, row, block, blocks, wsum })
-    }
-}
-
-/// `y = e^(2x)` elementwise with the full-range exp, `x` and `y` of one length.
-struct ExpTwice<'a> {
-    x: &'a [f32],
-    y: &'a mut [f32],
-}
-
-impl Kernel for ExpTwice<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn run<S: Simd>(self, s: S) {
-        let mut ys = self.y.chunks_exact_mut(S::LANES);
-        let mut xs = self.x.chunks_exact(S::LANES);
-        for (y, x) in (&mut ys).zip(&mut xs) {
-            let v = load(s, x);
-            store(s, y, exp_rr2_p7(s, s.add(v, v)));
-        }
-        for (y, &x) in ys.into_remainder().iter_mut().zip(xs.remainder()) {
-            *y = exp_rr2_p7_scalar(s, x + x);
-        }
     }
 }
 
