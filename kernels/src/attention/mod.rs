@@ -559,8 +559,14 @@ impl<'a> Problem<'a> {
         }
         if let Some(w) = self.variants.window {
             // Query i0 + r sees key j0 + j iff j0 + j − off − right ≤ i0 + r ≤ j0 + j − off + left.
-            for j in 0..nb {
-                let d = (j0 + j) as i128 - self.off - i0 as i128;
+            // Keys j with `rows − 1 − left ≤ d ≤ right` (d below) are visible to every row of
+            // the block: only the keys before and after that run are touched.
+            let d0 = j0 as i128 - self.off - i0 as i128;
+            let clamp = |x: i128| x.clamp(0, nb as i128) as usize;
+            let first = clamp(rows as i128 - 1 - w.left as i128 - d0);
+            let last = clamp(w.right as i128 - d0 + 1).max(first);
+            for j in (0..first).chain(last..nb) {
+                let d = d0 + j as i128;
                 let lo = (d - w.right as i128).clamp(0, rows as i128) as usize;
                 let hi = (d + w.left as i128 + 1).clamp(0, rows as i128) as usize;
                 let row = &mut s[j * stride..j * stride + rows];
