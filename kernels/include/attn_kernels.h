@@ -93,6 +93,9 @@ typedef enum AttnStatus {
   ATTN_STATUS_NULL_POINTER = 10,
   // A panic was caught at the boundary (a bug: please report it).
   ATTN_STATUS_PANIC = 11,
+  // An element type (`AttnDtype`) that the operand cannot take: int8 for the queries or the
+  // output of attention (only K and V may be int8-quantised). The message names the field.
+  ATTN_STATUS_UNSUPPORTED_DTYPE = 12,
 } AttnStatus;
 
 // The values of [`AttnMask::kind`]. The field itself is an `int32_t`: any other value is
@@ -133,6 +136,21 @@ typedef enum AttnPath {
   // multiplied by V (memory `O(nq·nk)` per thread); for tests and comparisons.
   ATTN_PATH_UNFUSED = 3,
 } AttnPath;
+
+// The values of the `*_dtype` fields of [`AttnAttentionArgs`]: the element type of an
+// operand. The fields are `int32_t`: any other value is `ATTN_STATUS_INVALID_PARAMETER`
+// naming the field. Accumulation and the softmax are f32 whatever the operands' types.
+typedef enum AttnDtype {
+  // `float` (the default: 0).
+  ATTN_DTYPE_F32 = 0,
+  // bfloat16, as `uint16_t` bits (the top half of an f32).
+  ATTN_DTYPE_BF16 = 1,
+  // IEEE binary16, as `uint16_t` bits.
+  ATTN_DTYPE_F16 = 2,
+  // Symmetric int8 (`int8_t` values) in blocks of 32 along the last dimension, with one f32
+  // scale per block in a separate view: K and V only.
+  ATTN_DTYPE_Q8 = 3,
+} AttnDtype;
 
 // A read-only matrix view: element `(i, j)` at `data[offset + i·row_stride + j·col_stride]`.
 typedef struct AttnMat {
@@ -296,6 +314,25 @@ typedef struct AttnAttentionArgs {
   const float *sinks;
   // NULL, or `hq` finite ALiBi slopes: `slope_h·(j − i − off)` is added to each score.
   const float *alibi;
+  // The element type of `q` (an [`AttnDtype`] value, `ATTN_DTYPE_*`, read as an `int32_t`):
+  // f32, bf16 or f16; `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`. A view's `data`
+  // pointer then addresses elements of that type (cast it to `const float*`) and its
+  // strides and offset count those elements.
+  int32_t q_dtype;
+  // The element type of `k`: f32, bf16, f16, or int8 blocks (`ATTN_DTYPE_Q8`, scales in
+  // `k_scales`).
+  int32_t k_dtype;
+  // The element type of `v`, as `k_dtype` (scales in `v_scales`).
+  int32_t v_dtype;
+  // The element type of `o`: f32, bf16 or f16 (rounded to nearest even; f16 overflows to
+  // `±∞` from 65520 on); `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`.
+  int32_t o_dtype;
+  // With `k_dtype = ATTN_DTYPE_Q8`: the f32 scales of `k`, `[batch, hkv, nk, ⌈dk/32⌉]`, one
+  // per block of 32 values along `dk` (value = int8 · scale, exactly; see the Rust
+  // `attn_core::quant`). Ignored (may be all zero) otherwise.
+  struct AttnTensor k_scales;
+  // With `v_dtype = ATTN_DTYPE_Q8`: the scales of `v`, `[batch, hkv, nk, ⌈dv/32⌉]`.
+  struct AttnTensor v_scales;
 } AttnAttentionArgs;
 
 // The shape of a multi-head attention layer (see the Rust `MhaConfig`).

@@ -23,9 +23,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null;
 
 use attn_core::{
-    Activation, EncoderConfig, EncoderWeights, Error, FeedForwardWeights, LayerNormWeights, Mask,
-    MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Tensor4Layout, TensorMut, TensorRef,
-    Variants,
+    Activation, AnyMut, AnyRef, EncoderConfig, EncoderWeights, Error, FeedForwardWeights, KvRef,
+    LayerNormWeights, Mask, MatLayout, MatMut, MatRef, MhaConfig, MhaWeights, Q8Ref, Tensor4Layout,
+    TensorMut, TensorRef, Variants,
 };
 
 use crate::attention::{Attention, Path};
@@ -114,6 +114,9 @@ pub enum AttnStatus {
     NullPointer = 10,
     /// A panic was caught at the boundary (a bug: please report it).
     Panic = 11,
+    /// An element type (`AttnDtype`) that the operand cannot take: int8 for the queries or the
+    /// output of attention (only K and V may be int8-quantised). The message names the field.
+    UnsupportedDtype = 12,
 }
 
 impl AttnStatus {
@@ -382,6 +385,75 @@ pub struct AttnAttentionArgs {
     pub sinks: *const f32,
     /// NULL, or `hq` finite ALiBi slopes: `slope_h·(j − i − off)` is added to each score.
     pub alibi: *const f32,
+    // Version 3: element types. Zero: f32 operands, as before.
+    /// The element type of `q` (an [`AttnDtype`] value, `ATTN_DTYPE_*`, read as an `int32_t`):
+    /// f32, bf16 or f16; `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`. A view's `data`
+    /// pointer then addresses elements of that type (cast it to `const float*`) and its
+    /// strides and offset count those elements.
+    pub q_dtype: i32,
+    /// The element type of `k`: f32, bf16, f16, or int8 blocks (`ATTN_DTYPE_Q8`, scales in
+    /// `k_scales`).
+    pub k_dtype: i32,
+    /// The element type of `v`, as `k_dtype` (scales in `v_scales`).
+    pub v_dtype: i32,
+    /// The element type of `o`: f32, bf16 or f16 (rounded to nearest even; f16 overflows to
+    /// `±∞` from 65520 on); `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`.
+    pub o_dtype: i32,
+    /// With `k_dtype = ATTN_DTYPE_Q8`: the f32 scales of `k`, `[batch, hkv, nk, ⌈dk/32⌉]`, one
+    /// per block of 32 values along `dk` (value = int8 · scale, exactly; see the Rust
+    /// `attn_core::quant`). Ignored (may be all zero) otherwise.
+    pub k_scales: AttnTensor,
+    /// With `v_dtype = ATTN_DTYPE_Q8`: the scales of `v`, `[batch, hkv, nk, ⌈dv/32⌉]`.
+    pub v_scales: AttnTensor,
+}
+
+/// The values of the `*_dtype` fields of [`AttnAttentionArgs`]: the element type of an
+/// operand. The fields are `int32_t`: any other value is `ATTN_STATUS_INVALID_PARAMETER`
+/// naming the field. Accumulation and the softmax are f32 whatever the operands' types.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnDtype {
+    /// `float` (the default: 0).
+    F32 = 0,
+    /// bfloat16, as `uint16_t` bits (the top half of an f32).
+    Bf16 = 1,
+    /// IEEE binary16, as `uint16_t` bits.
+    F16 = 2,
+    /// Symmetric int8 (`int8_t` values) in blocks of 32 along the last dimension, with one f32
+    /// scale per block in a separate view: K and V only.
+    Q8 = 3,
+}
+
+impl AttnDtype {
+    /// The value of the field `arg`.
+    fn from_c(arg: &'static str, v: i32) -> Result<Self, Failure> {
+        Ok(match v {
+            0 => AttnDtype::F32,
+            1 => AttnDtype::Bf16,
+            2 => AttnDtype::F16,
+            3 => AttnDtype::Q8,
+            v => {
+                return Err(Failure::BadValue {
+                    arg,
+                    value: i64::from(v),
+                    allowed: "must be ATTN_DTYPE_F32 (0), ATTN_DTYPE_BF16 (1), ATTN_DTYPE_F16 \
+                              (2) or ATTN_DTYPE_Q8 (3)",
+                })
+            }
+        })
+    }
+
+    /// The type of a query or output operand (`arg`), which cannot be int8.
+    fn floating(arg: &'static str, v: i32) -> Result<Self, Failure> {
+        match Self::from_c(arg, v)? {
+            AttnDtype::Q8 => Err(Failure::Unsupported {
+                arg,
+                what: "ATTN_DTYPE_Q8: the queries and the output of attention are f32, bf16 or \
+                       f16 (only K and V may be int8-quantised)",
+            }),
+            t => Ok(t),
+        }
+    }
 }
 
 /// The smallest `struct_size` [`attn_attention_run`] accepts: the first version of
@@ -389,6 +461,11 @@ pub struct AttnAttentionArgs {
 /// are read only when `struct_size` covers them.
 const ATTENTION_ARGS_MIN_SIZE: usize =
     std::mem::offset_of!(AttnAttentionArgs, threads) + std::mem::size_of::<usize>();
+
+/// The size of version 2 of [`AttnAttentionArgs`] (through `alibi`), which version 3 (the
+/// element types) extends.
+const ATTENTION_ARGS_V2_SIZE: usize =
+    std::mem::offset_of!(AttnAttentionArgs, alibi) + std::mem::size_of::<*const f32>();
 
 /// The shape of a multi-head attention layer (see the Rust `MhaConfig`).
 #[repr(C)]
@@ -567,6 +644,9 @@ fn guard(f: impl FnOnce() -> Result<(), Failure>) -> AttnStatus {
         Ok(Err(Failure::BadValue { arg, value, allowed })) => {
             (AttnStatus::InvalidParameter, format!("argument `{arg}`: got {value}; {allowed}"))
         }
+        Ok(Err(Failure::Unsupported { arg, what })) => {
+            (AttnStatus::UnsupportedDtype, format!("argument `{arg}`: {what}"))
+        }
         Err(_) => (AttnStatus::Panic, "internal panic caught at the C boundary".to_string()),
     };
     // Formatting cannot unwind here (the message is built already); a failed access to the
@@ -623,6 +703,108 @@ c_views! {
         "`data` addresses the view's elements, unwritten during the call.";
     AttnTensorMut => TensorMut, slice_mut,
         "`data` addresses the view's elements, used by nothing else during the call.";
+}
+
+impl AttnTensor {
+    /// The empty view (null data, zero dims): an unused field.
+    pub const EMPTY: AttnTensor =
+        AttnTensor { data: null(), dims: [0; 4], strides: [0; 4], offset: 0 };
+
+    /// The byte span of the view when its elements are of type `t` (`data` then addresses
+    /// elements of that type, whatever its declared pointee).
+    fn typed_span(&self, arg: &'static str, t: AttnDtype) -> Result<Span, Failure> {
+        let (p, n) = (self.data, tensor_len(arg, &self.layout())?);
+        match t {
+            AttnDtype::F32 => span(arg, p, n),
+            AttnDtype::Bf16 | AttnDtype::F16 => span(arg, p.cast::<u16>(), n),
+            AttnDtype::Q8 => span(arg, p.cast::<i8>(), n),
+        }
+    }
+
+    /// The view over elements of type `T` at `data`.
+    ///
+    /// # Safety
+    /// `data` addresses the view's elements, of type `T`, unwritten during the call.
+    unsafe fn view_as<'a, T: Copy>(&self, arg: &'static str) -> Result<TensorRef<'a, T>, Failure> {
+        let l = self.layout();
+        // SAFETY: forwarded from the caller.
+        Ok(TensorRef::new(unsafe { slice(arg, self.data.cast::<T>(), tensor_len(arg, &l)?)? }, l))
+    }
+
+    /// The query operand of floating type `t` (never [`AttnDtype::Q8`]: see
+    /// [`AttnDtype::floating`]).
+    ///
+    /// # Safety
+    /// As [`view_as`](Self::view_as) for the type `t` names.
+    unsafe fn any_view<'a>(&self, arg: &'static str, t: AttnDtype) -> Result<AnyRef<'a>, Failure> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            Ok(match t {
+                AttnDtype::Bf16 => AnyRef::BF16(self.view_as(arg)?),
+                AttnDtype::F16 => AnyRef::F16(self.view_as(arg)?),
+                AttnDtype::F32 | AttnDtype::Q8 => AnyRef::F32(self.view_as(arg)?),
+            })
+        }
+    }
+
+    /// A K or V operand of type `t`, with its f32 block scales (`scales`, named `sarg`) for
+    /// [`AttnDtype::Q8`].
+    ///
+    /// # Safety
+    /// As [`view_as`](Self::view_as) for the type `t` names, and for `f32` of `scales` when `t`
+    /// is [`AttnDtype::Q8`].
+    unsafe fn kv_view<'a>(
+        &self,
+        arg: &'static str,
+        t: AttnDtype,
+        (scales, sarg): (&AttnTensor, &'static str),
+    ) -> Result<KvRef<'a>, Failure> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            Ok(match t {
+                AttnDtype::F32 => KvRef::F32(self.view_as(arg)?),
+                AttnDtype::Bf16 => KvRef::BF16(self.view_as(arg)?),
+                AttnDtype::F16 => KvRef::F16(self.view_as(arg)?),
+                AttnDtype::Q8 => {
+                    KvRef::Q8(Q8Ref { values: self.view_as(arg)?, scales: scales.view_as(sarg)? })
+                }
+            })
+        }
+    }
+}
+
+impl AttnTensorMut {
+    /// As [`AttnTensor::typed_span`], for an output of floating type `t`.
+    fn typed_span(&self, arg: &'static str, t: AttnDtype) -> Result<Span, Failure> {
+        let AttnTensorMut { data, dims, strides, offset } = *self;
+        AttnTensor { data: data.cast_const(), dims, strides, offset }.typed_span(arg, t)
+    }
+
+    /// The view over elements of type `T` at `data`.
+    ///
+    /// # Safety
+    /// `data` addresses the view's elements, of type `T`, used by nothing else during the call.
+    unsafe fn view_as<'a, T: Copy>(&self, arg: &'static str) -> Result<TensorMut<'a, T>, Failure> {
+        let l = self.layout();
+        // SAFETY: forwarded from the caller.
+        let data = unsafe { slice_mut(arg, self.data.cast::<T>(), tensor_len(arg, &l)?)? };
+        Ok(TensorMut::new(data, l))
+    }
+
+    /// The output of floating type `t` (never [`AttnDtype::Q8`]: see [`AttnDtype::floating`]).
+    ///
+    /// # Safety
+    /// As [`view_as`](Self::view_as) for the type `t` names.
+    unsafe fn any_view<'a>(&self, arg: &'static str, t: AttnDtype) -> Result<AnyMut<'a>, Failure> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            Ok(match t {
+                AttnDtype::Bf16 => AnyMut::BF16(self.view_as(arg)?),
+                AttnDtype::F16 => AnyMut::F16(self.view_as(arg)?),
+                AttnDtype::F32 | AttnDtype::Q8 => AnyMut::F32(self.view_as(arg)?),
+            })
+        }
+    }
 }
 
 /// The mask's element span (empty for none/causal), after checking its kind.
@@ -969,7 +1151,7 @@ impl CWeights for AttnEncoderWeights {
 /// null). The argument is an `int32_t`, so any value may be passed.
 #[no_mangle]
 pub extern "C" fn attn_status_name(status: i32) -> *const c_char {
-    const NAMES: [&[u8]; 12] = [
+    const NAMES: [&[u8]; 13] = [
         b"ATTN_STATUS_OK\0",
         b"ATTN_STATUS_SHAPE_MISMATCH\0",
         b"ATTN_STATUS_OUT_OF_BOUNDS\0",
@@ -982,6 +1164,7 @@ pub extern "C" fn attn_status_name(status: i32) -> *const c_char {
         b"ATTN_STATUS_INVALID_PARAMETER\0",
         b"ATTN_STATUS_NULL_POINTER\0",
         b"ATTN_STATUS_PANIC\0",
+        b"ATTN_STATUS_UNSUPPORTED_DTYPE\0",
     ];
     let s: &'static [u8] = usize::try_from(status)
         .ok()
@@ -1135,7 +1318,8 @@ pub unsafe extern "C" fn attn_attention_run(args: *const AttnAttentionArgs) -> A
         // SAFETY: the caller's contract; `AttnAttentionArgs` is `repr(C)`, starts with its
         // `size_t struct_size`, and is valid when all-zero (integers, floats, raw pointers).
         let args = unsafe {
-            raw::read_sized(("args", "args.struct_size"), args, &[ATTENTION_ARGS_MIN_SIZE])?
+            let versions = [ATTENTION_ARGS_MIN_SIZE, ATTENTION_ARGS_V2_SIZE];
+            raw::read_sized(("args", "args.struct_size"), args, &versions)?
         };
         // SAFETY: forwarded from the caller.
         unsafe { attention_call(&args) }
@@ -1236,6 +1420,12 @@ impl AttnAttentionArgs {
             softcap: 0.0,
             sinks: std::ptr::null(),
             alibi: std::ptr::null(),
+            q_dtype: 0,
+            k_dtype: 0,
+            v_dtype: 0,
+            o_dtype: 0,
+            k_scales: AttnTensor::EMPTY,
+            v_scales: AttnTensor::EMPTY,
         }
     }
 }
@@ -1269,15 +1459,30 @@ unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
     variants.window()?;
     // Sinks and slopes: one per query head (the view's dims, checked against the other
     // operands by the Rust problem).
+    let (qt, ot) = (
+        AttnDtype::floating("args.q_dtype", a.q_dtype)?,
+        AttnDtype::floating("args.o_dtype", a.o_dtype)?,
+    );
+    let kv = [
+        (AttnDtype::from_c("args.k_dtype", a.k_dtype)?, &a.k, &a.k_scales, ["k", "k_scales"]),
+        (AttnDtype::from_c("args.v_dtype", a.v_dtype)?, &a.v, &a.v_scales, ["v", "v_scales"]),
+    ];
     let hq = a.q.dims[1];
-    let mut inputs = vec![a.q.span("q")?, a.k.span("k")?, a.v.span("v")?];
+    let mut inputs = vec![a.q.typed_span("q", qt)?];
+    for (t, x, scales, [arg, sarg]) in kv {
+        inputs.push(x.typed_span(arg, t)?);
+        if t == AttnDtype::Q8 {
+            inputs.push(scales.span(sarg)?);
+        }
+    }
     inputs.extend(variants.spans(hq)?);
     // SAFETY: forwarded from the caller.
     inputs.extend(unsafe { mask_span(a.mask)? });
-    disjoint(&[a.o.span("o")?, span("lse", a.lse, a.lse_len)?], &inputs)?;
+    disjoint(&[a.o.typed_span("o", ot)?, span("lse", a.lse, a.lse_len)?], &inputs)?;
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
     let (q, k, v, mask, o) = unsafe {
-        (a.q.view("q")?, a.k.view("k")?, a.v.view("v")?, mask_view(a.mask)?, a.o.view("o")?)
+        let [k, v] = kv.map(|(t, x, scales, [arg, sarg])| x.kv_view(arg, t, (scales, sarg)));
+        (a.q.any_view("q", qt)?, k?, v?, mask_view(a.mask)?, a.o.any_view("o", ot)?)
     };
     // SAFETY: as above.
     let lse = unsafe { opt_mut("lse", a.lse, a.lse_len)? };

@@ -26,6 +26,13 @@ pub(crate) enum Failure {
         /// The values it may take.
         allowed: &'static str,
     },
+    /// An element type the operand cannot take (`ATTN_STATUS_UNSUPPORTED_DTYPE`).
+    Unsupported {
+        /// The field, e.g. `args.q_dtype`.
+        arg: &'static str,
+        /// Why, and what it may be.
+        what: &'static str,
+    },
 }
 
 impl From<Error> for Failure {

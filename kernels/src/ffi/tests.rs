@@ -68,11 +68,12 @@ fn status_names_for_every_integer() {
         (AttnStatus::InvalidParameter, "ATTN_STATUS_INVALID_PARAMETER"),
         (AttnStatus::NullPointer, "ATTN_STATUS_NULL_POINTER"),
         (AttnStatus::Panic, "ATTN_STATUS_PANIC"),
+        (AttnStatus::UnsupportedDtype, "ATTN_STATUS_UNSUPPORTED_DTYPE"),
     ];
     for (s, want) in all {
         assert_eq!(name(s as i32), want);
     }
-    for bad in [12, 13, -1, 1000, i32::MIN, i32::MAX] {
+    for bad in [13, 14, -1, 1000, i32::MIN, i32::MAX] {
         assert_eq!(name(bad), "unknown status", "{bad}");
     }
 }
@@ -482,6 +483,12 @@ fn args(
         softcap: 0.0,
         sinks: null(),
         alibi: null(),
+        q_dtype: 0,
+        k_dtype: 0,
+        v_dtype: 0,
+        o_dtype: 0,
+        k_scales: AttnTensor::EMPTY,
+        v_scales: AttnTensor::EMPTY,
     }
 }
 
@@ -980,4 +987,134 @@ fn layer_variants_are_checked() {
     };
     assert_eq!(s, AttnStatus::AliasedOutput);
     assert!(last_error().contains("`y`") && last_error().contains("`sinks`"), "{}", last_error());
+}
+
+/// Version 3 of `AttnAttentionArgs`, the element types: every dtype of each operand gives the
+/// bits of the Rust `Attention` on the same views (bf16/f16 Q, K, V and O; int8 K and V with
+/// their scales); a version-2 struct (no dtype fields) is still f32; int8 queries or output are
+/// `ATTN_STATUS_UNSUPPORTED_DTYPE`, unknown dtype values `ATTN_STATUS_INVALID_PARAMETER`, both
+/// naming the field; an int8 operand's span counts bytes (an output overlapping the scales is
+/// refused).
+#[test]
+fn attention_args_element_types() {
+    use crate::attention::Attention;
+    use attn_core::{bf16, f16, quantize_q8, Q8Mut, Q8Ref};
+    let (nq, nk, d) = (3, 11, 8);
+    let (qf, kf, vf) = (vals(2 * nq * d, 1), vals(nk * d, 2), vals(nk * d, 3));
+    let l = |h, n| Tensor4Layout::bhsd(1, h, n, d);
+    let qb: Vec<bf16> = qf.iter().map(|&x| bf16::from_f32(x)).collect();
+    let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
+    let (mut kq, mut ks, mut vq, mut vs) =
+        (vec![0i8; nk * d], vec![0.0f32; nk], vec![0i8; nk * d], vec![0.0f32; nk]);
+    let sl = Tensor4Layout::bhsd(1, 1, nk, 1);
+    quantize_q8(
+        TensorRef::new(&kf, l(1, nk)),
+        Q8Mut::new(TensorMut::new(&mut kq, l(1, nk)), TensorMut::new(&mut ks, sl)),
+    )
+    .unwrap();
+    quantize_q8(
+        TensorRef::new(&vf, l(1, nk)),
+        Q8Mut::new(TensorMut::new(&mut vq, l(1, nk)), TensorMut::new(&mut vs, sl)),
+    )
+    .unwrap();
+    let ks_t = tensor(&ks, [1, 1, nk, 1]);
+    let vs_t = tensor(&vs, [1, 1, nk, 1]);
+    // As C passes them: the data pointer cast to `const float*`.
+    let cast = |p: *const u8, dims| AttnTensor { data: p.cast(), ..tensor(&[], dims) };
+    let q_bf16 = cast(qb.as_ptr().cast(), [1, 2, nq, d]);
+    let k_f16 = cast(kh.as_ptr().cast(), [1, 1, nk, d]);
+    let k_q8 = cast(kq.as_ptr().cast(), [1, 1, nk, d]);
+    let v_q8 = cast(vq.as_ptr().cast(), [1, 1, nk, d]);
+
+    // bf16 Q, f16 K, int8 V, bf16 O (and f32 O) against the Rust call on the same views.
+    for o_dtype in [AttnDtype::Bf16, AttnDtype::F32, AttnDtype::F16] {
+        let mut o16 = vec![0u16; 2 * nq * d];
+        let mut o32 = vec![0.0f32; 2 * nq * d];
+        let (mut lse, mut lse_want) = (vec![0.0f32; 2 * nq], vec![0.0f32; 2 * nq]);
+        let mut a = args((&qf, &kf, &vf), nq, &mut o32, &mut lse);
+        a.q = q_bf16;
+        a.k = k_f16;
+        a.v = v_q8;
+        a.v_scales = vs_t;
+        (a.q_dtype, a.k_dtype, a.v_dtype, a.o_dtype) = (1, 2, 3, o_dtype as i32);
+        if o_dtype != AttnDtype::F32 {
+            a.o.data = o16.as_mut_ptr().cast();
+        }
+        // SAFETY: every view addresses its buffer, in the type its dtype names.
+        assert_eq!(unsafe { attn_attention_run(&a) }, AttnStatus::Ok, "{}", last_error());
+        let v = Q8Ref { values: TensorRef::new(&vq, l(1, nk)), scales: TensorRef::new(&vs, sl) };
+        let p = Attention::new(TensorRef::new(&qb, l(2, nq)), TensorRef::new(&kh, l(1, nk)), v)
+            .lse(&mut lse_want);
+        match o_dtype {
+            AttnDtype::Bf16 => {
+                let mut want = vec![bf16::ZERO; 2 * nq * d];
+                p.run(TensorMut::new(&mut want, l(2, nq))).unwrap();
+                assert!(want.iter().zip(&o16).all(|(w, g)| w.to_bits() == *g), "{o_dtype:?}");
+            }
+            AttnDtype::F16 => {
+                let mut want = vec![f16::ZERO; 2 * nq * d];
+                p.run(TensorMut::new(&mut want, l(2, nq))).unwrap();
+                assert!(want.iter().zip(&o16).all(|(w, g)| w.to_bits() == *g), "{o_dtype:?}");
+            }
+            _ => {
+                let mut want = vec![0.0f32; 2 * nq * d];
+                p.run(TensorMut::new(&mut want, l(2, nq))).unwrap();
+                assert!(want.iter().zip(&o32).all(|(w, g)| w.to_bits() == g.to_bits()));
+            }
+        }
+        assert!(lse_want.iter().zip(&lse).all(|(w, g)| w.to_bits() == g.to_bits()));
+    }
+
+    let (mut o, mut lse) = (vec![0.0f32; 2 * nq * d], vec![0.0f32; 2 * nq]);
+    let base = args((&qf, &kf, &vf), nq, &mut o, &mut lse);
+    // int8 K with its scales; a version-2 caller (no dtype fields) is f32.
+    let q8k = AttnAttentionArgs { k: k_q8, k_dtype: 3, k_scales: ks_t, ..base };
+    // SAFETY: as above.
+    assert_eq!(unsafe { attn_attention_run(&q8k) }, AttnStatus::Ok, "{}", last_error());
+    // A version-2 caller knows no dtype fields: the bytes past its size read as zero (f32),
+    // whatever the struct holds there.
+    let v2 = AttnAttentionArgs { struct_size: ATTENTION_ARGS_V2_SIZE, k: base.k, ..q8k };
+    // SAFETY: views address their buffers (K as f32, which a version-2 caller passes).
+    assert_eq!(unsafe { attn_attention_run(&v2) }, AttnStatus::Ok, "{}", last_error());
+    #[cfg(target_pointer_width = "64")]
+    assert_eq!(ATTENTION_ARGS_V2_SIZE, 424);
+
+    for (field, a) in [
+        ("args.q_dtype", AttnAttentionArgs { q_dtype: 3, ..base }),
+        ("args.o_dtype", AttnAttentionArgs { o_dtype: 3, ..base }),
+    ] {
+        // SAFETY: refused before any view is read.
+        assert_eq!(unsafe { attn_attention_run(&a) }, AttnStatus::UnsupportedDtype, "{field}");
+        assert!(last_error().contains(field), "{}", last_error());
+        assert_eq!(name(AttnStatus::UnsupportedDtype as i32), "ATTN_STATUS_UNSUPPORTED_DTYPE");
+    }
+    for (field, value) in [
+        ("args.q_dtype", 4),
+        ("args.k_dtype", -1),
+        ("args.v_dtype", 99),
+        ("args.o_dtype", i32::MAX),
+    ] {
+        let mut a = base;
+        *match field {
+            "args.q_dtype" => &mut a.q_dtype,
+            "args.k_dtype" => &mut a.k_dtype,
+            "args.v_dtype" => &mut a.v_dtype,
+            _ => &mut a.o_dtype,
+        } = value;
+        // SAFETY: refused before any view is read.
+        assert_eq!(unsafe { attn_attention_run(&a) }, AttnStatus::InvalidParameter, "{field}");
+        assert!(last_error().contains(field), "{}", last_error());
+    }
+    // An output overlapping the int8 K's scales is refused; int8 K without scales is the
+    // Rust shape error on `k_scales`' view.
+    let mut shared = vec![0.0f32; 2 * nq * d];
+    let ks_shared = tensor(&shared[..nk], [1, 1, nk, 1]);
+    let overlap =
+        AttnAttentionArgs { k_scales: ks_shared, o: tensor_mut(&mut shared, [1, 2, nq, d]), ..q8k };
+    // SAFETY: refused before anything is read or written.
+    assert_eq!(unsafe { attn_attention_run(&overlap) }, AttnStatus::AliasedOutput);
+    assert!(last_error().contains("k_scales"), "{}", last_error());
+    let unscaled = AttnAttentionArgs { k_scales: AttnTensor::EMPTY, ..q8k };
+    // SAFETY: the empty scales view reads nothing.
+    assert_ne!(unsafe { attn_attention_run(&unscaled) }, AttnStatus::Ok);
 }
