@@ -57,13 +57,15 @@ pub enum SectionId {
     Additive,
     /// Packed variable-length batches against the same batch padded.
     Batch,
+    /// Decode over a paged K/V cache against dense decode on the same bytes.
+    Paged,
     /// Attention with bf16/f16 operands and int8 K/V caches (decode and flash).
     Dtypes,
 }
 
 impl SectionId {
     /// Every section, in report order.
-    pub const ALL: [SectionId; 9] = [
+    pub const ALL: [SectionId; 10] = [
         SectionId::Gemm,
         SectionId::Softmax,
         SectionId::Attention,
@@ -72,6 +74,7 @@ impl SectionId {
         SectionId::Variants,
         SectionId::Additive,
         SectionId::Batch,
+        SectionId::Paged,
         SectionId::Dtypes,
     ];
 
@@ -86,6 +89,7 @@ impl SectionId {
             SectionId::Variants => "variants",
             SectionId::Additive => "additive",
             SectionId::Batch => "batch",
+            SectionId::Paged => "paged",
             SectionId::Dtypes => "dtypes",
         }
     }

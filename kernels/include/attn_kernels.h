@@ -572,6 +572,72 @@ typedef struct AttnVarlenArgs {
   const struct AttnVariants *variants;
 } AttnVarlenArgs;
 
+// The operands and settings of one [`attn_paged_attention`] call: packed queries against a
+// paged K/V cache (decode: one query per sequence; chunked prefill: several). Sequence `b` is
+// queries `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of `q` against the `seq_lens[b]` keys and
+// values it holds, written to the same rows of `o`. The pools are `[num_pages, page_size,
+// kv_heads, d]` row-major; key `j` of sequence `b` is slot `j mod page_size` of page
+// `block_table[b·max_pages + j / page_size]` (pages may be shared and in any order).
+//
+// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
+// version is 328 bytes on 64-bit targets). Fields left zero give: no mask, scale `1/√dk`, no
+// logsumexp, every available core, no variants.
+typedef struct AttnPagedArgs {
+  // `sizeof(AttnPagedArgs)` in the caller's header.
+  size_t struct_size;
+  // Packed queries `[1, hq, total_q, dk]` (`[total_q, hq, dk]` storage is the strides
+  // `{0, dk, hq·dk, 1}`); `kv_heads` divides `hq`.
+  struct AttnTensor q;
+  // The packed output `[1, hq, total_q, dv]`, written (only) within its view.
+  struct AttnTensorMut o;
+  // `batch + 1` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`.
+  const size_t *cu_seqlens_q;
+  // The key pool, read only.
+  const float *k_pool;
+  // Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+  size_t k_pool_len;
+  // The value pool, read only.
+  const float *v_pool;
+  // Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+  size_t v_pool_len;
+  // Token slots per page: a power of two from 16 to 256.
+  size_t page_size;
+  // K/V heads per slot.
+  size_t kv_heads;
+  // Key width (at least 1).
+  size_t dk;
+  // Value width.
+  size_t dv;
+  // `[batch, max_pages]` row-major page indices (`batch·max_pages` entries).
+  const uint32_t *block_table;
+  // The number of entries at `block_table`.
+  size_t block_table_len;
+  // Entries per row of `block_table`.
+  size_t max_pages;
+  // Keys each sequence holds, `batch` entries.
+  const size_t *seq_lens;
+  // The number of sequences.
+  size_t batch;
+  // NULL, or a mask of kind none or causal, applied to each sequence with its own sizes:
+  // the default causal offset of sequence `b` is `seq_lens[b] − nq_b`.
+  const struct AttnMask *mask;
+  // The score scale when `has_scale` is 1 (finite); ignored when `has_scale` is 0.
+  float scale;
+  // 0 = the default scale `1/√dk`; 1 = use `scale`.
+  uint8_t has_scale;
+  // NULL for no logsumexp; otherwise `lse_len` must be `hq·total_q` and
+  // `lse[h·total_q + t]` receives the logsumexp of query token `t`, head `h`.
+  float *lse;
+  // The number of floats at `lse`.
+  size_t lse_len;
+  // Threads: 0 = every available core, 1 = the calling thread, n = at most n; the result is
+  // bitwise the same for every count.
+  size_t threads;
+  // NULL for no variants, or an `AttnVariants` measured from each sequence's causal
+  // offset; sinks and slopes have `hq` entries.
+  const struct AttnVariants *variants;
+} AttnPagedArgs;
+
 // The operands of one [`attn_append_kv`] call: new K/V rows of a packed batch appended to a
 // paged cache. The pools are `[num_pages, page_size, kv_heads, d]` row-major; sequence `b`
 // holds `seq_lens[b]` keys, its key `j` in slot `j mod page_size` of page
@@ -966,6 +1032,28 @@ enum AttnStatus attn_additive_attention(const struct AttnAdditiveArgs *args);
 // entries; `lse` addresses `lse_len` floats; `mask` and `variants` are null or valid (with
 // `hq` floats at non-null sinks and slopes); outputs overlap nothing else (checked).
 enum AttnStatus attn_varlen_attention(const struct AttnVarlenArgs *args);
+
+// Attention of packed queries against a paged K/V cache, every operand and setting in one
+// [`AttnPagedArgs`]; the Rust `PagedAttention` behind it (the pages read in place).
+//
+// Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
+// `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
+// `args.has_scale`, `mask.kind`, `mask.causal_default_offset`, `variants.struct_size` or
+// `variants.has_window` for a value it may not take; then the null, bounds and overlap checks
+// (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `block_table`, `seq_lens`, `sinks`,
+// `alibi`, `lse`); then those of the Rust call: the cache's (`page_size`, heads and widths,
+// pool lengths, `block_table_len`, a sequence past its row, a page outside the pool as
+// `ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), a keep or bias mask, a batch other than
+// 1, the packed views' shapes, bad or mismatched offsets, `lse_len`, the variants' values.
+// Nothing is written when a check fails.
+//
+// # Safety
+//
+// `args` is null or addresses `args->struct_size` readable, initialised bytes; each view's
+// `data` addresses the elements the view reaches; each pointer addresses the entries its
+// length says (`cu_seqlens_q` `batch + 1`); `mask` and `variants` are null or valid (with
+// `hq` floats at non-null sinks and slopes); outputs overlap nothing else (checked).
+enum AttnStatus attn_paged_attention(const struct AttnPagedArgs *args);
 
 // Appends a batch's new K/V rows to their pages, every operand in one [`AttnAppendKvArgs`];
 // the Rust `append_kv` behind it. All checks happen before any write: the null, bounds and

@@ -105,10 +105,11 @@ static void test_additive(void) {
     free(q), free(k), free(v), free(o), free(wq), free(wk);
 }
 
-/* Packed varlen attention and a paged cache write through their versioned structs: two
- * sequences of 1 and 2 tokens whose keys are all equal, so each output row is the mean of
- * its sequence's (causally visible) values; then the append of one token to each of two
- * sequences, a write into a slot that both would share, and a struct_size of 0. */
+/* Packed varlen attention, a paged cache write and paged attention through their versioned
+ * structs: two sequences of 1 and 2 tokens whose keys are all equal, so each output row is
+ * the mean of its sequence's (causally visible) values; then the append of one token to each
+ * of two sequences, a write into a slot that both would share, and a struct_size of 0; then
+ * paged attention over those pages, and three refused calls. */
 static void test_batch(void) {
     const size_t h = 1, d = 2, total = 3;
     float q[6] = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f}, k[6] = {0}, v[6] = {1, 2, 3, 4, 5, 6};
@@ -180,6 +181,47 @@ static void test_batch(void) {
     bad_app = app;
     bad_app.struct_size = 0;
     EXPECT(attn_append_kv(&bad_app), ATTN_STATUS_INVALID_PARAMETER, "args.struct_size");
+
+    /* Paged attention over the pools just written: sequence 0 holds 5 keys in page 1 (values
+     * 0, 0, 0, 0, 9), sequence 1 one key in page 0 (value 10). The queries are zero, so every
+     * score is 0 and each output is the mean of its sequence's values. */
+    size_t plens[2] = {5, 1}, pcu[3] = {0, 1, 2};
+    float pq[2] = {0, 0}, po[2], plse[2];
+    AttnPagedArgs pa = {.struct_size = sizeof pa,
+                        .q = {pq, {1, 1, 2, 1}, {0, 1, 1, 1}, 0},
+                        .o = {po, {1, 1, 2, 1}, {0, 1, 1, 1}, 0},
+                        .cu_seqlens_q = pcu,
+                        .k_pool = kp,
+                        .k_pool_len = 32,
+                        .v_pool = vp,
+                        .v_pool_len = 32,
+                        .page_size = 16,
+                        .kv_heads = 1,
+                        .dk = 1,
+                        .dv = 1,
+                        .block_table = table,
+                        .block_table_len = 2,
+                        .max_pages = 1,
+                        .seq_lens = plens,
+                        .batch = 2,
+                        .mask = &causal,
+                        .lse = plse,
+                        .lse_len = 2,
+                        .threads = 2};
+    EXPECT(attn_paged_attention(&pa), ATTN_STATUS_OK, NULL);
+    CHECK(fabsf(po[0] - 9.0f / 5.0f) < 1e-6f && po[1] == 10.0f, "paged o = %g %g", po[0], po[1]);
+    CHECK(fabsf(plse[0] - logf(5.0f)) < 1e-6f && plse[1] == 0.0f, "paged lse = %g %g", plse[0],
+          plse[1]);
+    AttnPagedArgs bad_pa = pa;
+    bad_pa.struct_size = 0;
+    EXPECT(attn_paged_attention(&bad_pa), ATTN_STATUS_INVALID_PARAMETER, "args.struct_size");
+    uint32_t far[2] = {1, 5};
+    bad_pa = pa;
+    bad_pa.block_table = far;
+    EXPECT(attn_paged_attention(&bad_pa), ATTN_STATUS_OUT_OF_BOUNDS, "block_table");
+    bad_pa = pa;
+    bad_pa.v_pool = NULL;
+    EXPECT(attn_paged_attention(&bad_pa), ATTN_STATUS_NULL_POINTER, "`v_pool`");
 }
 
 static double now(void) {

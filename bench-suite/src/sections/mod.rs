@@ -12,6 +12,7 @@ pub mod decode;
 pub mod dtypes;
 pub mod gemm;
 pub mod layers;
+pub mod paged;
 pub mod softmax;
 pub mod variants;
 
@@ -37,6 +38,7 @@ pub fn runner(id: SectionId) -> Option<Runner> {
         SectionId::Variants => Some(variants::run),
         SectionId::Additive => Some(additive::run),
         SectionId::Batch => Some(batch::run),
+        SectionId::Paged => Some(paged::run),
         SectionId::Dtypes => Some(dtypes::run),
     }
 }

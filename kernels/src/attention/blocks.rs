@@ -697,8 +697,10 @@ struct PrefetchV<'a> {
 
 /// All keys of one row tile of [`decode_qk_block`]: tiles of `C` keys, then single keys
 /// (`k` from the block's first key row `j0`, `out` from the tile's first row). Ahead of each
-/// tile it prefetches the key rows [`DECODE_PREFETCH_KEYS`] further on and, when `pv` is
-/// given, the value rows of the same keys, which the P·V pass of the block reads next.
+/// tile it prefetches, when `ahead = Some((m, a))` is given, the same keys' rows of the block
+/// [`DECODE_PREFETCH_KEYS`] further on (rows `a + j` of `m`: where that block lives, which
+/// need not be `k`, e.g. another page) and, when `pv` is given, the value rows of the same
+/// keys, which the P·V pass of the block reads next.
 ///
 /// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
 #[inline(always)]
@@ -712,14 +714,16 @@ fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     nb: usize,
     out: &mut [f32],
     os: usize,
+    ahead: Option<(K, usize)>,
     pv: Option<PrefetchV<'_>>,
 ) {
-    use super::blocking::DECODE_PREFETCH_KEYS as PF;
     let mut j = 0;
     while j + C <= nb {
         for c in 0..C {
-            // Hints only: the rows may lie past the block or the tensor.
-            k.prefetch(j0.wrapping_add(j + PF + c), dk);
+            // Hints only: the rows may lie past the tensor.
+            if let Some((m, a)) = ahead {
+                m.prefetch(a.wrapping_add(j + c), dk);
+            }
             if let Some(p) = pv {
                 p.v.prefetch(p.j0.wrapping_add(j + c), p.dv);
             }
@@ -782,13 +786,17 @@ fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
 /// Decode scores of one key block: `out[r·os + j] = Σ_d q[r·dk + d] · k(j0 + j, d)` for
 /// `r < rows`, `j < nb`, where `q` holds `rows` pre-scaled query rows of `dk` floats and `k`
 /// is read in place in its storage type (`k.in_place(dk)`; gather otherwise).
-/// `prefetch_v = Some((v, vj0, dv))` also prefetches value rows `vj0..vj0 + nb` of `v` while
+/// `ahead = Some((m, a))` prefetches key rows `a..a + nb` of `m`, the keys
+/// [`DECODE_PREFETCH_KEYS`] after this block's (the caller says where they are: further on in
+/// `k`, or in another page). `prefetch_v = Some((v, vj0, dv))` also prefetches value rows
+/// `vj0..vj0 + nb` of `v` while
 /// the scores are computed, so the P·V pass that follows finds them in cache. Rows go in tiles
 /// of up to four, keys in tiles of [`DECODE_QK_KEYS`]`[R − 1]`. Panics if a buffer is too
 /// small or `k` cannot be read in place, which the caller rules out. With `dk = 0` the scores
 /// are 0 and K is not indexed.
 ///
 /// [`DECODE_QK_KEYS`]: super::blocking::DECODE_QK_KEYS
+/// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
@@ -801,6 +809,7 @@ pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
     nb: usize,
     out: &mut [f32],
     os: usize,
+    ahead: Option<(K, usize)>,
     prefetch_v: Option<(KvAny<'_>, usize, usize)>,
 ) {
     use super::blocking::DECODE_QK_KEYS as W;
@@ -825,10 +834,10 @@ pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
             _ => None,
         };
         match rt {
-            1 => dec_qk_rows::<S, K, 1, { W[0] }>(s, dk, qt, k, j0, nb, ot, os, pv),
-            2 => dec_qk_rows::<S, K, 2, { W[1] }>(s, dk, qt, k, j0, nb, ot, os, pv),
-            3 => dec_qk_rows::<S, K, 3, { W[2] }>(s, dk, qt, k, j0, nb, ot, os, pv),
-            _ => dec_qk_rows::<S, K, 4, { W[3] }>(s, dk, qt, k, j0, nb, ot, os, pv),
+            1 => dec_qk_rows::<S, K, 1, { W[0] }>(s, dk, qt, k, j0, nb, ot, os, ahead, pv),
+            2 => dec_qk_rows::<S, K, 2, { W[1] }>(s, dk, qt, k, j0, nb, ot, os, ahead, pv),
+            3 => dec_qk_rows::<S, K, 3, { W[2] }>(s, dk, qt, k, j0, nb, ot, os, ahead, pv),
+            _ => dec_qk_rows::<S, K, 4, { W[3] }>(s, dk, qt, k, j0, nb, ot, os, ahead, pv),
         }
         r0 += rt;
     }

@@ -15,16 +15,25 @@
 //! rows. A block is small (16 keys) so its K and V rows are still in L1 when the second pass
 //! reads them.
 //!
+//! Where the blocks come from is a [`Source`]: the problem's own K/V views (read in place in
+//! their type, or gathered block by block into f32), or the pages of a paged cache
+//! ([`run_paged`]: each piece of a paged batch is a problem of one sequence, and a block of 16
+//! keys, 16-aligned, lies in one page, so it is a strided matrix of that page; the key rows
+//! prefetched ahead are those of the page that holds them, from its own address).
+//!
 //! The split into chunks depends on the visible key range only ([`split`]: all `nk` keys, or
 //! those a window or causal mask leaves to the queries), and the merge visits the chunks in
 //! order, so the result is bitwise identical whatever the thread count (threads only decide
 //! which chunks run where).
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
-use attn_core::{AnyMut, Element, Result, TensorMut};
+use attn_core::batch::{packed_seq, PagedKv};
+use attn_core::{AnyMut, Element, Mask, Result, TensorMut, TensorRef, Variants};
 
-use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK};
+use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK, DECODE_PREFETCH_KEYS};
 use super::blocks::{
     axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat,
     Strided,
@@ -53,33 +62,189 @@ pub(super) fn run(
     lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
-    let heads = p.batch.saturating_mul(p.hkv);
-    if heads == 0 || p.nq == 0 {
+    if p.batch.saturating_mul(p.hkv) == 0 || p.nq == 0 {
         return Ok(());
     }
-    // The keys any query may see (all of them but for a causal mask or a window).
-    let (k0, k1) = (p.key_start(0), p.key_end(p.nq - 1).max(p.key_start(0)));
-    let (chunks, chunk_len) = split(k1 - k0);
+    let partials = run_tasks(isa, &[(p, Dense)], par)?;
+    let lse = lse.map(|out| LseOut { out, base: 0, head_stride: p.nq });
+    merge(isa, p, &partials[0], o, lse)
+}
+
+/// One piece of a paged batch ([`run_paged`]): queries `rows` of the packed batch, all of
+/// sequence `seq`, with the mask and the variants' offset (`off`, [`Variants::offset`]) that
+/// give them their positions in that sequence.
+pub(crate) struct PagedPiece<'a> {
+    /// The sequence.
+    pub seq: usize,
+    /// Its queries in the packed batch.
+    pub rows: Range<usize>,
+    /// [`Mask::None`], or [`Mask::Causal`] with the offset of the piece's first query.
+    pub mask: Mask<'a>,
+    /// The offset the window and ALiBi measure from, for the piece's first query.
+    pub off: isize,
+}
+
+/// The decode path over a paged cache: each piece is a problem of one batch whose keys and
+/// values are read in place from the pages of its sequence ([`Pages`]), and all pieces' chunk
+/// tasks share one parallel loop. `q: [1, hq, total_q, dk]`, `o: [1, hq, total_q, dv]` and
+/// `lse` (`[hq, total_q]`) were checked against `cache` (already [`PagedKv::check`]ed) by the
+/// caller; `hkv` divides `hq`, and `variants` were checked for `hq` heads.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_paged(
+    isa: Isa,
+    q: TensorRef<'_>,
+    cache: &PagedKv<'_>,
+    pieces: &[PagedPiece<'_>],
+    scale: f32,
+    variants: Variants<'_>,
+    o: TensorMut<'_>,
+    mut lse: Option<&mut [f32]>,
+    par: Parallelism,
+) -> Result<()> {
+    let total_q = q.layout.dims[2];
+    let problems: Vec<_> = pieces
+        .iter()
+        .map(|pc| {
+            let qv = TensorRef::new(q.data, packed_seq(&q.layout, pc.rows.clone()));
+            let nk = cache.seq_lens[pc.seq];
+            let p =
+                Problem::piece(qv, cache.kv_heads, nk, cache.dv, scale, &pc.mask, pc.off, variants);
+            (p, Pages { cache, seq: pc.seq })
+        })
+        .collect();
+    let jobs: Vec<_> = problems.iter().map(|(p, src)| (p, *src)).collect();
+    let partials = run_tasks(isa, &jobs, par)?;
+    for ((p, _), (pc, parts)) in problems.iter().zip(pieces.iter().zip(&partials)) {
+        let out = TensorMut::new(&mut *o.data, packed_seq(&o.layout, pc.rows.clone()));
+        let lse =
+            lse.as_deref_mut().map(|out| LseOut { out, base: pc.rows.start, head_stride: total_q });
+        merge(isa, p, parts, AnyMut::F32(out), lse)?;
+    }
+    Ok(())
+}
+
+/// Where the keys and values of a problem's `(batch, K/V head)` come from: runs one chunk
+/// with that source's blocks.
+trait Source: Copy + Sync {
+    /// What the first key of a split must be a multiple of: [`DECODE_BC`] for pages (so each
+    /// block lies in one page), 1 otherwise. Keys before a window's left edge that the
+    /// alignment adds are masked by the window like any other.
+    const ALIGN: usize;
+    fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial>;
+}
+
+/// The problem's own K/V views (any type and strides).
+#[derive(Clone, Copy)]
+struct Dense;
+
+impl Source for Dense {
+    const ALIGN: usize = 1;
+    fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
+        chunk(isa, c)
+    }
+}
+
+/// The pages of sequence `seq` of a checked paged cache (f32, read in place).
+#[derive(Clone, Copy)]
+struct Pages<'r, 'a> {
+    cache: &'r PagedKv<'a>,
+    seq: usize,
+}
+
+impl Source for Pages<'_, '_> {
+    const ALIGN: usize = DECODE_BC;
+    fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
+        let (cache, kh) = (self.cache, c.kh);
+        let pages = cache.seq_lens[self.seq].div_ceil(cache.page_size);
+        let table = &cache.block_table[self.seq * cache.max_pages..][..pages];
+        let pool = |data, d| PageBlocks {
+            data,
+            table,
+            ps: cache.page_size,
+            rs: cache.kv_heads * d,
+            head: kh * d,
+        };
+        vectorize(isa, Sourced { c, kb: pool(cache.k, cache.dk), vb: pool(cache.v, cache.dv) })
+    }
+}
+
+/// The logsumexp output of a merge: row `(b, h, i)` goes to
+/// `out[base + (b·hq + h)·head_stride + i]`.
+struct LseOut<'r> {
+    out: &'r mut [f32],
+    base: usize,
+    head_stride: usize,
+}
+
+/// Runs the chunk tasks of every problem (each with its K/V source) in one loop, in order,
+/// and returns each problem's partials (`batch·hkv` heads of `split` chunks each, head-major).
+/// The thread count only picks who runs the chunks, never how the keys are split.
+fn run_tasks<Src: Source>(
+    isa: Isa,
+    jobs: &[(&Problem<'_>, Src)],
+    par: Parallelism,
+) -> Result<Vec<Vec<Partial>>> {
+    // Per problem: its first task, the keys any query may see (all of them but for a causal
+    // mask or a window) and their split.
+    let mut first = Vec::with_capacity(jobs.len() + 1);
+    let mut plans = Vec::with_capacity(jobs.len());
+    let mut tasks = 0usize;
+    for (p, _) in jobs {
+        first.push(tasks);
+        let (k0, k1) = if p.nq == 0 {
+            (0, 0)
+        } else {
+            let k0 = p.key_start(0) / Src::ALIGN * Src::ALIGN;
+            (k0, p.key_end(p.nq - 1).max(k0))
+        };
+        let (chunks, chunk_len) = split(k1 - k0);
+        plans.push((k0, k1, chunks, chunk_len));
+        // Rows (batch·hq·nq) are bounded by the output or lse slice (the caller returned
+        // early when neither has an element), so this product is too; saturating all the same.
+        let heads = if p.nq == 0 { 0 } else { p.batch.saturating_mul(p.hkv) };
+        tasks = tasks.saturating_add(heads.saturating_mul(chunks));
+    }
+    first.push(tasks);
     let task = |t: usize| {
+        let job = first.partition_point(|&f| f <= t) - 1;
+        let ((p, src), (k0, k1, chunks, chunk_len)) = (&jobs[job], plans[job]);
+        let t = t - first[job];
         let (bk, c) = (t / chunks, t % chunks);
         let c0 = k0.saturating_add(c * chunk_len).min(k1);
         let c1 = c0.saturating_add(chunk_len).min(k1);
-        chunk(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
+        src.chunk(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
     };
-    // Rows (batch·hq·nq) are bounded by the output or lse slice (the caller returned early
-    // when neither has an element), so this product is too; saturating all the same.
-    let tasks = heads.saturating_mul(chunks);
-    // The thread count only picks who runs the chunks, never how the keys are split.
-    let partials: Vec<Partial> = if par.count() == 1 || tasks == 1 {
+    let mut all: Vec<Partial> = if par.count() == 1 || tasks == 1 {
         (0..tasks).map(task).collect::<Result<_>>()?
     } else {
         par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect::<Result<_>>())?
     };
+    let mut out = Vec::with_capacity(jobs.len());
+    for w in first.windows(2).rev() {
+        out.push(all.split_off(w[0]));
+    }
+    out.reverse();
+    Ok(out)
+}
+
+/// Merges the partials of one problem (as [`run_tasks`] returns them) into `o` and `lse`.
+fn merge(
+    isa: Isa,
+    p: &Problem<'_>,
+    partials: &[Partial],
+    o: AnyMut<'_>,
+    lse: Option<LseOut<'_>>,
+) -> Result<()> {
+    let heads = if p.nq == 0 { 0 } else { p.batch * p.hkv };
+    if heads == 0 {
+        return Ok(());
+    }
+    let chunks = partials.len() / heads;
     let acc = zeros("v", Some(p.dv))?;
     match o {
-        AnyMut::F32(o) => vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc }),
-        AnyMut::BF16(o) => vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc }),
-        AnyMut::F16(o) => vectorize(isa, Merge { p, partials: &partials, chunks, o, lse, acc }),
+        AnyMut::F32(o) => vectorize(isa, Merge { p, partials, chunks, o, lse, acc }),
+        AnyMut::BF16(o) => vectorize(isa, Merge { p, partials, chunks, o, lse, acc }),
+        AnyMut::F16(o) => vectorize(isa, Merge { p, partials, chunks, o, lse, acc }),
     }
     Ok(())
 }
@@ -104,7 +269,7 @@ struct Merge<'r, 'a, 'o, T> {
     partials: &'r [Partial],
     chunks: usize,
     o: TensorMut<'o, T>,
-    lse: Option<&'r mut [f32]>,
+    lse: Option<LseOut<'r>>,
     /// One output row's weighted sum, `dv` floats.
     acc: Vec<f32>,
 }
@@ -147,8 +312,8 @@ impl<T: Element> Kernel for Merge<'_, '_, '_, T> {
                     let idx = o.layout.index(b, h, i, d);
                     o.data[idx] = T::from_f32(a * inv);
                 }
-                if let Some(out) = lse.as_deref_mut() {
-                    out[(b * p.hq + h) * p.nq + i] = row_lse;
+                if let Some(l) = lse.as_mut() {
+                    l.out[l.base + (b * p.hq + h) * l.head_stride + i] = row_lse;
                 }
             }
         }
@@ -177,67 +342,78 @@ fn chunk(isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
     let (dk, dv) = (c.p.dk, c.p.dv);
     match (keys, values) {
         (KvAny::F32(k), KvAny::F32(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
         }
         (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
         }
         (KvAny::F16(k), KvAny::F16(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
         }
         (KvAny::Q8(k), KvAny::Q8(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, values, kb: InPlace(k), vb: InPlace(v) })
+            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
         }
         _ => {
             let (kb, vb) = (Gather::new(keys, dk, "k")?, Gather::new(values, dv, "v")?);
-            vectorize(isa, Sourced { c, values, kb, vb })
+            vectorize(isa, Sourced { c, kb, vb })
         }
     }
 }
 
 /// A chunk with its key and value block sources: the [`Kernel`] of one source pair.
-struct Sourced<'r, 'a, 'v, KB, VB> {
+struct Sourced<'r, 'a, KB, VB> {
     c: Chunk<'r, 'a>,
-    values: KvAny<'v>,
     kb: KB,
     vb: VB,
 }
 
-impl<KB: Blocks, VB: Blocks> Kernel for Sourced<'_, '_, '_, KB, VB> {
+impl<KB: Blocks, VB: Blocks> Kernel for Sourced<'_, '_, KB, VB> {
     type Output = Result<Partial>;
 
     #[inline(always)]
     fn run<S: Simd>(self, s: S) -> Result<Partial> {
-        let Sourced { c, values, kb, vb } = self;
-        c.body(s, values, kb, vb)
+        let Sourced { c, kb, vb } = self;
+        c.body(s, kb, vb)
     }
 }
 
-/// Where a task's key (or value) blocks come from: the matrix itself, read in place, or an
-/// f32 copy gathered block by block.
+/// A block of `nb ≤ DECODE_BC` rows as [`Blocks::block`] gives it: rows `j..j + nb` of `m`,
+/// and where the rows [`DECODE_PREFETCH_KEYS`] further on are (`None`: not prefetched).
+struct Block<M> {
+    m: M,
+    j: usize,
+    ahead: Option<(M, usize)>,
+}
+
+/// Where a task's key (or value) blocks come from: the matrix itself, read in place; an f32
+/// copy gathered block by block; or the pages of a paged cache, read in place.
 trait Blocks {
     /// The matrix the tiles read.
     type M<'b>: KvMat
     where
         Self: 'b;
-    /// Whether the rows are read in place (their later rows can be prefetched).
-    const IN_PLACE: bool;
-    /// Rows `j0..j0 + nb` as a matrix and the index of row `j0` in it.
-    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> (Self::M<'_>, usize);
+    /// Rows `j0..j0 + nb` (`j0` a multiple of [`DECODE_BC`], `nb ≤ DECODE_BC`).
+    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> Block<Self::M<'_>>;
+    /// Where row `j0` is read in place, for the score pass to prefetch the value rows of its
+    /// block: the matrix and the row's index in it (`None`: not read in place).
+    fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)>;
 }
 
-/// A matrix read in place.
-struct InPlace<K>(K);
+/// A matrix read in place (`.1`: the same matrix, for the value prefetch).
+struct InPlace<'v, K>(K, KvAny<'v>);
 
-impl<K: KvMat> Blocks for InPlace<K> {
+impl<K: KvMat> Blocks for InPlace<'_, K> {
     type M<'b>
         = K
     where
         Self: 'b;
-    const IN_PLACE: bool = true;
     #[inline(always)]
-    fn block<S: Simd>(&mut self, _: S, j0: usize, _: usize) -> (K, usize) {
-        (self.0, j0)
+    fn block<S: Simd>(&mut self, _: S, j0: usize, _: usize) -> Block<K> {
+        Block { m: self.0, j: j0, ahead: Some((self.0, j0.wrapping_add(DECODE_PREFETCH_KEYS))) }
+    }
+    #[inline(always)]
+    fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)> {
+        Some((self.1, j0))
     }
 }
 
@@ -260,10 +436,62 @@ impl Blocks for Gather<'_> {
         = Strided<'b>
     where
         Self: 'b;
-    const IN_PLACE: bool = false;
     #[inline(always)]
-    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> (Strided<'_>, usize) {
-        (gathered(s, self.m, j0, nb, self.n, &mut self.buf), 0)
+    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> Block<Strided<'_>> {
+        Block { m: gathered(s, self.m, j0, nb, self.n, &mut self.buf), j: 0, ahead: None }
+    }
+    #[inline(always)]
+    fn hint(&self, _: usize) -> Option<(KvAny<'_>, usize)> {
+        None
+    }
+}
+
+/// One head's rows of a sequence in a paged f32 pool (keys or values), read in place: row `j`
+/// is slot `j mod ps` of page `table[j / ps]`, at `(page·ps + j mod ps)·rs + head`. A block
+/// (16 rows from a multiple of 16) lies in one page, since `ps` is a power of two ≥ 16, so
+/// it is a strided matrix of that page; the rows prefetched ahead are those of the page that
+/// holds them, never rows past a page's end.
+struct PageBlocks<'a> {
+    data: &'a [f32],
+    /// The sequence's pages (checked to lie in the pool).
+    table: &'a [u32],
+    ps: usize,
+    /// Floats per slot, `kv_heads·d`.
+    rs: usize,
+    /// The head's first float in a slot, `kh·d`.
+    head: usize,
+}
+
+impl<'a> PageBlocks<'a> {
+    /// The page holding row `j` as a matrix whose row `j mod ps` is row `j`, or `None` past the
+    /// sequence's pages.
+    #[inline(always)]
+    fn page(&self, j: usize) -> Option<(Strided<'a>, usize)> {
+        let page = *self.table.get(j / self.ps)? as usize;
+        // page < pages, and the pool holds pages·ps·rs floats: no overflow.
+        let offset = page * self.ps * self.rs + self.head;
+        Some((Strided { data: self.data, offset, rs: self.rs, cs: 1 }, j % self.ps))
+    }
+}
+
+impl<'a> Blocks for PageBlocks<'a> {
+    type M<'b>
+        = Strided<'a>
+    where
+        Self: 'b;
+    #[inline(always)]
+    fn block<S: Simd>(&mut self, _: S, j0: usize, nb: usize) -> Block<Strided<'a>> {
+        // The rows ahead are one block of one page too.
+        const { assert!(DECODE_PREFETCH_KEYS.is_multiple_of(DECODE_BC)) };
+        debug_assert!(j0 % self.ps + nb <= self.ps);
+        // A chunk's blocks lie within the sequence's keys, so in its pages (an empty matrix
+        // otherwise, which the tiles' bounds checks would refuse).
+        let (m, j) = self.page(j0).unwrap_or((Strided { data: &[], offset: 0, rs: 0, cs: 1 }, 0));
+        Block { m, j, ahead: self.page(j0 + DECODE_PREFETCH_KEYS) }
+    }
+    #[inline(always)]
+    fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)> {
+        self.page(j0).map(|(m, j)| (KvAny::F32(m), j))
     }
 }
 
@@ -273,7 +501,6 @@ impl Chunk<'_, '_> {
     fn body<S: Simd, KB: Blocks, VB: Blocks>(
         self,
         s: S,
-        values: KvAny<'_>,
         mut kb: KB,
         mut vb: VB,
     ) -> Result<Partial> {
@@ -296,10 +523,11 @@ impl Chunk<'_, '_> {
         while j0 < c1 {
             let nb = (c1 - j0).min(DECODE_BC);
             // Scores of every row against the block's keys: each key row is read once. Value
-            // rows read in place are prefetched by the score pass.
-            let pf = VB::IN_PLACE.then_some((values, j0, dv));
-            let (k, kj) = kb.block(s, j0, nb);
-            decode_qk_block(s, &qs, rows, dk, k, kj, nb, &mut sb, DECODE_BC, pf);
+            // rows read in place are prefetched by the score pass, and so are the key rows
+            // of the block DECODE_PREFETCH_KEYS further on, wherever it lives.
+            let pf = vb.hint(j0).map(|(v, vj)| (v, vj, dv));
+            let Block { m: k, j: kj, ahead } = kb.block(s, j0, nb);
+            decode_qk_block(s, &qs, rows, dk, k, kj, nb, &mut sb, DECODE_BC, ahead, pf);
             if let Some(c) = p.variants.softcap {
                 softcap(s, &mut sb[..rows * DECODE_BC], c);
             }
@@ -338,7 +566,7 @@ impl Chunk<'_, '_> {
                 }
             }
             // Values: each value row is read once for all rows.
-            let (v, vj) = vb.block(s, j0, nb);
+            let Block { m: v, j: vj, .. } = vb.block(s, j0, nb);
             decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, v, vj, dv, &mut part.o);
             j0 += nb;
         }

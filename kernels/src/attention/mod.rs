@@ -75,6 +75,7 @@ use crate::par::Parallelism;
 use blocks::{KvAny, Q8Mat, Strided};
 
 pub use additive::{AdditiveAttention, AdditiveWeights};
+pub(crate) use decode::{run_paged, PagedPiece};
 
 /// Every attention path (flash, decode, unfused) flushes a probability `e^(s − m)` (the
 /// score's distance below its row's running maximum `m`) to 0 when `s − m` is below this:
@@ -381,6 +382,42 @@ impl<'a> Problem<'a> {
             dk,
             dv,
         })
+    }
+
+    /// One piece of a paged batch (see [`decode::run_paged`]): queries `q: [1, hq, nq, dk]`
+    /// against `nk` keys that the caller reads from pages, with the piece's `mask` and the
+    /// variants' offset `off`. The K/V views carry the shapes `[1, hkv, nk, d]` only (no
+    /// data): nothing may read them. Unchecked: the caller checked the batch they come from.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn piece(
+        q: TensorRef<'a>,
+        hkv: usize,
+        nk: usize,
+        dv: usize,
+        scale: f32,
+        mask: &'a Mask<'a>,
+        off: isize,
+        variants: Variants<'a>,
+    ) -> Self {
+        let [_, hq, nq, dk] = q.layout.dims;
+        let shape = |d| KvRef::F32(TensorRef::new(&[], Tensor4Layout::bhsd(1, hkv, nk, d)));
+        Problem {
+            q: AnyRef::F32(q),
+            k: shape(dk),
+            v: shape(dv),
+            mask,
+            scale2: scale,
+            batch: 1,
+            hq,
+            hkv,
+            group: hq / hkv,
+            variants,
+            off: off as i128,
+            nq,
+            nk,
+            dk,
+            dv,
+        }
     }
 
     /// Handles the calls whose answer needs no key or value element, and says whether it did:

@@ -1,5 +1,6 @@
 //! The C ABI of packed batches and paged caches: [`attn_varlen_attention`] over one
-//! [`AttnVarlenArgs`] (the Rust [`VarlenAttention`] behind it) and [`attn_append_kv`] over one
+//! [`AttnVarlenArgs`] (the Rust [`VarlenAttention`] behind it), [`attn_paged_attention`] over
+//! one [`AttnPagedArgs`] (the Rust [`PagedAttention`]) and [`attn_append_kv`] over one
 //! [`AttnAppendKvArgs`] (the Rust [`append_kv`]). Conventions (views, null pointers, overlap,
 //! threads, versioned structs) are those of the parent module's [`AttnStatus`] and
 //! `AttnAttentionArgs`.
@@ -7,7 +8,7 @@
 use super::raw::{self, disjoint, slice, slice_mut, span};
 use super::{guard, mask_span, mask_view, opt_mut, threads, AttnMask, AttnPath, AttnStatus};
 use super::{AttnTensor, AttnTensorMut, AttnVariants, CVariants, Failure};
-use crate::batch::{append_kv, PagedKvMut, VarlenAttention};
+use crate::batch::{append_kv, PagedAttention, PagedKv, PagedKvMut, VarlenAttention};
 
 /// The operands and settings of one [`attn_varlen_attention`] call: attention over a packed
 /// batch of sequences of different lengths (FlashAttention's varlen call). Sequence `s` is
@@ -150,6 +151,178 @@ unsafe fn varlen_call(a: &AttnVarlenArgs) -> Result<(), Failure> {
         .mask(mask)
         .parallelism(threads(a.threads))
         .path(path);
+    if let Some(scale) = scale {
+        p = p.scale(scale);
+    }
+    if let Some(lse) = lse {
+        p = p.lse(lse);
+    }
+    // SAFETY: the caller's contract (`hq` floats at each non-null pointer); inputs only.
+    p = p.variants(unsafe { variants.view(hq)? });
+    Ok(p.run(o)?)
+}
+
+/// The operands and settings of one [`attn_paged_attention`] call: packed queries against a
+/// paged K/V cache (decode: one query per sequence; chunked prefill: several). Sequence `b` is
+/// queries `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` of `q` against the `seq_lens[b]` keys and
+/// values it holds, written to the same rows of `o`. The pools are `[num_pages, page_size,
+/// kv_heads, d]` row-major; key `j` of sequence `b` is slot `j mod page_size` of page
+/// `block_table[b·max_pages + j / page_size]` (pages may be shared and in any order).
+///
+/// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
+/// version is 328 bytes on 64-bit targets). Fields left zero give: no mask, scale `1/√dk`, no
+/// logsumexp, every available core, no variants.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnPagedArgs {
+    /// `sizeof(AttnPagedArgs)` in the caller's header.
+    pub struct_size: usize,
+    /// Packed queries `[1, hq, total_q, dk]` (`[total_q, hq, dk]` storage is the strides
+    /// `{0, dk, hq·dk, 1}`); `kv_heads` divides `hq`.
+    pub q: AttnTensor,
+    /// The packed output `[1, hq, total_q, dv]`, written (only) within its view.
+    pub o: AttnTensorMut,
+    /// `batch + 1` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`.
+    pub cu_seqlens_q: *const usize,
+    /// The key pool, read only.
+    pub k_pool: *const f32,
+    /// Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+    pub k_pool_len: usize,
+    /// The value pool, read only.
+    pub v_pool: *const f32,
+    /// Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+    pub v_pool_len: usize,
+    /// Token slots per page: a power of two from 16 to 256.
+    pub page_size: usize,
+    /// K/V heads per slot.
+    pub kv_heads: usize,
+    /// Key width (at least 1).
+    pub dk: usize,
+    /// Value width.
+    pub dv: usize,
+    /// `[batch, max_pages]` row-major page indices (`batch·max_pages` entries).
+    pub block_table: *const u32,
+    /// The number of entries at `block_table`.
+    pub block_table_len: usize,
+    /// Entries per row of `block_table`.
+    pub max_pages: usize,
+    /// Keys each sequence holds, `batch` entries.
+    pub seq_lens: *const usize,
+    /// The number of sequences.
+    pub batch: usize,
+    /// NULL, or a mask of kind none or causal, applied to each sequence with its own sizes:
+    /// the default causal offset of sequence `b` is `seq_lens[b] − nq_b`.
+    pub mask: *const AttnMask,
+    /// The score scale when `has_scale` is 1 (finite); ignored when `has_scale` is 0.
+    pub scale: f32,
+    /// 0 = the default scale `1/√dk`; 1 = use `scale`.
+    pub has_scale: u8,
+    /// NULL for no logsumexp; otherwise `lse_len` must be `hq·total_q` and
+    /// `lse[h·total_q + t]` receives the logsumexp of query token `t`, head `h`.
+    pub lse: *mut f32,
+    /// The number of floats at `lse`.
+    pub lse_len: usize,
+    /// Threads: 0 = every available core, 1 = the calling thread, n = at most n; the result is
+    /// bitwise the same for every count.
+    pub threads: usize,
+    /// NULL for no variants, or an `AttnVariants` measured from each sequence's causal
+    /// offset; sinks and slopes have `hq` entries.
+    pub variants: *const AttnVariants,
+}
+
+/// The smallest `struct_size` [`attn_paged_attention`] accepts: the whole first version.
+const PAGED_ARGS_MIN_SIZE: usize = std::mem::size_of::<AttnPagedArgs>();
+
+/// Attention of packed queries against a paged K/V cache, every operand and setting in one
+/// [`AttnPagedArgs`]; the Rust `PagedAttention` behind it (the pages read in place).
+///
+/// Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
+/// `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
+/// `args.has_scale`, `mask.kind`, `mask.causal_default_offset`, `variants.struct_size` or
+/// `variants.has_window` for a value it may not take; then the null, bounds and overlap checks
+/// (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `block_table`, `seq_lens`, `sinks`,
+/// `alibi`, `lse`); then those of the Rust call: the cache's (`page_size`, heads and widths,
+/// pool lengths, `block_table_len`, a sequence past its row, a page outside the pool as
+/// `ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), a keep or bias mask, a batch other than
+/// 1, the packed views' shapes, bad or mismatched offsets, `lse_len`, the variants' values.
+/// Nothing is written when a check fails.
+///
+/// # Safety
+///
+/// `args` is null or addresses `args->struct_size` readable, initialised bytes; each view's
+/// `data` addresses the elements the view reaches; each pointer addresses the entries its
+/// length says (`cu_seqlens_q` `batch + 1`); `mask` and `variants` are null or valid (with
+/// `hq` floats at non-null sinks and slopes); outputs overlap nothing else (checked).
+#[no_mangle]
+pub unsafe extern "C" fn attn_paged_attention(args: *const AttnPagedArgs) -> AttnStatus {
+    guard(|| {
+        // SAFETY: the caller's contract; `AttnPagedArgs` is `repr(C)`, starts with its
+        // `size_t struct_size`, and is valid when all-zero (integers, floats, raw pointers).
+        let args =
+            unsafe { raw::read_sized(("args", "args.struct_size"), args, &[PAGED_ARGS_MIN_SIZE])? };
+        // SAFETY: forwarded from the caller.
+        unsafe { paged_call(&args) }
+    })
+}
+
+/// The body of [`attn_paged_attention`].
+///
+/// # Safety
+/// As [`attn_paged_attention`] (after `args` was read).
+unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
+    let scale = match a.has_scale {
+        0 => None,
+        1 => Some(a.scale),
+        v => {
+            return Err(Failure::BadValue {
+                arg: "args.has_scale",
+                value: i64::from(v),
+                allowed: "must be 0 (the default scale 1/sqrt(dk)) or 1 (use args.scale)",
+            })
+        }
+    };
+    // SAFETY: forwarded from the caller.
+    let variants = unsafe { CVariants::of_layer(a.variants)? };
+    variants.window()?;
+    let hq = a.q.dims[1];
+    let cu_len = a
+        .batch
+        .checked_add(1)
+        .ok_or(Failure::Api(attn_core::Error::IndexOverflow { arg: "cu_seqlens_q" }))?;
+    let mut inputs = vec![a.q.span("q")?, span("cu_seqlens_q", a.cu_seqlens_q, cu_len)?];
+    inputs.push(span("k_pool", a.k_pool, a.k_pool_len)?);
+    inputs.push(span("v_pool", a.v_pool, a.v_pool_len)?);
+    inputs.push(span("block_table", a.block_table, a.block_table_len)?);
+    inputs.push(span("seq_lens", a.seq_lens, a.batch)?);
+    inputs.extend(variants.spans(hq)?);
+    // SAFETY: forwarded from the caller.
+    inputs.extend(unsafe { mask_span(a.mask)? });
+    disjoint(&[a.o.span("o")?, span("lse", a.lse, a.lse_len)?], &inputs)?;
+    // SAFETY: the caller's contract; outputs checked disjoint from everything else.
+    let (q, mask, o) = unsafe { (a.q.view("q")?, mask_view(a.mask)?, a.o.view("o")?) };
+    // SAFETY: as above (inputs, and the one output `lse`).
+    let (cu_q, k, v, block_table, seq_lens, lse) = unsafe {
+        (
+            slice("cu_seqlens_q", a.cu_seqlens_q, cu_len)?,
+            slice("k_pool", a.k_pool, a.k_pool_len)?,
+            slice("v_pool", a.v_pool, a.v_pool_len)?,
+            slice("block_table", a.block_table, a.block_table_len)?,
+            slice("seq_lens", a.seq_lens, a.batch)?,
+            opt_mut("lse", a.lse, a.lse_len)?,
+        )
+    };
+    let cache = PagedKv {
+        k,
+        v,
+        page_size: a.page_size,
+        kv_heads: a.kv_heads,
+        dk: a.dk,
+        dv: a.dv,
+        block_table,
+        max_pages: a.max_pages,
+        seq_lens,
+    };
+    let mut p = PagedAttention::new(q, cu_q, cache).mask(mask).parallelism(threads(a.threads));
     if let Some(scale) = scale {
         p = p.scale(scale);
     }
@@ -403,7 +576,10 @@ mod tests {
     #[test]
     fn first_version_sizes() {
         #[cfg(target_pointer_width = "64")]
-        assert_eq!((VARLEN_ARGS_MIN_SIZE, APPEND_ARGS_MIN_SIZE), (416, 280));
+        assert_eq!(
+            (VARLEN_ARGS_MIN_SIZE, APPEND_ARGS_MIN_SIZE, PAGED_ARGS_MIN_SIZE),
+            (416, 280, 328)
+        );
     }
 
     #[test]
@@ -560,5 +736,149 @@ mod tests {
         // SAFETY: refused before anything is read.
         assert_eq!(unsafe { attn_append_kv(&a) }, AttnStatus::NullPointer);
         assert_eq!((c.k, c.v), before);
+    }
+
+    /// Three sequences (1, 3 and 1 queries; 20, 3 and 0 keys) in pages of 16, hq 2, hkv 1,
+    /// d 4: pages 2, 0 for sequence 0, page 1 for sequence 1.
+    struct Paged {
+        q: Vec<f32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        o: Vec<f32>,
+        lse: Vec<f32>,
+    }
+
+    const PAGED_CU: [usize; 4] = [0, 1, 4, 5];
+    const PAGED_TABLE: [u32; 6] = [2, 0, 1, 9, 9, 9];
+    const PAGED_LENS: [usize; 3] = [20, 3, 0];
+
+    impl Paged {
+        fn new() -> Paged {
+            Paged {
+                q: vals(5 * HQ * D, 4),
+                k: vals(3 * 16 * D, 5),
+                v: vals(3 * 16 * D, 6),
+                o: vec![f32::NAN; 5 * HQ * D],
+                lse: vec![f32::NAN; HQ * 5],
+            }
+        }
+
+        fn args(&mut self, mask: *const AttnMask) -> AttnPagedArgs {
+            let lo = packed(HQ, 5, D);
+            AttnPagedArgs {
+                struct_size: std::mem::size_of::<AttnPagedArgs>(),
+                q: tensor(&self.q, lo),
+                o: AttnTensorMut {
+                    data: self.o.as_mut_ptr(),
+                    dims: lo.dims,
+                    strides: lo.strides,
+                    offset: 0,
+                },
+                cu_seqlens_q: PAGED_CU.as_ptr(),
+                k_pool: self.k.as_ptr(),
+                k_pool_len: self.k.len(),
+                v_pool: self.v.as_ptr(),
+                v_pool_len: self.v.len(),
+                page_size: 16,
+                kv_heads: 1,
+                dk: D,
+                dv: D,
+                block_table: PAGED_TABLE.as_ptr(),
+                block_table_len: 6,
+                max_pages: 2,
+                seq_lens: PAGED_LENS.as_ptr(),
+                batch: 3,
+                mask,
+                scale: 0.0,
+                has_scale: 0,
+                lse: self.lse.as_mut_ptr(),
+                lse_len: self.lse.len(),
+                threads: 2,
+                variants: null(),
+            }
+        }
+
+        fn rust(&self, mask: Mask<'_>) -> (Vec<f32>, Vec<f32>) {
+            let (mut o, mut lse) = (vec![f32::NAN; self.o.len()], vec![f32::NAN; HQ * 5]);
+            let cache = PagedKv {
+                k: &self.k,
+                v: &self.v,
+                page_size: 16,
+                kv_heads: 1,
+                dk: D,
+                dv: D,
+                block_table: &PAGED_TABLE,
+                max_pages: 2,
+                seq_lens: &PAGED_LENS,
+            };
+            PagedAttention::new(TensorRef::new(&self.q, packed(HQ, 5, D)), &PAGED_CU, cache)
+                .mask(mask)
+                .lse(&mut lse)
+                .run(TensorMut::new(&mut o, packed(HQ, 5, D)))
+                .unwrap();
+            (o, lse)
+        }
+    }
+
+    fn run_paged(a: &AttnPagedArgs) -> AttnStatus {
+        // SAFETY: every test builds `a` over live buffers whose views fit them.
+        unsafe { attn_paged_attention(a) }
+    }
+
+    #[test]
+    fn paged_is_the_rust_api() {
+        let mut b = Paged::new();
+        let m = causal();
+        for mask in [null(), &m as *const AttnMask] {
+            let a = b.args(mask);
+            assert_eq!(run_paged(&a), AttnStatus::Ok, "{}", last_error());
+            let want = b.rust(if mask.is_null() { Mask::None } else { Mask::CAUSAL });
+            assert_eq!((bits(&b.o), bits(&b.lse)), (bits(&want.0), bits(&want.1)));
+        }
+    }
+
+    #[test]
+    fn bad_paged_arguments() {
+        let mut b = Paged::new();
+        let base = b.args(null());
+        let far = [2u32, 7, 1, 9, 9, 9];
+        let bad_cu = [0usize, 2, 1, 5];
+        let q_ptr = b.q.as_ptr();
+        let cases: Vec<(AttnPagedArgs, AttnStatus, &str)> = vec![
+            (
+                AttnPagedArgs { struct_size: 8, ..base },
+                AttnStatus::InvalidParameter,
+                "args.struct_size",
+            ),
+            (AttnPagedArgs { k_pool: null(), ..base }, AttnStatus::NullPointer, "`k_pool`"),
+            (
+                AttnPagedArgs { block_table: far.as_ptr(), ..base },
+                AttnStatus::OutOfBounds,
+                "block_table",
+            ),
+            (
+                AttnPagedArgs { cu_seqlens_q: bad_cu.as_ptr(), ..base },
+                AttnStatus::InvalidParameter,
+                "cu_seqlens_q",
+            ),
+            (AttnPagedArgs { page_size: 24, ..base }, AttnStatus::InvalidParameter, "page_size"),
+            (AttnPagedArgs { v_pool_len: 100, ..base }, AttnStatus::ShapeMismatch, "v"),
+            (
+                AttnPagedArgs { has_scale: 2, ..base },
+                AttnStatus::InvalidParameter,
+                "args.has_scale",
+            ),
+            (AttnPagedArgs { lse_len: 5, ..base }, AttnStatus::ShapeMismatch, "lse"),
+            (
+                AttnPagedArgs { lse: q_ptr.cast_mut(), lse_len: 2, ..base },
+                AttnStatus::AliasedOutput,
+                "`lse` overlaps argument `q`",
+            ),
+        ];
+        for (i, (a, status, arg)) in cases.into_iter().enumerate() {
+            assert_eq!(run_paged(&a), status, "case {i}: {}", last_error());
+            assert!(last_error().contains(arg), "case {i}: {}", last_error());
+            assert!(b.o.iter().all(|x| x.is_nan()), "case {i}: wrote on error");
+        }
     }
 }

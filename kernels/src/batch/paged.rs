@@ -1,0 +1,214 @@
+//! Attention over a paged K/V cache: the problem value [`PagedAttention`] and its work plan
+//! (pieces of at most [`PAGED_Q_PIECE`] queries of one sequence), run by the decode path
+//! reading the pages in place.
+
+use attn_core::batch::{PagedKv, SeqOffsets};
+use attn_core::{
+    check_attention, default_scale, expect_dim, Error, Mask, Result, Tensor4Layout, TensorMut,
+    TensorRef, Variants,
+};
+
+use crate::arch::{self, Isa};
+use crate::attention::{run_paged, PagedPiece};
+use crate::par::Parallelism;
+
+/// Queries per piece: a sequence with more new queries than this (chunked prefill) is cut into
+/// pieces of this many, each run by the decode path against the keys it may see. 16 is where
+/// [`Path::Auto`](crate::attention::Path::Auto) leaves the decode path for the flash one. The
+/// cut depends only on the sequence, never on the thread count.
+pub const PAGED_Q_PIECE: usize = 16;
+
+/// Attention of packed queries against a paged K/V cache (vLLM's PagedAttention): sequence `b`
+/// is queries `cu_q[b]..cu_q[b + 1]` of `q` against the `cache.seq_lens[b]` keys and values
+/// it holds in its pages, written to the same rows of the output. Decode is one query per
+/// sequence; chunked prefill is several (the new tokens, whose K/V were already appended with
+/// [`append_kv`](super::append_kv)).
+///
+/// Operands: `q: [1, hq, total_q, cache.dk]` and the output `o: [1, hq, total_q, cache.dv]`,
+/// packed views of any strides (see [`attn_core::batch`]); the cache's pools
+/// `[num_pages, page_size, kv_heads, d]` and block table ([`PagedKv`]); GQA when
+/// `kv_heads < hq`. The settings are [`VarlenAttention`](super::VarlenAttention)'s, with the
+/// same defaults (scale `1/√dk`, no mask, no logsumexp, sequential, the selected ISA, no
+/// variants), applied to each sequence with its own sizes:
+///
+/// - the mask is [`Mask::None`] or [`Mask::Causal`]; the causal offset of sequence `b` is
+///   `seq_lens[b] − nq_b` by default (its queries are the last `nq_b` positions of its keys);
+/// - variants (window, softcap, sinks, ALiBi) measure from each sequence's offset;
+/// - the logsumexps, when asked for, are `[hq, total_q]` row-major.
+///
+/// Work: the pages are read in place, never gathered. Each sequence's queries are cut into
+/// pieces of [`PAGED_Q_PIECE`]; a piece's rows (its queries times the query heads of a GQA
+/// group) share each key and value row read, its keys are split into chunks of a length fixed
+/// by the keys it may see (as [`Attention`](crate::attention::Attention)'s decode path), and
+/// the chunks of every piece are the tasks the threads share. A key block of 16 lies in one
+/// page (page sizes are powers of two from 16), so it is a strided matrix of that page. The
+/// result is the reference's `attn_reference::batch::attention_paged` within the attention
+/// bounds, and bitwise the same for every thread count.
+///
+/// Errors, the reference's for the same arguments: an unsupported ISA; those of
+/// [`PagedKv::check`] (page size, pools, block table, a sequence past its row, a page outside
+/// the pool); a keep or bias mask; a batch other than 1; those of [`check_attention`] on the
+/// packed views (with the cache's heads and widths); bad offsets ([`SeqOffsets::new`]), a total
+/// other than `total_q` or a sequence count other than the cache's (`ShapeMismatch` on
+/// `cu_seqlens_q`); those of [`Variants::check`]. Nothing is written when a check fails.
+///
+/// ```
+/// use attn_kernels::batch::{PagedAttention, PagedKv};
+/// use attn_kernels::{Mask, Tensor4Layout, TensorMut, TensorRef};
+///
+/// // One K/V head, d = 1, pages of 16 slots: sequence 0 holds 2 keys in page 1, sequence 1
+/// // holds 1 key in page 0. One query each, stored [total, heads, d].
+/// let (mut k, mut v) = (vec![0.0f32; 32], vec![0.0f32; 32]);
+/// (v[16], v[17], v[0]) = (1.0, 3.0, 5.0);
+/// let table = [1u32, 0];
+/// let cache = PagedKv {
+///     k: &k, v: &v, page_size: 16, kv_heads: 1, dk: 1, dv: 1,
+///     block_table: &table, max_pages: 1, seq_lens: &[2, 1],
+/// };
+/// let packed = |t| Tensor4Layout { dims: [1, 1, t, 1], strides: [0, 1, 1, 1], offset: 0 };
+/// let (q, mut o) = (vec![0.0f32; 2], vec![0.0f32; 2]);
+/// PagedAttention::new(TensorRef::new(&q, packed(2)), &[0, 1, 2], cache)
+///     .mask(Mask::CAUSAL)
+///     .run(TensorMut::new(&mut o, packed(2)))?;
+/// // Equal scores: each query averages its own sequence's values.
+/// assert_eq!(o, [2.0, 5.0]);
+/// # Ok::<(), attn_kernels::Error>(())
+/// ```
+#[derive(Debug)]
+#[must_use = "an attention problem computes nothing until `run`"]
+pub struct PagedAttention<'a> {
+    q: TensorRef<'a>,
+    cu_q: &'a [usize],
+    cache: PagedKv<'a>,
+    scale: Option<f32>,
+    mask: Mask<'a>,
+    lse: Option<&'a mut [f32]>,
+    par: Parallelism,
+    isa: Option<Isa>,
+    variants: Variants<'a>,
+}
+
+impl<'a> PagedAttention<'a> {
+    /// The problem over packed queries, their cumulative offsets `cu_q` (`cu_seqlens_q`) and
+    /// the cache, every setting at its default. Nothing is checked until [`run`](Self::run).
+    pub fn new(q: TensorRef<'a>, cu_q: &'a [usize], cache: PagedKv<'a>) -> Self {
+        PagedAttention {
+            q,
+            cu_q,
+            cache,
+            scale: None,
+            mask: Mask::None,
+            lse: None,
+            par: Parallelism::Sequential,
+            isa: None,
+            variants: Variants::NONE,
+        }
+    }
+
+    /// The score scale (default `1/√dk`); any finite value.
+    pub fn scale(mut self, scale: f32) -> Self {
+        self.scale = Some(scale);
+        self
+    }
+
+    /// [`Mask::None`] (the default) or [`Mask::Causal`], applied to each sequence.
+    pub fn mask(mut self, mask: Mask<'a>) -> Self {
+        self.mask = mask;
+        self
+    }
+
+    /// Where to write the logsumexps: `hq·total_q` floats, `[hq, total_q]` row-major.
+    pub fn lse(mut self, lse: &'a mut [f32]) -> Self {
+        self.lse = Some(lse);
+        self
+    }
+
+    /// How many threads the call may use (default [`Parallelism::Sequential`]).
+    pub fn parallelism(mut self, par: Parallelism) -> Self {
+        self.par = par;
+        self
+    }
+
+    /// The ISA to run on (default [`arch::selected`]).
+    pub fn isa(mut self, isa: Isa) -> Self {
+        self.isa = Some(isa);
+        self
+    }
+
+    /// The variants (default [`Variants::NONE`]), measured from each sequence's offset.
+    pub fn variants(mut self, variants: Variants<'a>) -> Self {
+        self.variants = variants;
+        self
+    }
+
+    /// Checks the problem against the output `o: [1, hq, total_q, dv]` and computes it (see
+    /// [`PagedAttention`] for the errors). Nothing is written when a check fails.
+    pub fn run(mut self, o: TensorMut<'_>) -> Result<()> {
+        let isa = self.isa.unwrap_or_else(arch::selected).require()?;
+        let cache = self.cache;
+        cache.check()?;
+        let scale = self.scale.unwrap_or_else(|| default_scale(self.q.layout.dims[3]));
+        if !matches!(self.mask, Mask::None | Mask::Causal { .. }) {
+            return Err(Error::InvalidParameter {
+                arg: "mask",
+                requirement: "packed and paged batches take no mask, or a causal one",
+            });
+        }
+        expect_dim("q", "batch", 1, self.q.layout.dims[0])?;
+        // The packed views checked against a cache of no keys: shapes, heads, bounds, output.
+        let none = |d| TensorRef::new(&[], Tensor4Layout::bhsd(1, cache.kv_heads, 0, d));
+        let lse = self.lse.take();
+        let [_, hq, _, total_q, _, _, _] = check_attention(
+            &self.q,
+            &none(cache.dk),
+            &none(cache.dv),
+            scale,
+            &self.mask,
+            &o,
+            lse.as_deref(),
+        )?;
+        let sq = SeqOffsets::new("cu_seqlens_q", self.cu_q)?;
+        expect_dim("cu_seqlens_q", "total", total_q, sq.total())?;
+        expect_dim("cu_seqlens_q", "sequences", cache.batch(), sq.count())?;
+        self.variants.check(hq)?;
+        if total_q == 0 {
+            return Ok(());
+        }
+        let pieces = plan(&sq, cache.seq_lens, &self.mask);
+        run_paged(isa, self.q, &cache, &pieces, scale, self.variants, o, lse, self.par)
+    }
+}
+
+/// The pieces of a batch, in token order: each sequence's queries cut into pieces of
+/// [`PAGED_Q_PIECE`]. A piece starting at query `a` of a sequence of offset `off` takes the
+/// offset `off + a` (for the causal mask and the variants alike), so its query `i − a` sees
+/// what query `i` sees in the whole sequence. A sequence whose piece offsets would overflow
+/// `isize` is one piece.
+fn plan(sq: &SeqOffsets<'_>, lens: &[usize], mask: &Mask<'_>) -> Vec<PagedPiece<'static>> {
+    let causal = matches!(mask, Mask::Causal { .. });
+    let piece_mask = |off| if causal { Mask::Causal { offset: Some(off) } } else { Mask::None };
+    let mut pieces = Vec::new();
+    for (b, &nk) in lens.iter().enumerate() {
+        let rq = sq.range(b);
+        let nq = rq.len();
+        if nq == 0 {
+            continue;
+        }
+        let off = Variants::offset(mask, nq, nk);
+        if isize::try_from(nq).ok().and_then(|n| off.checked_add(n)).is_none() {
+            pieces.push(PagedPiece { seq: b, rows: rq, mask: piece_mask(off), off });
+            continue;
+        }
+        for a in (0..nq).step_by(PAGED_Q_PIECE) {
+            let end = (a + PAGED_Q_PIECE).min(nq);
+            let off = off + a as isize;
+            pieces.push(PagedPiece {
+                seq: b,
+                rows: rq.start + a..rq.start + end,
+                mask: piece_mask(off),
+                off,
+            });
+        }
+    }
+    pieces
+}

@@ -1,0 +1,690 @@
+//! Attention over a paged K/V cache (`attn_kernels::batch::PagedAttention`) against the
+//! reference's `attention_paged`.
+//!
+//! - Equivalence: random page layouts (shuffled pages, a prefix page shared by two sequences,
+//!   NaN in every slot no sequence holds), page sizes 16 to 256, mixed lengths (0, 1, around a
+//!   page and the 16-query piece), decode and chunked prefill, GQA, no mask or causal with
+//!   offsets, variants, every ISA, one and two threads. Each sequence is one `Case` of
+//!   `attn_tests::attention_support`, whose bounds (the attention analysis) hold element by
+//!   element; one and two threads agree to the bit.
+//! - Bad input: the reference's errors for the same arguments, nothing written.
+//! - Stress: many sequences decoding step by step, appending with `append_kv` into pages
+//!   taken from a free list, checked against the reference after every step.
+
+use attn_kernels::batch::{append_kv, PagedAttention, PagedKv, PagedKvMut};
+use attn_kernels::{alibi_slopes, Isa, Mask, Tensor4Layout, TensorMut, TensorRef};
+use attn_tests::attention_support::{Case, MaskKind, Rng};
+use attn_tests::fuzz_decode::VariantSpec;
+use attn_tests::supported_isas;
+use proptest::prelude::*;
+
+/// Cap on `Σ_s hq·nq_s·nk_s·(dk + dv)` per case, so the f64 reference and bounds stay fast.
+const WORK: usize = 2_000_000;
+
+/// Key lengths around the edges: empty, single, one page of 16 ± 1, several pages.
+const NK: [usize; 9] = [0, 1, 2, 15, 16, 17, 100, 256, 600];
+/// Query lengths: decode (1) mostly, chunked prefill around the 16-query piece.
+const NQ: [usize; 7] = [0, 1, 1, 1, 5, 16, 33];
+
+fn cumulative(lens: impl Iterator<Item = usize>) -> Vec<usize> {
+    let mut cu = vec![0];
+    for n in lens {
+        cu.push(cu[cu.len() - 1] + n);
+    }
+    cu
+}
+
+/// `[total, heads, d]` storage, as a packed view.
+fn packed(heads: usize, total: usize, d: usize) -> Tensor4Layout {
+    Tensor4Layout::strided([1, heads, total, d], [0, d, heads * d, 1], 0)
+}
+
+/// A paged batch: one `Case` per sequence (its queries, keys, values, mask and variants), the
+/// queries packed `[total, hq, dk]`, and the keys and values in the pages of a pool.
+struct Batch {
+    cases: Vec<Case>,
+    hq: usize,
+    hkv: usize,
+    dk: usize,
+    dv: usize,
+    page_size: usize,
+    cu_q: Vec<usize>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    table: Vec<u32>,
+    max_pages: usize,
+    lens: Vec<usize>,
+    mask: MaskKind,
+    shared: bool,
+}
+
+impl Batch {
+    /// With `share`, the second sequence (when both first sequences hold a whole page) takes
+    /// the first sequence's first page as its own first page: its first `page_size` keys and
+    /// values are made equal to the first sequence's.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        seed: u64,
+        lens: &[(usize, usize)],
+        hkv: usize,
+        group: usize,
+        dk: usize,
+        dv: usize,
+        page_size: usize,
+        share: bool,
+        mask: MaskKind,
+        variants: &VariantSpec,
+    ) -> Self {
+        let hq = hkv * group;
+        let mut cases: Vec<Case> = lens
+            .iter()
+            .enumerate()
+            .map(|(s, &(nq, nk))| {
+                let mut c =
+                    Case::new(seed + s as u64, 1, hkv, group, nq, nk, dk, dv, true, 0, mask, 2.0);
+                c.variants = variants.clone();
+                c
+            })
+            .collect();
+        let shared =
+            share && cases.len() >= 2 && cases[0].nk >= page_size && cases[1].nk >= page_size;
+        if shared {
+            let (first, rest) = cases.split_at_mut(1);
+            let (a, b) = (&first[0], &mut rest[0]);
+            for j in 0..page_size {
+                for h in 0..hkv {
+                    for e in 0..dk {
+                        b.k.0[b.k.1.index(0, h, j, e)] = a.k.0[a.k.1.index(0, h, j, e)];
+                    }
+                    for e in 0..dv {
+                        b.v.0[b.v.1.index(0, h, j, e)] = a.v.0[a.v.1.index(0, h, j, e)];
+                    }
+                }
+            }
+        }
+        let mut rng = Rng::new(seed ^ 0x9A6E);
+        let need: Vec<usize> = lens.iter().map(|l| l.1.div_ceil(page_size)).collect();
+        let max_pages = need.iter().copied().max().unwrap_or(0) + 1;
+        let pages = need.iter().sum::<usize>() + 3;
+        let mut order: Vec<u32> = (0..pages as u32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        // Rows past a sequence's pages hold pages out of the pool: never to be read.
+        let mut table = vec![u32::MAX; lens.len() * max_pages];
+        let mut next = order.into_iter();
+        for (b, &n) in need.iter().enumerate() {
+            for p in 0..n {
+                table[b * max_pages + p] = if shared && b == 1 && p == 0 {
+                    table[0]
+                } else {
+                    next.next().expect("enough pages")
+                };
+            }
+        }
+        let mut k = vec![f32::NAN; pages * page_size * hkv * dk];
+        let mut v = vec![f32::NAN; pages * page_size * hkv * dv];
+        for (b, c) in cases.iter().enumerate() {
+            for j in 0..c.nk {
+                let page = table[b * max_pages + j / page_size] as usize;
+                for h in 0..hkv {
+                    let slot = (page * page_size + j % page_size) * hkv + h;
+                    for e in 0..dk {
+                        k[slot * dk + e] = c.k.0[c.k.1.index(0, h, j, e)];
+                    }
+                    for e in 0..dv {
+                        v[slot * dv + e] = c.v.0[c.v.1.index(0, h, j, e)];
+                    }
+                }
+            }
+        }
+        let cu_q = cumulative(lens.iter().map(|l| l.0));
+        let tq = cu_q[lens.len()];
+        let ql = packed(hq, tq, dk);
+        let mut q = vec![f32::NAN; ql.required_len().unwrap_or(0)];
+        for (s, c) in cases.iter().enumerate() {
+            for i in 0..c.nq {
+                for h in 0..hq {
+                    for e in 0..dk {
+                        q[ql.index(0, h, cu_q[s] + i, e)] = c.q.0[c.q.1.index(0, h, i, e)];
+                    }
+                }
+            }
+        }
+        let lens = lens.iter().map(|l| l.1).collect();
+        Batch {
+            cases,
+            hq,
+            hkv,
+            dk,
+            dv,
+            page_size,
+            cu_q,
+            q,
+            k,
+            v,
+            table,
+            max_pages,
+            lens,
+            mask,
+            shared,
+        }
+    }
+
+    fn total_q(&self) -> usize {
+        self.cu_q[self.cu_q.len() - 1]
+    }
+
+    fn cache(&self) -> PagedKv<'_> {
+        PagedKv {
+            k: &self.k,
+            v: &self.v,
+            page_size: self.page_size,
+            kv_heads: self.hkv,
+            dk: self.dk,
+            dv: self.dv,
+            block_table: &self.table,
+            max_pages: self.max_pages,
+            seq_lens: &self.lens,
+        }
+    }
+
+    fn mask(&self) -> Mask<'static> {
+        match self.mask {
+            MaskKind::Causal(offset) => Mask::Causal { offset },
+            _ => Mask::None,
+        }
+    }
+
+    fn scale(&self) -> f32 {
+        self.cases.first().map_or(1.0, |c| c.scale)
+    }
+
+    /// The reference's output (NaN past the view) and `[hq, total_q]` logsumexps.
+    fn reference(&self) -> (Vec<f32>, Vec<f32>) {
+        let (tq, l) = (self.total_q(), packed(self.hq, self.total_q(), self.dv));
+        let mut o = vec![f32::NAN; l.required_len().unwrap_or(0) + 3];
+        let mut lse = vec![f32::NAN; self.hq * tq];
+        let var = self.cases.first().map(|c| c.variants()).unwrap_or_default();
+        attn_reference::batch::attention_paged(
+            TensorRef::new(&self.q, packed(self.hq, tq, self.dk)),
+            &self.cu_q,
+            &self.cache(),
+            self.scale(),
+            &self.mask(),
+            &var,
+            TensorMut::new(&mut o, l),
+            Some(&mut lse),
+        )
+        .expect("the reference failed on a valid batch");
+        (o, lse)
+    }
+
+    /// The kernel's output and logsumexps.
+    fn kernel(&self, isa: Isa, threads: usize) -> (Vec<f32>, Vec<f32>) {
+        let (tq, l) = (self.total_q(), packed(self.hq, self.total_q(), self.dv));
+        let mut o = vec![f32::NAN; l.required_len().unwrap_or(0) + 3];
+        let mut lse = vec![f32::NAN; self.hq * tq];
+        let var = self.cases.first().map(|c| c.variants()).unwrap_or_default();
+        PagedAttention::new(
+            TensorRef::new(&self.q, packed(self.hq, tq, self.dk)),
+            &self.cu_q,
+            self.cache(),
+        )
+        .scale(self.scale())
+        .mask(self.mask())
+        .variants(var)
+        .lse(&mut lse)
+        .isa(isa)
+        .parallelism(attn_kernels::Parallelism::threads(threads))
+        .run(TensorMut::new(&mut o, l))
+        .expect("paged attention failed on a valid batch");
+        (o, lse)
+    }
+
+    /// Checks `got` against `want` with each sequence's case bounds; elements past the output
+    /// view must still be NaN.
+    fn compare(
+        &self,
+        what: &str,
+        got: &(Vec<f32>, Vec<f32>),
+        want: &(Vec<f32>, Vec<f32>),
+    ) -> Result<(), String> {
+        let tq = self.total_q();
+        let l = packed(self.hq, tq, self.dv);
+        for (s, c) in self.cases.iter().enumerate() {
+            let (ob, lb) = c.bounds();
+            for h in 0..self.hq {
+                for i in 0..c.nq {
+                    let (t, row) = (self.cu_q[s] + i, h * c.nq + i);
+                    for d in 0..self.dv {
+                        let at = l.index(0, h, t, d);
+                        let (x, y, tol) = (got.0[at], want.0[at], ob[row * self.dv + d]);
+                        if !close(x, y, tol) {
+                            return Err(format!(
+                                "{what}: seq {s} o[{h},{i},{d}] = {x:e}, want {y:e} (tol {tol:e}); {}",
+                                self.describe()
+                            ));
+                        }
+                    }
+                    let (x, y, tol) = (got.1[h * tq + t], want.1[h * tq + t], lb[row]);
+                    if !close(x, y, tol) {
+                        return Err(format!(
+                            "{what}: seq {s} lse[{h},{i}] = {x:e}, want {y:e} (tol {tol:e}); {}",
+                            self.describe()
+                        ));
+                    }
+                }
+            }
+        }
+        let end = l.required_len().unwrap_or(0);
+        if got.0[end..].iter().any(|x| !x.is_nan()) {
+            return Err(format!("{what}: wrote past the output view; {}", self.describe()));
+        }
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        let lens: Vec<_> = self.cases.iter().map(|c| (c.nq, c.nk)).collect();
+        let var = self.cases.first().map(|c| format!("{:?}", c.variants));
+        format!(
+            "lens {lens:?} hq {} hkv {} dk {} dv {} page {} shared {} mask {:?} variants {var:?}",
+            self.hq, self.hkv, self.dk, self.dv, self.page_size, self.shared, self.mask
+        )
+    }
+}
+
+fn close(x: f32, y: f32, tol: f64) -> bool {
+    if x.is_nan() || y.is_nan() {
+        return x.is_nan() && y.is_nan();
+    }
+    if x.is_infinite() || y.is_infinite() {
+        return x == y;
+    }
+    (f64::from(x) - f64::from(y)).abs() <= tol
+}
+
+fn bits(x: &[f32]) -> Vec<u32> {
+    x.iter().map(|v| v.to_bits()).collect()
+}
+
+fn mask_kind() -> impl Strategy<Value = MaskKind> {
+    prop_oneof![
+        Just(MaskKind::None),
+        prop::sample::select(vec![None, None, Some(0), Some(-3), Some(40)])
+            .prop_map(MaskKind::Causal),
+    ]
+}
+
+/// Variants, each on about a third of the time.
+fn variant_spec() -> impl Strategy<Value = (Option<(usize, usize)>, Option<f32>, bool, bool)> {
+    let w = prop::sample::select(vec![0usize, 1, 31, 150, usize::MAX]);
+    (
+        prop::option::weighted(0.3, (w.clone(), w)),
+        prop::option::weighted(0.3, prop::sample::select(vec![0.5f32, 30.0])),
+        prop::bool::weighted(0.3),
+        prop::bool::weighted(0.3),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Paged attention against the reference within each sequence's bound, on every ISA, one
+    /// and two threads (the same bits).
+    #[test]
+    fn paged_matches_reference(
+        seed in any::<u64>(),
+        mut lens in prop::collection::vec(
+            (prop::sample::select(NQ.to_vec()), prop::sample::select(NK.to_vec())), 1..7),
+        (hkv, group) in prop::sample::select(vec![(1usize, 1usize), (2, 2), (1, 3), (2, 1), (1, 8)]),
+        (dk, dv) in prop::sample::select(vec![(1usize, 1usize), (16, 16), (64, 64), (8, 24), (40, 0)]),
+        page_size in prop::sample::select(vec![16usize, 32, 64, 128, 256]),
+        share in any::<bool>(),
+        mask in mask_kind(),
+        (window, softcap, sinks, alibi) in variant_spec(),
+    ) {
+        let hq = hkv * group;
+        let work = |lens: &[(usize, usize)]| -> usize {
+            lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
+        };
+        while work(&lens) > WORK {
+            let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
+            lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
+        }
+        let mut rng = Rng::new(seed ^ 0xBA7C);
+        let spec = VariantSpec {
+            window,
+            softcap,
+            sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
+            alibi: alibi.then(|| alibi_slopes(hq)),
+        };
+        let batch = Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec);
+        let want = batch.reference();
+        for isa in supported_isas("paged") {
+            let one = batch.kernel(isa, 1);
+            batch.compare(&format!("{isa}"), &one, &want).map_err(TestCaseError::fail)?;
+            let two = batch.kernel(isa, 2);
+            prop_assert_eq!(bits(&one.0), bits(&two.0), "threads: {}", isa);
+            prop_assert_eq!(bits(&one.1), bits(&two.1), "threads: {}", isa);
+        }
+    }
+}
+
+/// Long sequences (several key chunks, so the split and its merge run) in pages of every size,
+/// decode and a chunked prefill, GQA, a shared prefix: against the reference, and the same bits
+/// at 1, 2 and 3 threads.
+#[test]
+fn long_sequences_every_page_size() {
+    let lens = [(1usize, 3000usize), (1, 700), (20, 1200), (0, 50), (1, 1), (3, 0)];
+    for page_size in [16usize, 32, 64, 128, 256] {
+        let spec = VariantSpec::default();
+        let batch =
+            Batch::new(7, &lens, 2, 4, 64, 64, page_size, true, MaskKind::Causal(None), &spec);
+        assert!(batch.shared);
+        let want = batch.reference();
+        for isa in supported_isas("paged") {
+            let one = batch.kernel(isa, 1);
+            batch.compare(&format!("{isa} page {page_size}"), &one, &want).unwrap();
+            for threads in [2, 3] {
+                let more = batch.kernel(isa, threads);
+                assert_eq!(bits(&one.0), bits(&more.0), "{isa} page {page_size} threads {threads}");
+                assert_eq!(bits(&one.1), bits(&more.1), "{isa} page {page_size} threads {threads}");
+            }
+        }
+    }
+}
+
+/// Bad arguments: the reference's error for the same call, and nothing written.
+#[test]
+fn bad_input_is_the_references_error() {
+    let (hq, hkv, d, ps) = (2usize, 1usize, 4usize, 16usize);
+    let q = vec![0.5f32; 3 * hq * d];
+    let pool = vec![0.25f32; 3 * ps * hkv * d];
+    let keep = vec![true; 64];
+    let sinks = [0.0f32; 3];
+    let good_table = [0u32, 1, 2, 2];
+    let good_lens = [20usize, 5];
+    let cache = PagedKv {
+        k: &pool,
+        v: &pool,
+        page_size: ps,
+        kv_heads: hkv,
+        dk: d,
+        dv: d,
+        block_table: &good_table,
+        max_pages: 2,
+        seq_lens: &good_lens,
+    };
+    let qlay = packed(hq, 3, d);
+    let good_q: &[usize] = &[0, 1, 3];
+    let far = [0u32, 7, 2, 2];
+    let long = [40usize, 5];
+    let three = [20usize, 5, 0];
+    type Args<'a> =
+        (&'a str, PagedKv<'a>, &'a [usize], Mask<'a>, Tensor4Layout, Option<&'a [f32]>, usize);
+    let cases: Vec<Args<'_>> = vec![
+        (
+            "page out of the pool",
+            PagedKv { block_table: &far, ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "sequence past its row",
+            PagedKv { seq_lens: &long, ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        ("page size 24", PagedKv { page_size: 24, ..cache }, good_q, Mask::None, qlay, None, 6),
+        ("short value pool", PagedKv { v: &pool[1..], ..cache }, good_q, Mask::None, qlay, None, 6),
+        (
+            "short block table",
+            PagedKv { block_table: &good_table[1..], ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        ("zero kv heads", PagedKv { kv_heads: 0, ..cache }, good_q, Mask::None, qlay, None, 6),
+        ("decreasing cu_q", cache, &[0, 2, 1], Mask::None, qlay, None, 6),
+        ("cu_q not from 0", cache, &[1, 2, 3], Mask::None, qlay, None, 6),
+        ("empty cu_q", cache, &[], Mask::None, qlay, None, 6),
+        ("cu_q total", cache, &[0, 1, 2], Mask::None, qlay, None, 6),
+        ("cu_q overflowing total", cache, &[0, usize::MAX, 3], Mask::None, qlay, None, 6),
+        ("sequence counts", cache, &[0, 3], Mask::None, qlay, None, 6),
+        (
+            "batch mismatch",
+            PagedKv { seq_lens: &three, block_table: &[0, 1, 2, 2, 2, 2], ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "keep mask",
+            cache,
+            good_q,
+            Mask::Keep { keep: &keep, layout: Tensor4Layout::bhsd(1, hq, 3, 20) },
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "batch of 2",
+            cache,
+            good_q,
+            Mask::None,
+            Tensor4Layout::strided([2, hq, 3, d], [0, d, hq * d, 1], 0),
+            None,
+            6,
+        ),
+        ("query width", cache, good_q, Mask::None, packed(hq, 3, d - 1), None, 6),
+        (
+            "query heads not a multiple",
+            cache,
+            good_q,
+            Mask::None,
+            Tensor4Layout::strided([1, 3, 3, d], [0, d, 2 * d, 1], 0),
+            None,
+            6,
+        ),
+        ("sinks of 3 heads", cache, good_q, Mask::CAUSAL, qlay, Some(&sinks[..]), 6),
+        ("lse length", cache, good_q, Mask::CAUSAL, qlay, None, 5),
+    ];
+    for (name, cache, cu_q, mask, ql, sinks, lse_len) in cases {
+        let var =
+            sinks.map_or(attn_kernels::Variants::NONE, |s| attn_kernels::Variants::NONE.sinks(s));
+        let ol = packed(hq, 3, d);
+        let (mut o, mut lse) = (vec![f32::NAN; 40], vec![f32::NAN; lse_len]);
+        let want = attn_reference::batch::attention_paged(
+            TensorRef::new(&q, ql),
+            cu_q,
+            &cache,
+            0.5,
+            &mask,
+            &var,
+            TensorMut::new(&mut o, ol),
+            Some(&mut lse),
+        )
+        .unwrap_err();
+        let got = PagedAttention::new(TensorRef::new(&q, ql), cu_q, cache)
+            .scale(0.5)
+            .mask(mask)
+            .variants(var)
+            .lse(&mut lse)
+            .parallelism(attn_kernels::Parallelism::threads(2))
+            .run(TensorMut::new(&mut o, ol))
+            .unwrap_err();
+        assert_eq!(got, want, "{name}");
+        assert!(o.iter().chain(&lse).all(|x| x.is_nan()), "{name}: wrote on error");
+    }
+}
+
+/// Many sequences decoding step by step: a prompt (chunked prefill: its K/V appended, then its
+/// queries against the cache), then one token at a time, new pages taken from a shuffled free
+/// list as sequences grow, some sequences idle some steps; after every step's append, the
+/// step's queries against the reference on the same pool, within the bounds of each
+/// sequence's dense case over the keys it holds.
+#[test]
+fn stress_decode_step_by_step() {
+    let (batch, ps, hkv, group, d, max_pages) = (10usize, 16usize, 2usize, 2usize, 16usize, 8usize);
+    let hq = hkv * group;
+    let pages = batch * max_pages;
+    let mut rng = Rng::new(23);
+    let mut free: Vec<u32> = (0..pages as u32).collect();
+    for i in (1..free.len()).rev() {
+        free.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    let (mut k, mut v) =
+        (vec![f32::NAN; pages * ps * hkv * d], vec![f32::NAN; pages * ps * hkv * d]);
+    let mut table = vec![u32::MAX; batch * max_pages];
+    let mut lens = vec![0usize; batch];
+    let rows =
+        |rng: &mut Rng, n: usize| -> Vec<f32> { (0..n).map(|_| rng.uniform(-2.0, 2.0)).collect() };
+    for step in 0..40 {
+        let n: Vec<usize> = (0..batch)
+            .map(|b| match step {
+                0 => rng.below(40) as usize,
+                _ if (b + step) % 4 == 0 => 0,
+                _ => 1,
+            })
+            .collect();
+        for (b, &nb) in n.iter().enumerate() {
+            for p in lens[b].div_ceil(ps)..(lens[b] + nb).div_ceil(ps) {
+                table[b * max_pages + p] = free.pop().expect("pool exhausted");
+            }
+        }
+        let cu = cumulative(n.iter().copied());
+        let total = cu[batch];
+        let (kn, vn) = (rows(&mut rng, total * hkv * d), rows(&mut rng, total * hkv * d));
+        let mut cache = PagedKvMut {
+            k: &mut k,
+            v: &mut v,
+            page_size: ps,
+            kv_heads: hkv,
+            dk: d,
+            dv: d,
+            block_table: &table,
+            max_pages,
+            seq_lens: &lens,
+        };
+        let l = packed(hkv, total, d);
+        append_kv(&mut cache, TensorRef::new(&kn, l), TensorRef::new(&vn, l), &cu).unwrap();
+        for (l, nb) in lens.iter_mut().zip(&n) {
+            *l += nb;
+        }
+        // The step's queries (as many as the new tokens) against every key held.
+        let q = rows(&mut rng, total * hq * d);
+        let cache = PagedKv {
+            k: &k,
+            v: &v,
+            page_size: ps,
+            kv_heads: hkv,
+            dk: d,
+            dv: d,
+            block_table: &table,
+            max_pages,
+            seq_lens: &lens,
+        };
+        let (ql, ol) = (packed(hq, total, d), packed(hq, total, d));
+        let mut want = (vec![0.0f32; total * hq * d], vec![0.0f32; hq * total]);
+        attn_reference::batch::attention_paged(
+            TensorRef::new(&q, ql),
+            &cu,
+            &cache,
+            0.25,
+            &Mask::CAUSAL,
+            &attn_kernels::Variants::NONE,
+            TensorMut::new(&mut want.0, ol),
+            Some(&mut want.1),
+        )
+        .unwrap();
+        for isa in supported_isas("paged") {
+            let mut got = (vec![f32::NAN; total * hq * d], vec![f32::NAN; hq * total]);
+            PagedAttention::new(TensorRef::new(&q, ql), &cu, cache)
+                .scale(0.25)
+                .mask(Mask::CAUSAL)
+                .lse(&mut got.1)
+                .isa(isa)
+                .parallelism(attn_kernels::Parallelism::threads(2))
+                .run(TensorMut::new(&mut got.0, ol))
+                .unwrap();
+            // Each sequence's bound: its dense case (same shapes and magnitudes) bounds the
+            // error of the same computation; values are within ±2 like the case's.
+            for b in 0..batch {
+                let nq = n[b];
+                if nq == 0 {
+                    continue;
+                }
+                let bound = step_bound(hq, hkv, nq, lens[b], d, &q, &cu, b, &cache);
+                for h in 0..hq {
+                    for i in 0..nq {
+                        let t = cu[b] + i;
+                        for e in 0..d {
+                            let at = ql.index(0, h, t, e);
+                            let tol = bound.0[(h * nq + i) * d + e];
+                            assert!(
+                                close(got.0[at], want.0[at], tol),
+                                "{isa} step {step} seq {b} o[{h},{i},{e}] = {}, want {} (tol {tol:e})",
+                                got.0[at],
+                                want.0[at]
+                            );
+                        }
+                        let tol = bound.1[h * nq + i];
+                        assert!(
+                            close(got.1[h * total + t], want.1[h * total + t], tol),
+                            "{isa} step {step} seq {b} lse[{h},{i}]"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The attention bounds of sequence `b`'s queries against its cache: a `Case` of the same
+/// shape whose operands are replaced by the gathered ones, so its bounds are those of this
+/// computation.
+#[allow(clippy::too_many_arguments)]
+fn step_bound(
+    hq: usize,
+    hkv: usize,
+    nq: usize,
+    nk: usize,
+    d: usize,
+    q: &[f32],
+    cu: &[usize],
+    b: usize,
+    cache: &PagedKv<'_>,
+) -> (Vec<f64>, Vec<f64>) {
+    let mut c = Case::new(1, 1, hkv, hq / hkv, nq, nk, d, d, true, 0, MaskKind::Causal(None), 2.0);
+    c.scale = 0.25;
+    let ql = packed(hq, cu[cu.len() - 1], d);
+    for h in 0..hq {
+        for i in 0..nq {
+            for e in 0..d {
+                c.q.0[c.q.1.index(0, h, i, e)] = q[ql.index(0, h, cu[b] + i, e)];
+            }
+        }
+    }
+    for h in 0..hkv {
+        for j in 0..nk {
+            let s = cache.slot(b, j, h, d);
+            for e in 0..d {
+                c.k.0[c.k.1.index(0, h, j, e)] = cache.k[s + e];
+                c.v.0[c.v.1.index(0, h, j, e)] = cache.v[s + e];
+            }
+        }
+    }
+    c.bounds()
+}
