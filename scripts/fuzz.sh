@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 if [[ "${1:-}" == "--proptest" ]]; then
     cases="${2:-100000}"
     echo "== proptest-driven fuzz decoders, $cases cases per target"
-    ATTN_FUZZ_RANDOM=1 ATTN_FUZZ_CASES="$cases" cargo test -p attn-tests --test fuzz_equiv -- --test-threads=1 fuzz_
+    ATTN_FUZZ_RANDOM=1 ATTN_FUZZ_CASES="$cases" cargo test -p attn-tests --test suite -- --test-threads=1 fuzz_equiv::
     exit 0
 fi
 

@@ -1,5 +1,5 @@
 //! Byte decoders and oracles for fuzzed equivalence, shared by the cargo-fuzz targets in `fuzz/`
-//! and by the proptest-driven runs of the same decoders (`tests/tests/fuzz_equiv.rs`, and
+//! and by the proptest-driven runs of the same decoders (`tests/tests/suite/fuzz_equiv.rs`, and
 //! `scripts/fuzz.sh --proptest` for long runs), so one set of checks runs in both.
 //!
 //! A decoder turns arbitrary bytes into a *case*: shapes (0 and edge sizes included), strides

@@ -14,7 +14,7 @@
 //! `wq`, `wk`, `wv` are adjacent column blocks of one buffer (a concatenated `[in, q_w+k_w+v_w]`
 //! weight, as engines usually store it), the three projections are one GEMM (see
 //! `project`): A is packed once instead of three times, which measured never slower and faster
-//! on large layers (`fused_qkv_timing` in tests/tests/layers.rs; `docs/perf-journal.md`,
+//! on large layers (`fused_qkv_timing` in tests/tests/suite/layers.rs; `docs/perf-journal.md`,
 //! 2026-11-29). Separate buffers give three GEMMs into the same workspace, same results up to
 //! the GEMM's blocking.
 

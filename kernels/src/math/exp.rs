@@ -13,7 +13,7 @@
 //! ULP means the spacing of f32 at the exact result, for results in the normal range;
 //! subnormal results are within the same number of `2^−149`. Without an FMA (the portable
 //! build on a baseline target) the `exp_neg_*` functions run [`exp_rr2_p7_le43`] (0.952 ULP on
-//! `[−87.34, 0]`). The bounds are checked against f64 `exp` by `tests/tests/exp.rs` (every f32
+//! `[−87.34, 0]`). The bounds are checked against f64 `exp` by `tests/tests/suite/exp.rs` (every f32
 //! by its ignored exhaustive sweeps); measured figures: `docs/perf-journal.md`.
 //!
 //! # `exp_rr2_p7` (two-step range reduction, degree-7 polynomial)

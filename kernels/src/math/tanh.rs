@@ -33,9 +33,9 @@ use attn_core::Result;
 /// Maximum error of [`tanh_simd`] (and [`tanh`], [`tanh_with_isa`]) in ULP of the exact result,
 /// for results in the normal range, on every ISA; subnormal results (`|x| < 2⁻¹²⁶`) are exact.
 ///
-/// Measured by the ignored test `exhaustive_tanh` in `tests/tests/math.rs` (every
+/// Measured by the ignored test `exhaustive_tanh` in `tests/tests/suite/math.rs` (every
 /// non-negative f32 against f64 `tanh`; the function is odd lane by lane, so the negative half
-/// gives the same magnitudes), run with `cargo test --release -p attn-tests --test math --
+/// gives the same magnitudes), run with `cargo test --release -p attn-tests --test suite --
 /// --ignored exhaustive_tanh --nocapture` on an AMD EPYC with AVX-512 (2026-12-02). Worst
 /// errors, polynomial branch / exp branch: AVX-512 0.714 / 1.371, AVX2 0.714 / 1.371,
 /// portable without FMA 0.776 / 1.330 ULP. The exp branch peaks just above the split
@@ -59,7 +59,7 @@ const P4: f32 = f32::from_bits(0xBBBA_F0EA); // -0.00570498872745
 /// degree 3 in `x²`: the minimax coefficients Eigen's and XLA's fast `tanh` use), and `x`
 /// itself for `|x| < 0.0004` (where `tanh x = x·(1 − x²/3 + …)` is within half an ULP of `x`,
 /// and where the rational form would lose subnormal inputs). Measured by the ignored test
-/// `exhaustive_tanh` in `tests/tests/math.rs` (every non-negative f32 against f64 `tanh`), on a
+/// `exhaustive_tanh` in `tests/tests/suite/math.rs` (every non-negative f32 against f64 `tanh`), on a
 /// Sapphire-Rapids-class Xeon (2026-12-02): worst 4.37 ULP below 0.625 (at `x ≈ 0.0154`,
 /// the fit's `P(0)/Q(0) = 1 − 1.3·10⁻⁷`) on every ISA, 6.31 ULP above (at `x ≈ 5.08`) with
 /// FMA (AVX-512, AVX2), 8.30 ULP without (portable). Published with a margin as 8.5 ULP.

@@ -468,7 +468,7 @@ fn bad_inputs_give_the_reference_errors() {
 /// Memory: attention at N = 131072, one head, d = 64 never materialises the 64 GiB score
 /// matrix. Peak RSS (VmHWM) must stay within the size of Q, K, V and O (128 MiB) plus 64 MiB.
 /// Takes about a minute on 2 threads; run with
-/// `cargo test --release -p attn-tests --test attention -- --ignored memory_n131072`.
+/// `cargo test --release -p attn-tests --test suite -- --ignored memory_n131072`.
 #[test]
 #[ignore = "long-running (≈1 min): run explicitly, see the doc comment"]
 fn memory_n131072() {

@@ -3,15 +3,13 @@
 //! layer norm, feed-forward), including the seed's shapes; the no-allocation forms bitwise equal
 //! to the allocating ones; bad input rejected with the reference's error.
 
-mod layers_support;
-
+use crate::layers_support::*;
 use attn_kernels::layers::{self, *};
 use attn_kernels::{alibi_slopes, Parallelism};
 use attn_reference::{
     self as r, Error, Mask, MatLayout, MatMut, MatRef, Tensor4Layout, TensorMut, TensorRef,
 };
 use attn_tests::fuzz_decode::VariantSpec;
-use layers_support::*;
 use proptest::prelude::*;
 
 const SEQ: Parallelism = Parallelism::Sequential;
@@ -570,7 +568,7 @@ fn encoder_two_threads() {
 
 /// Not a test: the fused-vs-separate QKV measurement behind the choice to fuse (interleaved
 /// A/B runs, so a busy machine's load hits both sides alike). Run with
-/// `cargo test --release -p attn-tests --test layers fused_qkv_timing -- --ignored --nocapture`.
+/// `cargo test --release -p attn-tests --test suite fused_qkv_timing -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn fused_qkv_timing() {

@@ -4,8 +4,8 @@
 //! - narrowing: every representable output, its f32 neighbours, the exact midpoints between
 //!   consecutive outputs and one f32 ULP either side of each, f32 subnormals, ±0, ±∞, values
 //!   beyond the f16 range, and every NaN payload; plus a strided sweep over all f32 patterns and
-//!   an ignored exhaustive one (`cargo test --release -p attn-tests --test convert --
-//!   --ignored`).
+//!   an ignored exhaustive one (`cargo test --release -p attn-tests --test suite --
+//!   --ignored convert::`).
 //!
 //! The yardstick is `half`'s `from_f32_const` / `to_f32_const` (its portable bit arithmetic,
 //! whatever the CPU) and, as a second opinion, `from_f32` / `to_f32` (which use F16C when the
@@ -216,7 +216,7 @@ fn narrowing_strided_sweep_of_all_f32() {
 }
 
 /// Every one of the 2^32 f32 inputs to bf16 and f16 on every ISA. A few minutes at opt-level
-/// 3: `cargo test --release -p attn-tests --test convert -- --ignored`.
+/// 3: `cargo test --release -p attn-tests --test suite -- --ignored convert::`.
 #[test]
 #[ignore]
 fn narrowing_exhaustive_all_f32() {

@@ -263,7 +263,7 @@ proptest! {
 /// `tanh`: the measurement behind `TANH_MAX_ULP` and `TANH_RATIONAL_MAX_ULP`, reported
 /// separately below and above 0.625 (the accurate tanh's polynomial and exp branches). Two
 /// threads, about a minute per ISA and function in release:
-/// `cargo test --release -p attn-tests --test math -- --ignored exhaustive_tanh --nocapture`.
+/// `cargo test --release -p attn-tests --test suite -- --ignored exhaustive_tanh --nocapture`.
 #[test]
 #[ignore]
 fn exhaustive_tanh() {

@@ -6,7 +6,7 @@
 //! bounds through the stage's exact derivative plus the stage's own rounding error; the kernel
 //! and the reference both round each stage's output to f32, so `u·|value|` is added per stage.
 //! [`GAMMA`] absorbs the second-order terms and the constant factors of the f32 sums.
-#![allow(dead_code)] // each test binary uses a subset
+#![allow(dead_code)] // some helpers serve only the ignored or C-side cases
 
 use attn_reference::attention::attention_with_variants as ref_attention;
 use attn_reference::{

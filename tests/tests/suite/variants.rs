@@ -288,7 +288,7 @@ fn bad_variants_are_errors() {
 /// on the operands only (the window never materialises anything of size N·w or N²). Peak RSS
 /// (VmHWM) must stay within Q, K, V and O (64 MiB) plus 64 MiB. Run alone (other tests of the
 /// binary would share the process's peak):
-/// `cargo test --release -p attn-tests --test variants -- --ignored memory_window_n65536`.
+/// `cargo test --release -p attn-tests --test suite -- --ignored memory_window_n65536`.
 #[test]
 #[ignore = "measures the process's peak RSS: run alone, see the doc comment"]
 fn memory_window_n65536() {

@@ -199,7 +199,7 @@ fn tails_leave_the_rest_untouched_and_bad_lengths_error() {
 }
 
 /// Every f32 of the normal range (~2.2·10⁹ inputs, minutes): `cargo test --release -p
-/// attn-tests --test exp -- --ignored`.
+/// attn-tests --test suite -- --ignored exp::`.
 #[test]
 #[ignore]
 fn exhaustive_normal_range() {
@@ -258,7 +258,7 @@ fn softmax_exp_edges_are_exact() {
 }
 
 /// Every f32 in `[−87.34, 0]` (~1.1·10⁹ inputs) for the softmax's exp: `cargo test --release
-/// -p attn-tests --test exp -- --ignored`.
+/// -p attn-tests --test suite -- --ignored exp::`.
 #[test]
 #[ignore]
 fn exhaustive_softmax_exp() {

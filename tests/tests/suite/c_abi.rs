@@ -8,15 +8,13 @@
 //! attention call (the mean of V when `w` is 0, and three statuses), and one varlen attention
 //! call and one paged cache write (results, and the statuses of bad offsets and shared slots).
 
-mod layers_support;
-
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::layers_support::*;
 use attn_reference::{Mask, MatLayout, MatMut, MatRef, MhaConfig};
-use layers_support::*;
 
 /// Writes a case file: arrays as `u64 count` + values.
 struct Case(BufWriter<File>);
