@@ -48,13 +48,22 @@ impl<'a> SeqOffsets<'a> {
 }
 
 /// The view of tokens `tokens` of a packed layout `[1, heads, total, d]`: dims
-/// `[1, heads, tokens.len(), d]`, the same strides. `tokens` must lie within `0..total`.
+/// `[1, heads, tokens.len(), d]`, the same strides. `tokens` must lie within `0..total`, and
+/// `layout` must have passed its check, so the offset of a sub-view with elements is an index
+/// of the checked view and cannot overflow. A sub-view without elements (no tokens, heads or
+/// width) keeps `layout`'s offset: its strides may be anything (an empty view's are never
+/// checked), and the fuzzer found `start·stride` overflowing there.
 pub fn packed_seq(layout: &Tensor4Layout, tokens: Range<usize>) -> Tensor4Layout {
     let [_, heads, _, d] = layout.dims;
+    let empty = tokens.is_empty() || heads == 0 || d == 0;
     Tensor4Layout {
         dims: [1, heads, tokens.len(), d],
         strides: layout.strides,
-        offset: layout.offset + tokens.start * layout.strides[2],
+        offset: if empty {
+            layout.offset
+        } else {
+            layout.offset + tokens.start * layout.strides[2]
+        },
     }
 }
 

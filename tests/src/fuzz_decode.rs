@@ -27,7 +27,7 @@
 //! reads outside its views turns the result into NaN and fails the bound.
 
 use attn_kernels::attention::Attention;
-use attn_kernels::{Parallelism, Variants};
+use attn_kernels::{bf16, f16, AnyRef, DType, KvRef, Parallelism, Q8Ref, Variants};
 
 use crate::attention_support::with_lse;
 use attn_reference::softmax::{saturate_logit, softmax_row};
@@ -1182,6 +1182,22 @@ impl AttentionCase {
         &self,
         kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
     ) -> Result<(), String> {
+        let q = TensorRef::new(&self.q.data, self.q.layout);
+        let k = TensorRef::new(&self.k.data, self.k.layout);
+        let v = TensorRef::new(&self.v.data, self.v.layout);
+        self.check_views(q.into(), k.into(), v.into(), kernel)
+    }
+
+    /// [`check`](Self::check) with the kernel reading `qv`, `kv`, `vv`: views of the case's
+    /// layouts over storage whose elements represent exactly the case's f32 data (which the
+    /// reference reads), e.g. bf16 copies of data that bf16 holds exactly.
+    pub fn check_views(
+        &self,
+        qv: AnyRef<'_>,
+        kv: KvRef<'_>,
+        vv: KvRef<'_>,
+        kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
         let mask = self.mask.mask();
         let q = TensorRef::new(&self.q.data, self.q.layout);
         let k = TensorRef::new(&self.k.data, self.k.layout);
@@ -1197,7 +1213,7 @@ impl AttentionCase {
                 )
             },
             |o, l| {
-                let a = Attention::new(q, k, v)
+                let a = Attention::new(qv, kv, vv)
                     .scale(self.scale)
                     .mask(mask)
                     .variants(var)
@@ -1205,17 +1221,74 @@ impl AttentionCase {
                 kernel(with_lse(a, l), o)
             },
         )?;
-        let Some(Runs { out_ref: or, lse_ref: lr, out: ok, lse: lk }) = runs else {
+        let Some(Runs { out_ref, lse_ref, out, lse }) = runs else {
             return Ok(());
         };
-        let lo = self.o.layout;
-        let [batch, hq, nq, dk] = self.q.layout.dims;
-        let [_, hkv, nk, _] = self.k.layout.dims;
-        let dv = self.v.layout.dims[3];
+        let [_, hq, nq, _] = self.q.layout.dims;
+        let rows = Rows {
+            q,
+            k,
+            v,
+            scale: self.scale,
+            mask: &mask,
+            variants: &var,
+            o: self.o.layout,
+            lse_at: &|b, h, i| (b * hq + h) * nq + i,
+        };
+        let describe = || {
+            format!(
+                "q {:?} k {:?} v {:?}, scale {}",
+                self.q.layout.dims, self.k.layout.dims, self.v.layout.dims, self.scale
+            )
+        };
+        let lse = lse_ref.as_deref().zip(lse.as_ref().map(|g| g.slice()));
+        rows.check(&out_ref, out.slice(), lse, &describe)
+    }
+}
+
+/// One dense attention problem of a case, after both runs succeeded: its operands, settings
+/// and output layout, and where row `(b, h, i)`'s logsumexp sits in the lse slice. Packed and
+/// paged cases check each sequence as one such problem (its rows cut out of the packed views,
+/// its K/V gathered from the pages).
+pub struct Rows<'a> {
+    /// Q `[batch, hq, nq, dk]`.
+    pub q: TensorRef<'a>,
+    /// K `[batch, hkv, nk, dk]`.
+    pub k: TensorRef<'a>,
+    /// V `[batch, hkv, nk, dv]`.
+    pub v: TensorRef<'a>,
+    /// The scale.
+    pub scale: f32,
+    /// The mask.
+    pub mask: &'a Mask<'a>,
+    /// The variants.
+    pub variants: &'a Variants<'a>,
+    /// The output's view (into both output slices).
+    pub o: Tensor4Layout,
+    /// The index in the lse slices of row `(b, h, i)`.
+    pub lse_at: &'a dyn Fn(usize, usize, usize) -> usize,
+}
+
+impl Rows<'_> {
+    /// Compares the kernel's output `got_o` (and logsumexps, `lse = (reference, kernel)`) with
+    /// the reference's `want_o` element by element, within the bound that
+    /// [`AttentionCase::check`] states; `describe` names the case in messages.
+    pub fn check(
+        &self,
+        want_o: &[f32],
+        got_o: &[f32],
+        lse: Option<(&[f32], &[f32])>,
+        describe: &dyn Fn() -> String,
+    ) -> Result<(), String> {
+        let (q, k, v, mask, var) = (self.q, self.k, self.v, self.mask, self.variants);
+        let lo = self.o;
+        let [batch, hq, nq, dk] = q.layout.dims;
+        let [_, hkv, nk, _] = k.layout.dims;
+        let dv = v.layout.dims[3];
         let group = hq / hkv;
         let sc = f64::from(self.scale);
         let nkf = nk as f64;
-        let off = Variants::offset(&mask, nq, nk);
+        let off = Variants::offset(mask, nq, nk);
         let cap = |s: f64| var.softcap.map_or(s, |c| f64::from(c) * (s / f64::from(c)).tanh());
         // The softcap's error as an ingredient magnitude (δ = γ·u·a, see `softcap_error`).
         let cap_mag = var.softcap.map_or(0.0, |c| softcap_error(f64::from(c)) / (GAMMA * U));
@@ -1268,7 +1341,7 @@ impl AttentionCase {
                         logits.push(Some((f64::from(s[h]), f64::from(s[h]).abs())));
                     }
                     let rb = softmax_row_bound(&logits);
-                    let lse_at = (b * hq + h) * nq + i;
+                    let lse_at = (self.lse_at)(b, h, i);
                     for d in 0..dv {
                         let idx = lo.index(b, h, i, d);
                         let (mut w, mut werr, mut vsum, mut vmax) =
@@ -1290,21 +1363,13 @@ impl AttentionCase {
                                 werr += rb.p[j] * x * (rb.rel[j] + (nkf + 1.0) * (U + EXP_REL));
                             }
                         }
-                        let want = or[idx];
+                        let want = want_o[idx];
                         let bound = GAMMA * (werr + rb.rel_sum * w)
                             + 2.0 * U * f64::from(want).abs()
                             + GAMMA * nkf * ((MIN_NORMAL + flushed_weight()) * vmax + TINY);
                         let safe = rb.safe && vsum <= OVERFLOW;
-                        let at = || {
-                            format!(
-                                "o({b},{h},{i},{d}) of q {:?} k {:?} v {:?}, scale {}",
-                                self.q.layout.dims,
-                                self.k.layout.dims,
-                                self.v.layout.dims,
-                                self.scale
-                            )
-                        };
-                        let got = ok.slice()[idx];
+                        let at = || format!("o({b},{h},{i},{d}) of {}", describe());
+                        let got = got_o[idx];
                         let pos_inf_nan = POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && got.is_nan();
                         // In a row f32 cannot resolve (`!rb.safe`: e.g. a score that overflows
                         // to +∞ in f32 but not in f64), the kernel's weights are unconstrained,
@@ -1317,17 +1382,14 @@ impl AttentionCase {
                             check_value("attention", &at, got, want, safe, bound)?;
                         }
                     }
-                    if let (Some(lr), Some(lk)) = (&lr, &lk) {
+                    if let Some((lr, lk)) = lse {
                         let at = || format!("lse({b},{h},{i})");
                         let want = lr[lse_at];
-                        if !(POS_INF_ROWS_MAY_BE_NAN
-                            && rb.has_pos_inf
-                            && lk.slice()[lse_at].is_nan())
-                        {
+                        if !(POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && lk[lse_at].is_nan()) {
                             check_value(
                                 "attention lse",
                                 &at,
-                                lk.slice()[lse_at],
+                                lk[lse_at],
                                 want,
                                 rb.safe,
                                 rb.lse_bound + U * f64::from(want).abs(),
@@ -1338,5 +1400,313 @@ impl AttentionCase {
             }
         }
         Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Packed variable-length attention
+// ------------------------------------------------------------------------------------------
+
+/// A decoded packed-batch call (`attn_kernels::batch::VarlenAttention` against
+/// `attn_reference::batch::attention_varlen`): operands `[1, heads, total, d]` in any of the
+/// strided layouts [`decode_tensor`] makes (token-major ones split among threads, head-major
+/// ones run item by item), and sequence offsets that are sometimes hostile.
+#[derive(Clone, Debug)]
+pub struct VarlenCase {
+    /// Cumulative query offsets (`cu_seqlens_q`).
+    pub cu_q: Vec<usize>,
+    /// Cumulative key offsets (`cu_seqlens_k`).
+    pub cu_k: Vec<usize>,
+    /// The attention operands, settings and output, as one packed problem (batch 1, the
+    /// mask over the packed tokens; only none and causal are accepted).
+    pub attention: AttentionCase,
+}
+
+impl VarlenCase {
+    /// Decodes a case: up to 5 sequences of edge lengths (0 and 1 included, queries longer or
+    /// shorter than keys), GQA, `dk ≠ dv`, then offsets damaged one way or another (not from
+    /// 0, decreasing, totals or counts that disagree with the views, sums past `usize::MAX`,
+    /// empty), then masks, scales, layouts, logsumexps, threads and variants as in
+    /// [`AttentionCase::decode`].
+    pub fn decode(data: &[u8]) -> Self {
+        let mut bytes = Bytes::new(data);
+        // Damage is rarer than in `AttentionCase` (zero heads, refused masks, bad offsets and
+        // shapes each in a few percent of cases): every case also has a batch to get through.
+        let hkv = match bytes.u8() % 16 {
+            0 => 0,
+            b => 1 + usize::from(b % 2),
+        };
+        let hq = match bytes.u8() % 16 {
+            0 => 0,
+            1..=5 => hkv,
+            6..=9 => 2 * hkv,
+            10 => 3,
+            _ => 1,
+        };
+        let dk = bytes.size(65);
+        let dv = if bytes.u8().is_multiple_of(2) { dk } else { bytes.size(65) };
+        let count = usize::from(bytes.u8() % 6);
+        let mut lens: Vec<(usize, usize)> =
+            (0..count).map(|_| (bytes.size(300), bytes.size(300))).collect();
+        let work = |l: &[(usize, usize)]| {
+            l.iter().map(|&(a, b)| hq * a * b * (dk + dv).max(1)).sum::<usize>()
+        };
+        while work(&lens) > MAX_WORK {
+            for l in &mut lens {
+                *l = (l.0 / 2, l.1 / 2);
+            }
+        }
+        let cumulative = |l: &mut dyn Iterator<Item = usize>| {
+            let mut cu = vec![0];
+            for n in l {
+                cu.push(cu[cu.len() - 1] + n);
+            }
+            cu
+        };
+        let mut cu_q = cumulative(&mut lens.iter().map(|l| l.0));
+        let mut cu_k = cumulative(&mut lens.iter().map(|l| l.1));
+        let (total_q, total_k) = (cu_q[count], cu_k[count]);
+        match bytes.u8() % 32 {
+            0 => cu_q[0] = 1,
+            1 if count >= 2 => cu_k.swap(1, 2),
+            2 => *cu_k.last_mut().unwrap() += 1,
+            3 => {
+                cu_k.pop();
+            }
+            4 => cu_q.push(usize::MAX),
+            5 => cu_q.clear(),
+            6 => cu_k = vec![0, usize::MAX, total_k],
+            _ => {}
+        }
+        let scale = bytes.scale(dk);
+        let par = bytes.par();
+        let mut kd = [1, hkv, total_k, dk];
+        let mut od = [1, hq, total_q, dv];
+        match bytes.u8() % 16 {
+            1 => kd[3] += 1,
+            2 => od[2] += 1,
+            3 => kd[0] = 2,
+            _ => {}
+        }
+        let rows = hq * total_q;
+        let lse = match bytes.u8() % 8 {
+            0..=3 => None,
+            4 if rows > 0 => Some(rows - 1),
+            _ => Some(rows),
+        };
+        // Mostly none or causal (with every offset `decode_mask` picks); a keep or bias mask,
+        // which a batch refuses, one case in eight.
+        let mask = match decode_mask(&mut bytes, [1, hq, total_q, total_k]) {
+            m @ (MaskSpec::None | MaskSpec::Causal(_)) => m,
+            m if bytes.u8() % 4 == 0 => m,
+            _ => MaskSpec::Causal(None),
+        };
+        let q = decode_tensor(&mut bytes, [1, hq, total_q, dk]);
+        let k = decode_tensor(&mut bytes, kd);
+        let v = decode_tensor(&mut bytes, [1, hkv, total_k, dv]);
+        let o = decode_tensor(&mut bytes, od);
+        let variants = VariantSpec::decode(&mut bytes, hq);
+        let attention = AttentionCase { q, k, v, scale, mask, o, lse, par, variants };
+        VarlenCase { cu_q, cu_k, attention }
+    }
+
+    /// Runs the reference and `kernel` (given the kernels' [`VarlenAttention`] problem with the
+    /// case's settings, to run on the output after setting any path or ISA) and compares them
+    /// as [`AttentionCase::check`] does: the same outcome, nothing written on error or outside
+    /// the output view, and each sequence's rows (cut out of the packed views, with its own
+    /// causal offset) within the attention bound, its logsumexps at `[h, total_q]`.
+    ///
+    /// [`VarlenAttention`]: attn_kernels::batch::VarlenAttention
+    pub fn check(
+        &self,
+        kernel: impl FnOnce(
+            attn_kernels::batch::VarlenAttention<'_>,
+            TensorMut<'_>,
+        ) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
+        use attn_reference::batch::{packed_seq, SeqOffsets};
+        let a = &self.attention;
+        let mask = a.mask.mask();
+        let q = TensorRef::new(&a.q.data, a.q.layout);
+        let k = TensorRef::new(&a.k.data, a.k.layout);
+        let v = TensorRef::new(&a.v.data, a.v.layout);
+        let var = a.variants.variants();
+        let (cu_q, cu_k) = (&self.cu_q[..], &self.cu_k[..]);
+        let runs = run_pair(
+            ("varlen", "o"),
+            &a.o,
+            a.lse,
+            |o, l| {
+                attn_reference::batch::attention_varlen(
+                    q, k, v, cu_q, cu_k, a.scale, &mask, &var, o, l,
+                )
+            },
+            |o, l| {
+                let mut p = attn_kernels::batch::VarlenAttention::new(q, k, v, cu_q, cu_k)
+                    .scale(a.scale)
+                    .mask(mask)
+                    .variants(var)
+                    .parallelism(a.par);
+                if let Some(l) = l {
+                    p = p.lse(l);
+                }
+                kernel(p, o)
+            },
+        )?;
+        let Some(Runs { out_ref, lse_ref, out, lse }) = runs else {
+            return Ok(());
+        };
+        // Both succeeded, so the offsets are good and agree with the views.
+        let (sq, sk) = (
+            SeqOffsets::new("cu_seqlens_q", cu_q).map_err(|e| e.to_string())?,
+            SeqOffsets::new("cu_seqlens_k", cu_k).map_err(|e| e.to_string())?,
+        );
+        let total_q = sq.total();
+        let lse = lse_ref.as_deref().zip(lse.as_ref().map(|g| g.slice()));
+        for s in 0..sq.count() {
+            let (rq, rk) = (sq.range(s), sk.range(s));
+            let start = rq.start;
+            let lse_at = move |_: usize, h: usize, i: usize| h * total_q + start + i;
+            let rows = Rows {
+                q: TensorRef::new(q.data, packed_seq(&q.layout, rq.clone())),
+                k: TensorRef::new(k.data, packed_seq(&k.layout, rk.clone())),
+                v: TensorRef::new(v.data, packed_seq(&v.layout, rk)),
+                scale: a.scale,
+                mask: &mask,
+                variants: &var,
+                o: packed_seq(&a.o.layout, rq),
+                lse_at: &lse_at,
+            };
+            let describe = || format!("sequence {s} of cu_q {cu_q:?} cu_k {cu_k:?}");
+            rows.check(&out_ref, out.slice(), lse, &describe)?;
+        }
+        Ok(())
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Element types
+// ------------------------------------------------------------------------------------------
+
+/// An [`AttentionCase`] whose operands the kernel reads in other element types: Q in f32,
+/// bf16 or f16; K and V each in f32, bf16, f16 or int8 (Q8, one scale per block of 32 along
+/// `d`). Each operand's f32 data (padding included) is replaced by the values its stored
+/// elements represent, exactly: the widened half value, or `q·s` with `s` a power of two (or
+/// a hostile 0, ∞ or NaN, the same for every block so that overlapping views agree), which
+/// f32 holds exactly. The reference reads those f32 values, so the f32 bounds of
+/// [`AttentionCase::check`] apply unchanged; the output is f32.
+#[derive(Clone, Debug)]
+pub struct DtypeAttentionCase {
+    /// The case, its data replaced by the exact values the typed operands hold.
+    pub attention: AttentionCase,
+    /// The storage of Q, K and V.
+    pub types: [DType; 3],
+    /// Q, K and V as stored.
+    stored: [Stored; 3],
+}
+
+/// One operand's storage: a slice as long as the case's f32 one.
+#[derive(Clone, Debug)]
+enum Stored {
+    F32,
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+    /// The int8 values and contiguous `[b, h, s, ⌈d/32⌉]` scales (all equal).
+    Q8(Vec<i8>, Vec<f32>),
+}
+
+/// Q8 scales the decoder picks: powers of two (exact products), and 0, ∞, NaN.
+const Q8_SCALES: [f32; 8] =
+    [0.0078125, 1.0, 0.25, 1024.0, 2.3283064e-10, 0.0, f32::INFINITY, f32::NAN];
+
+impl Stored {
+    /// Stores `op` as `ty`, replacing its data with the values the storage represents.
+    fn new(op: &mut TensorOperand, ty: DType, q8_scale: f32) -> Stored {
+        match ty {
+            DType::BF16 => {
+                let x: Vec<bf16> = op.data.iter().map(|&v| bf16::from_f32(v)).collect();
+                op.data = x.iter().map(|v| v.to_f32()).collect();
+                Stored::BF16(x)
+            }
+            DType::F16 => {
+                let x: Vec<f16> = op.data.iter().map(|&v| f16::from_f32(v)).collect();
+                op.data = x.iter().map(|v| v.to_f32()).collect();
+                Stored::F16(x)
+            }
+            DType::Q8 => {
+                let q: Vec<i8> = op
+                    .data
+                    .iter()
+                    .map(|&v| {
+                        let r = v / q8_scale;
+                        if r.is_finite() {
+                            r.round_ties_even().clamp(-127.0, 127.0) as i8
+                        } else {
+                            0
+                        }
+                    })
+                    .collect();
+                op.data = q.iter().map(|&x| f32::from(x) * q8_scale).collect();
+                let [b, h, s, d] = op.layout.dims;
+                let n = b.saturating_mul(h).saturating_mul(s).saturating_mul(d.div_ceil(32));
+                Stored::Q8(q, vec![q8_scale; n.min(MAX_SLICE)])
+            }
+            DType::F32 => Stored::F32,
+        }
+    }
+
+    /// The view of `op` (whose data this storage holds) for the kernel.
+    fn any<'a>(&'a self, op: &'a TensorOperand) -> AnyRef<'a> {
+        match self {
+            Stored::BF16(x) => TensorRef::new(&x[..], op.layout).into(),
+            Stored::F16(x) => TensorRef::new(&x[..], op.layout).into(),
+            _ => TensorRef::new(&op.data[..], op.layout).into(),
+        }
+    }
+
+    /// The K or V view of `op` for the kernel.
+    fn kv<'a>(&'a self, op: &'a TensorOperand) -> KvRef<'a> {
+        match self {
+            Stored::Q8(q, s) => {
+                let [b, h, n, d] = op.layout.dims;
+                let sl = Tensor4Layout::bhsd(b, h, n, d.div_ceil(32));
+                Q8Ref::new(TensorRef::new(&q[..], op.layout), TensorRef::new(&s[..], sl)).into()
+            }
+            Stored::BF16(x) => TensorRef::new(&x[..], op.layout).into(),
+            Stored::F16(x) => TensorRef::new(&x[..], op.layout).into(),
+            Stored::F32 => TensorRef::new(&op.data[..], op.layout).into(),
+        }
+    }
+}
+
+impl DtypeAttentionCase {
+    /// Decodes the types (one byte: Q's, K's and V's), a Q8 scale (one byte), then an
+    /// [`AttentionCase`] from the rest of the bytes.
+    pub fn decode(data: &[u8]) -> Self {
+        let mut bytes = Bytes::new(data);
+        let t = bytes.u8();
+        let q8_scale = Q8_SCALES[usize::from(bytes.u8()) % Q8_SCALES.len()];
+        let half = [DType::F32, DType::BF16, DType::F16];
+        let kv = [DType::F32, DType::BF16, DType::F16, DType::Q8];
+        let types =
+            [half[usize::from(t) % 3], kv[usize::from(t / 3) % 4], kv[usize::from(t / 12) % 4]];
+        let mut attention = AttentionCase::decode(data.get(2..).unwrap_or(&[]));
+        let stored = [
+            Stored::new(&mut attention.q, types[0], q8_scale),
+            Stored::new(&mut attention.k, types[1], q8_scale),
+            Stored::new(&mut attention.v, types[2], q8_scale),
+        ];
+        DtypeAttentionCase { attention, types, stored }
+    }
+
+    /// [`AttentionCase::check`] with the kernel reading the typed operands.
+    pub fn check(
+        &self,
+        kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
+        let a = &self.attention;
+        let [q, k, v] = &self.stored;
+        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), kernel);
+        r.map_err(|e| format!("{e} (Q, K, V stored as {:?})", self.types))
     }
 }

@@ -242,6 +242,11 @@ fn pack_tile<T: SimdElement>(
     (qm, i0, rows, dk, qr, scale): (attn_core::MatLayout, usize, usize, usize, usize, f32),
     qp: &mut [f32],
 ) {
+    // An empty Q (`dk = 0`) may have any strides: its row indices are never formed (the
+    // packed-batch fuzzer found one overflowing here).
+    if dk == 0 {
+        return;
+    }
     let cs = qm.col_stride;
     for r in 0..rows {
         let at = qm.index(i0 + r, 0);

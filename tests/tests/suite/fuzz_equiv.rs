@@ -12,7 +12,9 @@
 use attn_kernels::attention::Path;
 use attn_kernels::gemm::sgemm;
 use attn_reference::{Mask, MatMut, TensorMut, TensorRef};
-use attn_tests::fuzz_decode::{AttentionCase, GemmCase, SoftmaxCase};
+use attn_tests::fuzz_decode::{
+    AttentionCase, DtypeAttentionCase, GemmCase, SoftmaxCase, VarlenCase,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
@@ -165,6 +167,74 @@ fn decoders_reach_every_regime() {
     assert!(masks.iter().all(|&m| m > 200), "{masks:?}");
 }
 
+#[test]
+fn varlen_and_dtype_decoders_reach_successes() {
+    // The packed-batch decoder damages offsets and picks masks a batch refuses; the dtype
+    // decoder must still reach every storage type on calls that run. Both need enough calls
+    // the reference accepts, with work in them, or the fuzzing only tests argument checks.
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut bytes = || {
+        (0..200)
+            .map(|_| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng as u8
+            })
+            .collect::<Vec<u8>>()
+    };
+    let (mut ok, mut busy, mut err) = (0, 0, 0);
+    for _ in 0..3000 {
+        let c = VarlenCase::decode(&bytes());
+        let a = &c.attention;
+        let mut o = a.o.data.clone();
+        let r = attn_reference::batch::attention_varlen(
+            TensorRef::new(&a.q.data, a.q.layout),
+            TensorRef::new(&a.k.data, a.k.layout),
+            TensorRef::new(&a.v.data, a.v.layout),
+            &c.cu_q,
+            &c.cu_k,
+            a.scale,
+            &a.mask.mask(),
+            &a.variants.variants(),
+            TensorMut::new(&mut o, a.o.layout),
+            None,
+        );
+        match r {
+            Ok(()) => {
+                ok += 1;
+                busy += usize::from(c.cu_q.windows(2).filter(|w| w[1] > w[0]).count() >= 2);
+            }
+            Err(_) => err += 1,
+        }
+    }
+    assert!(
+        ok > 300 && busy > 100 && err > 300,
+        "varlen: {ok} ok ({busy} with 2+ sequences), {err} errors"
+    );
+    let mut seen = std::collections::HashMap::new();
+    for _ in 0..3000 {
+        let c = DtypeAttentionCase::decode(&bytes());
+        let a = &c.attention;
+        let r = attn_reference::attention::check_attention(
+            &TensorRef::new(&a.q.data, a.q.layout),
+            &TensorRef::new(&a.k.data, a.k.layout),
+            &TensorRef::new(&a.v.data, a.v.layout),
+            a.scale,
+            &a.mask.mask(),
+            &TensorMut::new(&mut a.o.data.clone(), a.o.layout),
+            None,
+        );
+        if matches!(r, Ok([_, _, _, nq, nk, _, _]) if nq * nk > 0) {
+            for (i, t) in c.types.iter().enumerate() {
+                *seen.entry((i, *t)).or_insert(0) += 1;
+            }
+        }
+    }
+    // Q: 3 types, K and V: 4 each.
+    assert!(seen.len() == 11 && seen.values().all(|&n| n > 20), "dtypes: {seen:?}");
+}
+
 fn selected_isa() -> attn_kernels::Isa {
     attn_kernels::arch::selected()
 }
@@ -172,6 +242,16 @@ fn selected_isa() -> attn_kernels::Isa {
 #[test]
 fn fuzz_attention() {
     run(512, |b| AttentionCase::decode(b).check(|a, o| a.run(o)));
+}
+
+#[test]
+fn fuzz_varlen() {
+    run(512, |b| VarlenCase::decode(b).check(|a, o| a.run(o)));
+}
+
+#[test]
+fn fuzz_attention_dtypes() {
+    run(512, |b| DtypeAttentionCase::decode(b).check(|a, o| a.run(o)));
 }
 
 #[test]
@@ -204,6 +284,22 @@ fn fuzz_attention_decode() {
 #[test]
 fn fuzz_regressions() {
     let isa = selected_isa();
+    // Packed batches (the first runs of `fuzz_varlen`, 2026-12-03): an empty last sequence of
+    // an empty view with a huge token stride overflowed `packed_seq`'s offset (a panic in the
+    // kernels and the reference alike); and 17 queries of width 0 against no keys, whose empty Q
+    // view had a huge token stride, overflowed the flash tile's row index.
+    VarlenCase::decode(&[
+        33, 113, 160, 104, 16, 0, 0, 0, 0, 3, 0, 192, 0, 0, 71, 0, 0, 4, 85, 6, 120, 0, 0, 0, 0,
+        100, 0, 0, 0, 0, 0, 0, 136, 0, 0, 0, 56, 98, 1, 0, 0, 0,
+    ])
+    .check(|a, o| a.run(o))
+    .unwrap();
+    VarlenCase::decode(&[
+        1, 49, 32, 19, 65, 232, 0, 0, 0, 0, 15, 0, 0, 0, 103, 0, 0, 4, 5, 42, 136, 34, 0, 0, 0, 0,
+        0, 0, 0, 0, 116, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ])
+    .check(|a, o| a.run(o))
+    .unwrap();
     // Softmax rows of width 0 with an lse and a huge row stride: the prefetch of the next row
     // computed its index (overflow panic); empty rows now prefetch nothing.
     SoftmaxCase::decode(&[112, 0, 5, 32, 0, 0, 2, 102, 69, 0, 2, 0, 0, 172, 0, 0, 0, 0, 226])
