@@ -8,7 +8,9 @@
 use super::raw::{self, disjoint, slice, slice_mut, span};
 use super::{guard, mask_span, mask_view, opt_mut, threads, AttnMask, AttnPath, AttnStatus};
 use super::{AttnTensor, AttnTensorMut, AttnVariants, CVariants, Failure};
-use crate::batch::{append_kv, PagedAttention, PagedKv, PagedKvMut, VarlenAttention};
+use crate::batch::{
+    append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut, VarlenAttention,
+};
 
 /// The operands and settings of one [`attn_varlen_attention`] call: attention over a packed
 /// batch of sequences of different lengths (FlashAttention's varlen call). Sequence `s` is
@@ -312,8 +314,8 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
         )
     };
     let cache = PagedKv {
-        k,
-        v,
+        k: PagePool::F32(k),
+        v: PagePool::F32(v),
         page_size: a.page_size,
         kv_heads: a.kv_heads,
         dk: a.dk,
@@ -436,8 +438,8 @@ pub unsafe extern "C" fn attn_append_kv(args: *const AttnAppendKvArgs) -> AttnSt
             )
         };
         let mut cache = PagedKvMut {
-            k,
-            v,
+            k: PagePoolMut::F32(k),
+            v: PagePoolMut::F32(v),
             page_size: a.page_size,
             kv_heads: a.kv_heads,
             dk: a.dk,
@@ -801,8 +803,8 @@ mod tests {
         fn rust(&self, mask: Mask<'_>) -> (Vec<f32>, Vec<f32>) {
             let (mut o, mut lse) = (vec![f32::NAN; self.o.len()], vec![f32::NAN; HQ * 5]);
             let cache = PagedKv {
-                k: &self.k,
-                v: &self.v,
+                k: PagePool::F32(&self.k),
+                v: PagePool::F32(&self.v),
                 page_size: 16,
                 kv_heads: 1,
                 dk: D,
