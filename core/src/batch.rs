@@ -3,13 +3,19 @@
 //! ([`PagedKv`]: fixed-size pages of a shared pool, a block table per sequence, as vLLM's
 //! PagedAttention lays it out).
 //!
+//! A pool holds its elements in one storage type ([`PagePool`]): f32, bf16, f16, or int8 with
+//! one f32 scale per block of 32 values along `d` (the layout of [`crate::quant`], the scales in
+//! a pool of their own, `[num_pages, page_size, kv_heads, ⌈d/32⌉]`).
+//!
 //! A packed operand is a [`Tensor4Layout`] of dims `[1, heads, total_tokens, d]` (any strides,
 //! so `[total_tokens, heads, d]` storage is the strides `[0, d, heads·d, 1]`); sequence `s`
 //! owns tokens `cu[s]..cu[s + 1]` ([`packed_seq`] is its view).
 
 use std::ops::Range;
 
+use crate::dtype::{bf16, f16, DType};
 use crate::error::{checked_product, expect_dim, Error, Result};
+use crate::quant::q8_blocks;
 use crate::shape::Tensor4Layout;
 
 /// Cumulative sequence offsets `cu[0] = 0 ≤ cu[1] ≤ … ≤ cu[n]`: sequence `s` is tokens
@@ -67,18 +73,144 @@ pub fn packed_seq(layout: &Tensor4Layout, tokens: Range<usize>) -> Tensor4Layout
     }
 }
 
+/// One pool of a paged cache (the keys or the values), `[num_pages, page_size, kv_heads, d]`
+/// row-major, in its storage type. [`PagePool::Q8`] pairs the int8 values with their scales,
+/// `[num_pages, page_size, kv_heads, ⌈d/32⌉]` row-major: the scale of block `k` of a slot's
+/// head is at the same `(page, slot, head)` index with width `⌈d/32⌉`, so
+/// [`PagedKv::slot`] with that width finds it. Made from a slice of `f32`, [`bf16`] or
+/// [`f16`](struct@f16) by `From`/`Into`.
+#[derive(Clone, Copy, Debug)]
+pub enum PagePool<'a> {
+    /// f32 elements.
+    F32(&'a [f32]),
+    /// bf16 elements.
+    BF16(&'a [bf16]),
+    /// f16 elements.
+    F16(&'a [f16]),
+    /// int8 values and one f32 scale per block of 32 along `d` ([`crate::quant`]).
+    Q8 {
+        /// The values, `[num_pages, page_size, kv_heads, d]`.
+        values: &'a [i8],
+        /// The scales, `[num_pages, page_size, kv_heads, ⌈d/32⌉]`.
+        scales: &'a [f32],
+    },
+}
+
+/// A writable pool of a paged cache ([`PagePool`]'s layouts), the destination of an append.
+#[derive(Debug)]
+pub enum PagePoolMut<'a> {
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// bf16 elements.
+    BF16(&'a mut [bf16]),
+    /// f16 elements.
+    F16(&'a mut [f16]),
+    /// int8 values and their block scales, as [`PagePool::Q8`].
+    Q8 {
+        /// The values, `[num_pages, page_size, kv_heads, d]`.
+        values: &'a mut [i8],
+        /// The scales, `[num_pages, page_size, kv_heads, ⌈d/32⌉]`.
+        scales: &'a mut [f32],
+    },
+}
+
+macro_rules! pool_from {
+    ($($t:ty => $v:ident),*) => {$(
+        impl<'a> From<&'a [$t]> for PagePool<'a> {
+            fn from(x: &'a [$t]) -> Self {
+                PagePool::$v(x)
+            }
+        }
+        impl<'a> From<&'a Vec<$t>> for PagePool<'a> {
+            fn from(x: &'a Vec<$t>) -> Self {
+                PagePool::$v(x)
+            }
+        }
+        impl<'a> From<&'a mut [$t]> for PagePoolMut<'a> {
+            fn from(x: &'a mut [$t]) -> Self {
+                PagePoolMut::$v(x)
+            }
+        }
+        impl<'a> From<&'a mut Vec<$t>> for PagePoolMut<'a> {
+            fn from(x: &'a mut Vec<$t>) -> Self {
+                PagePoolMut::$v(x)
+            }
+        }
+    )*};
+}
+pool_from!(f32 => F32, bf16 => BF16, f16 => F16);
+
+impl PagePool<'_> {
+    /// The storage type.
+    pub const fn dtype(&self) -> DType {
+        match self {
+            PagePool::F32(_) => DType::F32,
+            PagePool::BF16(_) => DType::BF16,
+            PagePool::F16(_) => DType::F16,
+            PagePool::Q8 { .. } => DType::Q8,
+        }
+    }
+
+    /// The number of stored values (not counting [`PagePool::Q8`]'s scales).
+    pub const fn len(&self) -> usize {
+        match self {
+            PagePool::F32(x) => x.len(),
+            PagePool::BF16(x) => x.len(),
+            PagePool::F16(x) => x.len(),
+            PagePool::Q8 { values, .. } => values.len(),
+        }
+    }
+
+    /// True when the pool holds no value.
+    pub const fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks that the pool holds exactly `pages` pages of `page_size·kv_heads` slots of `d`
+    /// values (`ShapeMismatch` naming `arg`, dim `len`) and, for [`PagePool::Q8`], as many
+    /// scales of width `⌈d/32⌉` (`ShapeMismatch` naming `scales_arg`). The scales' contents are
+    /// not read ([`crate::quant`] says what any scale means).
+    pub fn expect_pages(
+        &self,
+        (arg, scales_arg): (&'static str, &'static str),
+        pages: usize,
+        slots: usize,
+        d: usize,
+    ) -> Result<()> {
+        expect_dim(arg, "len", checked_product(arg, &[pages, slots, d])?, self.len())?;
+        if let PagePool::Q8 { scales, .. } = self {
+            let n = checked_product(scales_arg, &[pages, slots, q8_blocks(d)])?;
+            expect_dim(scales_arg, "len", n, scales.len())?;
+        }
+        Ok(())
+    }
+}
+
+impl PagePoolMut<'_> {
+    /// The same pool, read-only.
+    pub fn as_ref(&self) -> PagePool<'_> {
+        match self {
+            PagePoolMut::F32(x) => PagePool::F32(x),
+            PagePoolMut::BF16(x) => PagePool::BF16(x),
+            PagePoolMut::F16(x) => PagePool::F16(x),
+            PagePoolMut::Q8 { values, scales } => PagePool::Q8 { values, scales },
+        }
+    }
+}
+
 /// A paged K/V cache: key and value pools of `num_pages` pages of `page_size` token slots,
-/// each slot `kv_heads` heads of `dk` (keys) or `dv` (values) contiguous floats, so the pools
-/// are `[num_pages, page_size, kv_heads, d]` row-major. Sequence `b` holds `seq_lens[b]` keys;
+/// each slot `kv_heads` heads of `dk` (keys) or `dv` (values) contiguous values, so the pools
+/// are `[num_pages, page_size, kv_heads, d]` row-major, each in its own storage type
+/// ([`PagePool`]: f32, bf16, f16 or int8 with block scales; keys and values may differ). Sequence `b` holds `seq_lens[b]` keys;
 /// its key `j` lives in slot `j mod page_size` of page `block_table[b·max_pages + j /
 /// page_size]`. Pages may be shared between sequences (a common prefix) and listed in any
 /// order.
 #[derive(Clone, Copy, Debug)]
 pub struct PagedKv<'a> {
-    /// The key pool, `num_pages·page_size·kv_heads·dk` floats.
-    pub k: &'a [f32],
-    /// The value pool, `num_pages·page_size·kv_heads·dv` floats.
-    pub v: &'a [f32],
+    /// The key pool, `num_pages·page_size·kv_heads·dk` values (and their scales).
+    pub k: PagePool<'a>,
+    /// The value pool, `num_pages·page_size·kv_heads·dv` values (and their scales).
+    pub v: PagePool<'a>,
     /// Token slots per page: a power of two from 16 to 256.
     pub page_size: usize,
     /// K/V heads per slot.
@@ -103,8 +235,10 @@ impl PagedKv<'_> {
     }
 
     /// Checks the cache and returns its page count: page size, head count and widths, pool
-    /// lengths (whole pages, the same count for keys and values), the block table's length,
-    /// each sequence fitting its row, and every page a sequence uses being in the pool.
+    /// lengths (whole pages, the same count for keys and values; `ShapeMismatch` naming `k` or
+    /// `v`, and `k_scales` or `v_scales` for an int8 pool whose scales are not as many slots),
+    /// the block table's length, each sequence fitting its row, and every page a sequence uses
+    /// being in the pool.
     pub fn check(&self) -> Result<usize> {
         if !self.page_size.is_power_of_two() || !(16..=256).contains(&self.page_size) {
             return Err(Error::InvalidParameter {
@@ -118,11 +252,10 @@ impl PagedKv<'_> {
         if self.dk == 0 {
             return Err(Error::InvalidParameter { arg: "k", requirement: "dk must be at least 1" });
         }
-        let page_k = checked_product("k", &[self.page_size, self.kv_heads, self.dk])?;
-        let pages = self.k.len() / page_k;
-        expect_dim("k", "len", pages * page_k, self.k.len())?;
-        let page_v = checked_product("v", &[self.page_size, self.kv_heads, self.dv])?;
-        expect_dim("v", "len", checked_product("v", &[pages, page_v])?, self.v.len())?;
+        let slots = checked_product("k", &[self.page_size, self.kv_heads])?;
+        let pages = self.k.len() / checked_product("k", &[slots, self.dk])?;
+        self.k.expect_pages(("k", "k_scales"), pages, slots, self.dk)?;
+        self.v.expect_pages(("v", "v_scales"), pages, slots, self.dv)?;
         let rows = checked_product("block_table", &[self.batch(), self.max_pages])?;
         expect_dim("block_table", "len", rows, self.block_table.len())?;
         for (b, &len) in self.seq_lens.iter().enumerate() {
@@ -145,7 +278,8 @@ impl PagedKv<'_> {
     }
 
     /// The index in the pool of element 0 of slot `j` (key or value `j` of sequence `b`),
-    /// head `h`, for a width `d` (`dk` for `k`, `dv` for `v`). Valid after
+    /// head `h`, for a width `d` (`dk` for `k`, `dv` for `v`; `⌈d/32⌉` for the scales of an
+    /// int8 pool). Valid after
     /// [`check`](Self::check), for `j < seq_lens[b]`.
     pub fn slot(&self, b: usize, j: usize, h: usize, d: usize) -> usize {
         let page = self.block_table[b * self.max_pages + j / self.page_size] as usize;
@@ -159,10 +293,10 @@ impl PagedKv<'_> {
 /// lengths by `n_b`.
 #[derive(Debug)]
 pub struct PagedKvMut<'a> {
-    /// The key pool, `num_pages·page_size·kv_heads·dk` floats.
-    pub k: &'a mut [f32],
-    /// The value pool, `num_pages·page_size·kv_heads·dv` floats.
-    pub v: &'a mut [f32],
+    /// The key pool, `num_pages·page_size·kv_heads·dk` values (and their scales).
+    pub k: PagePoolMut<'a>,
+    /// The value pool, `num_pages·page_size·kv_heads·dv` values (and their scales).
+    pub v: PagePoolMut<'a>,
     /// Token slots per page: a power of two from 16 to 256.
     pub page_size: usize,
     /// K/V heads per slot.
@@ -183,8 +317,8 @@ impl PagedKvMut<'_> {
     /// The same cache, read-only.
     pub fn as_ref(&self) -> PagedKv<'_> {
         PagedKv {
-            k: self.k,
-            v: self.v,
+            k: self.k.as_ref(),
+            v: self.v.as_ref(),
             page_size: self.page_size,
             kv_heads: self.kv_heads,
             dk: self.dk,
@@ -290,8 +424,8 @@ mod tests {
         let table = [2u32, 0, 9, 9];
         let lens = [20usize, 0];
         let cache = PagedKv {
-            k: &k,
-            v: &v,
+            k: PagePool::F32(&k),
+            v: PagePool::F32(&v),
             page_size: 16,
             kv_heads: 2,
             dk: 4,
@@ -313,10 +447,47 @@ mod tests {
         assert!(matches!(e, Error::InvalidParameter { arg: "seq_lens", .. }), "{e:?}");
         let e = PagedKv { page_size: 24, ..cache }.check().unwrap_err();
         assert!(matches!(e, Error::InvalidParameter { arg: "page_size", .. }), "{e:?}");
-        let e = PagedKv { v: &v[1..], ..cache }.check().unwrap_err();
+        let e = PagedKv { v: PagePool::F32(&v[1..]), ..cache }.check().unwrap_err();
         assert!(matches!(e, Error::ShapeMismatch { arg: "v", .. }), "{e:?}");
         let e = PagedKv { block_table: &table[1..], ..cache }.check().unwrap_err();
         assert!(matches!(e, Error::ShapeMismatch { arg: "block_table", .. }), "{e:?}");
+    }
+
+    #[test]
+    fn typed_pools_are_checked() {
+        // 3 pages of 16 slots, 2 heads; dk = 40 (two scale blocks), dv = 2 (one).
+        let (kq, ks) = (vec![0i8; 3 * 16 * 2 * 40], vec![0.0f32; 3 * 16 * 2 * 2]);
+        let vh = vec![bf16::ZERO; 3 * 16 * 2 * 2];
+        let table = [2u32, 0];
+        let lens = [20usize];
+        let cache = PagedKv {
+            k: PagePool::Q8 { values: &kq, scales: &ks },
+            v: PagePool::from(&vh),
+            page_size: 16,
+            kv_heads: 2,
+            dk: 40,
+            dv: 2,
+            block_table: &table,
+            max_pages: 2,
+            seq_lens: &lens,
+        };
+        assert_eq!(cache.check(), Ok(3));
+        assert_eq!((cache.k.dtype(), cache.v.dtype()), (DType::Q8, DType::BF16));
+        // The scales of key 17, head 1: the slot index at width ⌈40/32⌉ = 2.
+        assert_eq!(cache.slot(0, 17, 1, 2), 6);
+        let k = PagePool::Q8 { values: &kq, scales: &ks[1..] };
+        let e = PagedKv { k, ..cache }.check().unwrap_err();
+        assert_eq!(
+            e,
+            Error::ShapeMismatch { arg: "k_scales", dim: "len", expected: 192, actual: 191 }
+        );
+        let v = PagePool::Q8 { values: &kq[..3 * 16 * 2 * 2], scales: &ks[..3 * 16 * 2] };
+        assert_eq!(PagedKv { v, ..cache }.check(), Ok(3));
+        let v = PagePool::Q8 { values: &kq[..3 * 16 * 2 * 2], scales: &ks };
+        let e = PagedKv { v, ..cache }.check().unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { arg: "v_scales", .. }), "{e:?}");
+        let e = PagedKv { v: PagePool::from(&vh[2..]), ..cache }.check().unwrap_err();
+        assert!(matches!(e, Error::ShapeMismatch { arg: "v", .. }), "{e:?}");
     }
 
     #[test]
@@ -327,8 +498,8 @@ mod tests {
         let table = [2u32, 0, 2, 1];
         let lens = [20usize, 16];
         let mut cache = PagedKvMut {
-            k: &mut k,
-            v: &mut v,
+            k: PagePoolMut::F32(&mut k),
+            v: PagePoolMut::F32(&mut v),
             page_size: 16,
             kv_heads: 1,
             dk: 1,

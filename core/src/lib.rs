@@ -32,7 +32,7 @@ pub mod shape;
 pub mod variants;
 
 pub use attention::{check_attention, check_attention_any, default_scale, AnyMut, AnyRef, KvRef};
-pub use batch::{packed_seq, PagedKv, PagedKvMut, SeqOffsets};
+pub use batch::{packed_seq, PagePool, PagePoolMut, PagedKv, PagedKvMut, SeqOffsets};
 pub use dtype::{bf16, f16, DType, Element};
 pub use error::{checked_product, expect_dim, expect_finite, Error, Result};
 pub use layers::{

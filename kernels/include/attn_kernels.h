@@ -579,9 +579,10 @@ typedef struct AttnVarlenArgs {
 // kv_heads, d]` row-major; key `j` of sequence `b` is slot `j mod page_size` of page
 // `block_table[b·max_pages + j / page_size]` (pages may be shared and in any order).
 //
-// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
-// version is 328 bytes on 64-bit targets). Fields left zero give: no mask, scale `1/√dk`, no
-// logsumexp, every available core, no variants.
+// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; the first
+// version, through `variants`, is 328 bytes on 64-bit targets; version 2 adds the pools'
+// element types). Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every
+// available core, no variants, f32 pools.
 typedef struct AttnPagedArgs {
   // `sizeof(AttnPagedArgs)` in the caller's header.
   size_t struct_size;
@@ -592,13 +593,13 @@ typedef struct AttnPagedArgs {
   struct AttnTensorMut o;
   // `batch + 1` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`.
   const size_t *cu_seqlens_q;
-  // The key pool, read only.
+  // The key pool, read only: elements of type `k_dtype` (f32 by default).
   const float *k_pool;
-  // Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+  // Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
   size_t k_pool_len;
-  // The value pool, read only.
+  // The value pool, read only: elements of type `v_dtype`.
   const float *v_pool;
-  // Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+  // Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
   size_t v_pool_len;
   // Token slots per page: a power of two from 16 to 256.
   size_t page_size;
@@ -636,6 +637,21 @@ typedef struct AttnPagedArgs {
   // NULL for no variants, or an `AttnVariants` measured from each sequence's causal
   // offset; sinks and slopes have `hq` entries.
   const struct AttnVariants *variants;
+  // The element type of `k_pool` (an [`AttnDtype`] value, `ATTN_DTYPE_*`, read as an
+  // `int32_t`): f32, bf16, f16, or int8 blocks (`ATTN_DTYPE_Q8`, scales at `k_scales`).
+  int32_t k_dtype;
+  // The element type of `v_pool`, as `k_dtype` (scales at `v_scales`).
+  int32_t v_dtype;
+  // With `k_dtype = ATTN_DTYPE_Q8`: the f32 scales of the key pool, `[num_pages,
+  // page_size, kv_heads, ⌈dk/32⌉]`, one per block of 32 values along `dk` (value = int8 ·
+  // scale). Ignored (may be NULL) otherwise.
+  const float *k_scales;
+  // Floats at `k_scales`: `num_pages·page_size·kv_heads·⌈dk/32⌉`.
+  size_t k_scales_len;
+  // With `v_dtype = ATTN_DTYPE_Q8`: the scales of the value pool, as `k_scales` for `dv`.
+  const float *v_scales;
+  // Floats at `v_scales`.
+  size_t v_scales_len;
 } AttnPagedArgs;
 
 // The operands of one [`attn_append_kv`] call: new K/V rows of a packed batch appended to a
@@ -645,18 +661,19 @@ typedef struct AttnPagedArgs {
 // 1]` of `k_new`/`v_new` become its keys and values `seq_lens[b] ..`; the caller then grows
 // `seq_lens[b]` by their count.
 //
-// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
-// version is 280 bytes on 64-bit targets).
+// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; the first
+// version, through `v_new`, is 280 bytes on 64-bit targets; version 2 adds the element types
+// of the pools and of the new rows). Fields left zero give f32 pools and rows.
 typedef struct AttnAppendKvArgs {
   // `sizeof(AttnAppendKvArgs)` in the caller's header.
   size_t struct_size;
-  // The key pool, written in the appended slots only.
+  // The key pool, written in the appended slots only: elements of type `k_dtype`.
   float *k_pool;
-  // Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+  // Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
   size_t k_pool_len;
-  // The value pool, written in the appended slots only.
+  // The value pool, written in the appended slots only: elements of type `v_dtype`.
   float *v_pool;
-  // Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+  // Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
   size_t v_pool_len;
   // Token slots per page: a power of two from 16 to 256.
   size_t page_size;
@@ -682,6 +699,26 @@ typedef struct AttnAppendKvArgs {
   struct AttnTensor k_new;
   // The new values, packed `[1, kv_heads, total_new, dv]`.
   struct AttnTensor v_new;
+  // The element type of `k_pool` (an [`AttnDtype`] value, read as an `int32_t`): f32, bf16,
+  // f16 (each new value rounded to nearest even), or int8 blocks (`ATTN_DTYPE_Q8`: each
+  // block of 32 new values quantised, its scale written to `k_scales`).
+  int32_t k_dtype;
+  // The element type of `v_pool`, as `k_dtype` (scales to `v_scales`).
+  int32_t v_dtype;
+  // With `k_dtype = ATTN_DTYPE_Q8`: the key scale pool, `[num_pages, page_size, kv_heads,
+  // ⌈dk/32⌉]` floats, written in the appended slots only. Ignored (may be NULL) otherwise.
+  float *k_scales;
+  // Floats at `k_scales`: `num_pages·page_size·kv_heads·⌈dk/32⌉`.
+  size_t k_scales_len;
+  // With `v_dtype = ATTN_DTYPE_Q8`: the value scale pool, as `k_scales` for `dv`.
+  float *v_scales;
+  // Floats at `v_scales`.
+  size_t v_scales_len;
+  // The element type of `k_new`: f32, bf16 or f16 (`ATTN_DTYPE_Q8` is
+  // `ATTN_STATUS_UNSUPPORTED_DTYPE`: new rows are quantised by the call, not before).
+  int32_t k_new_dtype;
+  // The element type of `v_new`, as `k_new_dtype`.
+  int32_t v_new_dtype;
 } AttnAppendKvArgs;
 
 #ifdef __cplusplus
@@ -1038,11 +1075,11 @@ enum AttnStatus attn_varlen_attention(const struct AttnVarlenArgs *args);
 //
 // Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
 // `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
-// `args.has_scale`, `mask.kind`, `mask.causal_default_offset`, `variants.struct_size` or
-// `variants.has_window` for a value it may not take; then the null, bounds and overlap checks
-// (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `block_table`, `seq_lens`, `sinks`,
-// `alibi`, `lse`); then those of the Rust call: the cache's (`page_size`, heads and widths,
-// pool lengths, `block_table_len`, a sequence past its row, a page outside the pool as
+// `args.has_scale`, `args.k_dtype`, `args.v_dtype`, `mask.kind`, `mask.causal_default_offset`,
+// `variants.struct_size` or `variants.has_window` for a value it may not take; then the null,
+// bounds and overlap checks (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `k_scales` and
+// `v_scales` for int8 pools, `block_table`, `seq_lens`, `sinks`, `alibi`, `lse`); then those
+// of the Rust call: the cache's (`page_size`, heads and widths, pool and scale pool lengths, `block_table_len`, a sequence past its row, a page outside the pool as
 // `ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), a keep or bias mask, a batch other than
 // 1, the packed views' shapes, bad or mismatched offsets, `lse_len`, the variants' values.
 // Nothing is written when a check fails.
@@ -1056,15 +1093,19 @@ enum AttnStatus attn_varlen_attention(const struct AttnVarlenArgs *args);
 enum AttnStatus attn_paged_attention(const struct AttnPagedArgs *args);
 
 // Appends a batch's new K/V rows to their pages, every operand in one [`AttnAppendKvArgs`];
-// the Rust `append_kv` behind it. All checks happen before any write: the null, bounds and
-// overlap checks (`k_pool`, `v_pool`, `block_table`, `seq_lens`, `cu_seqlens_new`, `k_new`,
-// `v_new`), then the cache's (`page_size`, head count and widths, pool lengths in whole and
+// the Rust `append_kv` behind it. All checks happen before any write: the element types
+// (`ATTN_STATUS_INVALID_PARAMETER` naming `args.k_dtype`, `args.v_dtype`, `args.k_new_dtype`
+// or `args.v_new_dtype` for a value not listed, `ATTN_STATUS_UNSUPPORTED_DTYPE` for int8 new
+// rows), the null, bounds and overlap checks (`k_pool`, `v_pool`, `k_scales` and `v_scales`
+// for int8 pools, `block_table`, `seq_lens`, `cu_seqlens_new`, `k_new`, `v_new`), then the
+// cache's (`page_size`, head count and widths, pool and scale pool lengths in whole and
 // equal page counts, `block_table_len`), `cu_seqlens_new` (`ATTN_STATUS_INVALID_PARAMETER`
 // when decreasing or not from 0), every grown sequence within its row of the block table
 // (`ATTN_STATUS_INVALID_PARAMETER` naming `seq_lens`), every written page in the pool
 // (`ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), no slot written twice and none held
 // by any sequence (`ATTN_STATUS_INVALID_PARAMETER` naming `block_table`), and the new views'
-// dims (`ATTN_STATUS_SHAPE_MISMATCH`). Runs on the calling thread.
+// dims (`ATTN_STATUS_SHAPE_MISMATCH`), a NaN or infinite new row bound for an int8 pool
+// (`ATTN_STATUS_NON_FINITE` naming `k_new` or `v_new`). Runs on the calling thread.
 //
 // # Safety
 //

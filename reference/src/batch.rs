@@ -9,7 +9,7 @@
 //! queries are the last `nq_s` positions of its keys (chunked prefill; decode when
 //! `nq_s = 1`). Keep and bias masks are per-sequence tensors these calls do not take.
 
-pub use attn_core::batch::{packed_seq, PagedKv, SeqOffsets};
+pub use attn_core::batch::{packed_seq, PagePool, PagedKv, SeqOffsets};
 
 use crate::alloc::{filled, product};
 use crate::attention::{attention_with_variants, check_attention, Variants};
@@ -60,8 +60,13 @@ pub fn attention_varlen(
 /// keys and values it holds, written to the same rows of `o: [1, hq, total_q, cache.dv]`. Its
 /// pages are gathered into dense K/V first.
 ///
+/// The pools must be f32 ([`PagePool::F32`]): a test of typed pages (bf16, f16, int8) gives
+/// the reference the f32 pools of the values its elements represent, which it can build
+/// exactly (widened half values; int8 scales chosen so that every `q·scale` is an f32).
+///
 /// Errors: those of [`PagedKv::check`] and [`check_attention`], bad query offsets or a count
-/// other than the cache's batch, a keep or bias mask, and those of [`Variants::check`].
+/// other than the cache's batch, a keep or bias mask, and those of [`Variants::check`]; then a
+/// pool of another type (`InvalidParameter` naming `k` or `v`).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_paged(
     q: TensorRef<'_>,
@@ -83,6 +88,14 @@ pub fn attention_paged(
     expect_dim("cu_seqlens_q", "total", total_q, sq.total())?;
     expect_dim("cu_seqlens_q", "sequences", cache.batch(), sq.count())?;
     variants.check(hq)?;
+    let f32_pool = |arg, pool| match pool {
+        PagePool::F32(x) => Ok(x),
+        _ => Err(Error::InvalidParameter {
+            arg,
+            requirement: "the reference reads f32 pools: give it the values typed pages represent",
+        }),
+    };
+    let (kp, vp) = (f32_pool("k", cache.k)?, f32_pool("v", cache.v)?);
     for (b, &len) in cache.seq_lens.iter().enumerate() {
         let gather = |pool: &[f32], d: usize| -> Result<Vec<f32>> {
             let mut dense = filled("k", product("k", &[hkv, len, d])?, 0.0f32)?;
@@ -94,7 +107,7 @@ pub fn attention_paged(
             }
             Ok(dense)
         };
-        let (kd, vd) = (gather(cache.k, dk)?, gather(cache.v, dv)?);
+        let (kd, vd) = (gather(kp, dk)?, gather(vp, dv)?);
         let ks = TensorRef::new(&kd, Tensor4Layout::bhsd(1, hkv, len, dk));
         let vs = TensorRef::new(&vd, Tensor4Layout::bhsd(1, hkv, len, dv));
         let rq = sq.range(b);

@@ -222,6 +222,41 @@ static void test_batch(void) {
     bad_pa = pa;
     bad_pa.v_pool = NULL;
     EXPECT(attn_paged_attention(&bad_pa), ATTN_STATUS_NULL_POINTER, "`v_pool`");
+
+    /* The same append and attention with int8 keys (one scale per slot: dk = 1) and f16
+     * values (version 2 of both structs): key 7 is stored as 127 with scale 7/127, values 9
+     * and 10 as their f16 bits; the outputs are those of the f32 pools. */
+    int8_t kq[32] = {0};
+    float ks[32] = {0};
+    uint16_t vh[32] = {0};
+    lens[0] = 4;
+    AttnAppendKvArgs tapp = app;
+    tapp.k_pool = (float *)kq;
+    tapp.v_pool = (float *)vh;
+    tapp.k_dtype = ATTN_DTYPE_Q8;
+    tapp.v_dtype = ATTN_DTYPE_F16;
+    tapp.k_scales = ks;
+    tapp.k_scales_len = 32;
+    EXPECT(attn_append_kv(&tapp), ATTN_STATUS_OK, NULL);
+    CHECK(kq[20] == 127 && kq[0] == 127 && ks[20] == 7.0f / 127.0f && vh[20] == 0x4880 &&
+              vh[0] == 0x4900,
+          "typed append: k %d %d scale %g, v %x %x", kq[20], kq[0], ks[20], vh[20], vh[0]);
+    AttnAppendKvArgs bad_tapp = tapp;
+    bad_tapp.k_new_dtype = ATTN_DTYPE_Q8;
+    EXPECT(attn_append_kv(&bad_tapp), ATTN_STATUS_UNSUPPORTED_DTYPE, "args.k_new_dtype");
+    AttnPagedArgs tpa = pa;
+    tpa.k_pool = (const float *)kq;
+    tpa.v_pool = (const float *)vh;
+    tpa.k_dtype = ATTN_DTYPE_Q8;
+    tpa.v_dtype = ATTN_DTYPE_F16;
+    tpa.k_scales = ks;
+    tpa.k_scales_len = 32;
+    po[0] = po[1] = NAN;
+    EXPECT(attn_paged_attention(&tpa), ATTN_STATUS_OK, NULL);
+    CHECK(fabsf(po[0] - 9.0f / 5.0f) < 1e-6f && po[1] == 10.0f, "typed paged o = %g %g", po[0],
+          po[1]);
+    tpa.k_scales_len = 31;
+    EXPECT(attn_paged_attention(&tpa), ATTN_STATUS_SHAPE_MISMATCH, "k_scales");
 }
 
 static double now(void) {

@@ -12,7 +12,7 @@
 //! split their own keys, while the paged call shares all sequences' chunks in one loop.
 
 use attn_kernels::attention::{Attention, Path};
-use attn_kernels::batch::{packed_seq, PagedAttention, PagedKv};
+use attn_kernels::batch::{packed_seq, PagePool, PagedAttention, PagedKv};
 use attn_kernels::Parallelism;
 use attn_reference::attention::default_scale;
 use attn_reference::{Mask, Tensor4Layout, TensorMut, TensorRef};
@@ -114,8 +114,8 @@ impl Batch {
 
     fn cache(&self) -> PagedKv<'_> {
         PagedKv {
-            k: &self.pool_k,
-            v: &self.pool_v,
+            k: PagePool::F32(&self.pool_k),
+            v: PagePool::F32(&self.pool_v),
             page_size: self.page_size,
             kv_heads: self.hkv,
             dk: self.d,

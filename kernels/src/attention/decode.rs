@@ -15,11 +15,15 @@
 //! rows. A block is small (16 keys) so its K and V rows are still in L1 when the second pass
 //! reads them.
 //!
-//! Where the blocks come from is a [`Source`]: the problem's own K/V views (read in place in
-//! their type, or gathered block by block into f32), or the pages of a paged cache
-//! ([`run_paged`]: each piece of a paged batch is a problem of one sequence, and a block of 16
-//! keys, 16-aligned, lies in one page, so it is a strided matrix of that page; the key rows
-//! prefetched ahead are those of the page that holds them, from its own address).
+//! Where the blocks come from is a [`Source`]: the problem's own K/V views, or the pages of a
+//! paged cache ([`run_paged`]: each piece of a paged batch is a problem of one sequence). Both
+//! give a matrix per `(batch, K/V head)` in its storage type and a [`RowMap`] from a
+//! sequence's key index to the matrix row: the identity for a view; for a pool (whose rows are
+//! all its slots, page after page) slot `j mod page_size` of page `table[j / page_size]`. A
+//! block of 16 keys, 16-aligned, lies in one page, so its rows are consecutive rows of the pool
+//! matrix; the key rows prefetched ahead are mapped the same way. The same kernels then read
+//! the blocks in place (one storage type for K and V) or gather them into f32 (two types, or
+//! strided columns), whichever the source.
 //!
 //! The split into chunks depends on the visible key range only ([`split`]: all `nk` keys, or
 //! those a window or causal mask leaves to the queries), and the merge visits the chunks in
@@ -30,12 +34,13 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use attn_core::batch::{packed_seq, PagedKv};
+use attn_core::batch::{packed_seq, PagePool, PagedKv};
+use attn_core::quant::q8_blocks;
 use attn_core::{AnyMut, Element, Mask, Result, TensorMut, TensorRef, Variants};
 
 use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK, DECODE_PREFETCH_KEYS};
 use super::blocks::{
-    axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat,
+    axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat, Q8Mat,
     Strided,
 };
 use super::variants::softcap;
@@ -140,11 +145,12 @@ struct Dense;
 impl Source for Dense {
     const ALIGN: usize = 1;
     fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
-        chunk(isa, c)
+        let (keys, values) = (c.p.keys(c.b, c.kh), c.p.values(c.b, c.kh));
+        chunk(isa, c, keys, values, RowMap::Dense)
     }
 }
 
-/// The pages of sequence `seq` of a checked paged cache (f32, read in place).
+/// The pages of sequence `seq` of a checked paged cache, read in place in their type.
 #[derive(Clone, Copy)]
 struct Pages<'r, 'a> {
     cache: &'r PagedKv<'a>,
@@ -157,14 +163,57 @@ impl Source for Pages<'_, '_> {
         let (cache, kh) = (self.cache, c.kh);
         let pages = cache.seq_lens[self.seq].div_ceil(cache.page_size);
         let table = &cache.block_table[self.seq * cache.max_pages..][..pages];
-        let pool = |data, d| PageBlocks {
-            data,
-            table,
-            ps: cache.page_size,
-            rs: cache.kv_heads * d,
-            head: kh * d,
-        };
-        vectorize(isa, Sourced { c, kb: pool(cache.k, cache.dk), vb: pool(cache.v, cache.dv) })
+        let keys = pool_matrix(cache.k, cache.kv_heads, kh, cache.dk);
+        let values = pool_matrix(cache.v, cache.kv_heads, kh, cache.dv);
+        chunk(isa, c, keys, values, RowMap::Paged { table, ps: cache.page_size })
+    }
+}
+
+/// Head `kh` of a pool of `hkv` heads of width `d` as a matrix whose row `r` is slot
+/// `r mod page_size` of page `r / page_size` (every slot of the pool, page after page).
+fn pool_matrix(pool: PagePool<'_>, hkv: usize, kh: usize, d: usize) -> KvAny<'_> {
+    fn rows<T>(data: &[T], hkv: usize, kh: usize, d: usize) -> Strided<'_, T> {
+        Strided { data, offset: kh * d, rs: hkv * d, cs: 1 }
+    }
+    match pool {
+        PagePool::F32(x) => KvAny::F32(rows(x, hkv, kh, d)),
+        PagePool::BF16(x) => KvAny::BF16(rows(x, hkv, kh, d)),
+        PagePool::F16(x) => KvAny::F16(rows(x, hkv, kh, d)),
+        PagePool::Q8 { values, scales } => KvAny::Q8(Q8Mat {
+            v: rows(values, hkv, kh, d),
+            sc: rows(scales, hkv, kh, q8_blocks(d)),
+        }),
+    }
+}
+
+/// Where key `j` of a problem's `(batch, K/V head)` is in its matrix: row `j` ([`Dense`]), or
+/// slot `j mod ps` of page `table[j / ps]`, row `table[j / ps]·ps + j mod ps` of a pool matrix
+/// ([`pool_matrix`]). Rows of one 16-aligned block of 16 stay consecutive (`ps` is a power of
+/// two ≥ 16).
+#[derive(Clone, Copy)]
+enum RowMap<'t> {
+    Dense,
+    Paged { table: &'t [u32], ps: usize },
+}
+
+impl RowMap<'_> {
+    /// The row of key `j`, or `None` past the sequence's pages.
+    #[inline(always)]
+    fn row(self, j: usize) -> Option<usize> {
+        match self {
+            RowMap::Dense => Some(j),
+            // The page is in the pool (checked), and the pool holds pages·ps rows: no overflow.
+            RowMap::Paged { table, ps } => table.get(j / ps).map(|&p| p as usize * ps + j % ps),
+        }
+    }
+
+    /// The row of the first key of a block that a chunk reads (within the sequence's keys, so
+    /// always mapped; past every row otherwise, which the tiles' bounds checks refuse).
+    #[inline(always)]
+    fn block_row(self, j0: usize) -> usize {
+        let row = self.row(j0);
+        debug_assert!(row.is_some(), "block {j0} past the sequence's pages");
+        row.unwrap_or(usize::MAX / 2)
     }
 }
 
@@ -331,33 +380,54 @@ struct Chunk<'r, 'a> {
     c1: usize,
 }
 
-/// Runs one chunk: dispatches once on the K/V storage types, before entering the ISA's code.
-/// K and V of one type whose columns are contiguous are read in place in it (bf16/f16
-/// widened, int8 dequantised in registers); otherwise (strided columns, or K and V of two
-/// types) both are gathered block by block into f32 (the same values). Each source pair is
-/// its own [`Kernel`], so each ISA compiles five functions of one body each: inlined into one
-/// function, the five bodies made that function's optimisation superlinearly slow to compile.
-fn chunk(isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
-    let (keys, values) = (c.p.keys(c.b, c.kh), c.p.values(c.b, c.kh));
+/// Runs one chunk on the key and value matrices of its `(batch, K/V head)`, whose rows `rows`
+/// maps: dispatches once on the K/V storage types, before entering the ISA's code. K and V of
+/// one type whose columns are contiguous are read in place in it (bf16/f16 widened, int8
+/// dequantised in registers); otherwise (strided columns, or K and V of two types) both are
+/// gathered block by block into f32 (the same values). Each source pair is its own
+/// [`Kernel`], shared by dense views and pages, so each ISA compiles five functions of one
+/// body each: inlined into one function, the five bodies made that function's optimisation
+/// superlinearly slow to compile.
+fn chunk(
+    isa: Isa,
+    c: Chunk<'_, '_>,
+    keys: KvAny<'_>,
+    values: KvAny<'_>,
+    rows: RowMap<'_>,
+) -> Result<Partial> {
     let (dk, dv) = (c.p.dk, c.p.dv);
     match (keys, values) {
         (KvAny::F32(k), KvAny::F32(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
+            vectorize(isa, in_place(c, k, keys, v, values, rows))
         }
         (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
+            vectorize(isa, in_place(c, k, keys, v, values, rows))
         }
         (KvAny::F16(k), KvAny::F16(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
+            vectorize(isa, in_place(c, k, keys, v, values, rows))
         }
         (KvAny::Q8(k), KvAny::Q8(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, Sourced { c, kb: InPlace(k, keys), vb: InPlace(v, values) })
+            vectorize(isa, in_place(c, k, keys, v, values, rows))
         }
         _ => {
-            let (kb, vb) = (Gather::new(keys, dk, "k")?, Gather::new(values, dv, "v")?);
+            let kb = Gather::new(keys, dk, rows, "k")?;
+            let vb = Gather::new(values, dv, rows, "v")?;
             vectorize(isa, Sourced { c, kb, vb })
         }
     }
+}
+
+/// The chunk `c` over key and value matrices `k` and `v` read in place (`keys`, `values`: the
+/// same matrices, for the value prefetch), their rows mapped by `rows`.
+fn in_place<'v, 't, 'r, 'a, K: KvMat, V: KvMat>(
+    c: Chunk<'r, 'a>,
+    k: K,
+    keys: KvAny<'v>,
+    v: V,
+    values: KvAny<'v>,
+    rows: RowMap<'t>,
+) -> Sourced<'r, 'a, InPlace<'v, 't, K>, InPlace<'v, 't, V>> {
+    Sourced { c, kb: InPlace { m: k, any: keys, rows }, vb: InPlace { m: v, any: values, rows } }
 }
 
 /// A chunk with its key and value block sources: the [`Kernel`] of one source pair.
@@ -385,8 +455,8 @@ struct Block<M> {
     ahead: Option<(M, usize)>,
 }
 
-/// Where a task's key (or value) blocks come from: the matrix itself, read in place; an f32
-/// copy gathered block by block; or the pages of a paged cache, read in place.
+/// Where a task's key (or value) blocks come from: the matrix itself (a view or a pool), read
+/// in place; or an f32 copy gathered block by block.
 trait Blocks {
     /// The matrix the tiles read.
     type M<'b>: KvMat
@@ -399,99 +469,64 @@ trait Blocks {
     fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)>;
 }
 
-/// A matrix read in place (`.1`: the same matrix, for the value prefetch).
-struct InPlace<'v, K>(K, KvAny<'v>);
+/// A matrix read in place (`any`: the same matrix, for the value prefetch), its rows mapped by
+/// `rows`.
+struct InPlace<'v, 't, K> {
+    m: K,
+    any: KvAny<'v>,
+    rows: RowMap<'t>,
+}
 
-impl<K: KvMat> Blocks for InPlace<'_, K> {
+impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
     type M<'b>
         = K
     where
         Self: 'b;
     #[inline(always)]
     fn block<S: Simd>(&mut self, _: S, j0: usize, _: usize) -> Block<K> {
-        Block { m: self.0, j: j0, ahead: Some((self.0, j0.wrapping_add(DECODE_PREFETCH_KEYS))) }
+        // The rows ahead are one block (in one page) too; past the pages, no prefetch.
+        const { assert!(DECODE_PREFETCH_KEYS.is_multiple_of(DECODE_BC)) };
+        let ahead = match self.rows {
+            RowMap::Dense => Some(j0.wrapping_add(DECODE_PREFETCH_KEYS)),
+            paged => paged.row(j0 + DECODE_PREFETCH_KEYS),
+        };
+        Block { m: self.m, j: self.rows.block_row(j0), ahead: ahead.map(|j| (self.m, j)) }
     }
     #[inline(always)]
     fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)> {
-        Some((self.1, j0))
+        self.rows.row(j0).map(|j| (self.any, j))
     }
 }
 
-/// A matrix (`n` columns, any type and strides) gathered into a contiguous f32 block.
-struct Gather<'a> {
+/// A matrix (`n` columns, any type and strides, its rows mapped by `rows`) gathered block by
+/// block into a contiguous f32 block.
+struct Gather<'a, 't> {
     m: KvAny<'a>,
     n: usize,
+    rows: RowMap<'t>,
     buf: Vec<f32>,
 }
 
-impl<'a> Gather<'a> {
+impl<'a, 't> Gather<'a, 't> {
     /// Allocated fallibly: `n` can be huge for a zero-stride operand.
-    fn new(m: KvAny<'a>, n: usize, arg: &'static str) -> Result<Self> {
-        Ok(Gather { m, n, buf: zeros(arg, DECODE_BC.checked_mul(n))? })
+    fn new(m: KvAny<'a>, n: usize, rows: RowMap<'t>, arg: &'static str) -> Result<Self> {
+        Ok(Gather { m, n, rows, buf: zeros(arg, DECODE_BC.checked_mul(n))? })
     }
 }
 
-impl Blocks for Gather<'_> {
+impl Blocks for Gather<'_, '_> {
     type M<'b>
         = Strided<'b>
     where
         Self: 'b;
     #[inline(always)]
     fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> Block<Strided<'_>> {
-        Block { m: gathered(s, self.m, j0, nb, self.n, &mut self.buf), j: 0, ahead: None }
+        let j = self.rows.block_row(j0);
+        Block { m: gathered(s, self.m, j, nb, self.n, &mut self.buf), j: 0, ahead: None }
     }
     #[inline(always)]
     fn hint(&self, _: usize) -> Option<(KvAny<'_>, usize)> {
         None
-    }
-}
-
-/// One head's rows of a sequence in a paged f32 pool (keys or values), read in place: row `j`
-/// is slot `j mod ps` of page `table[j / ps]`, at `(page·ps + j mod ps)·rs + head`. A block
-/// (16 rows from a multiple of 16) lies in one page, since `ps` is a power of two ≥ 16, so
-/// it is a strided matrix of that page; the rows prefetched ahead are those of the page that
-/// holds them, never rows past a page's end.
-struct PageBlocks<'a> {
-    data: &'a [f32],
-    /// The sequence's pages (checked to lie in the pool).
-    table: &'a [u32],
-    ps: usize,
-    /// Floats per slot, `kv_heads·d`.
-    rs: usize,
-    /// The head's first float in a slot, `kh·d`.
-    head: usize,
-}
-
-impl<'a> PageBlocks<'a> {
-    /// The page holding row `j` as a matrix whose row `j mod ps` is row `j`, or `None` past the
-    /// sequence's pages.
-    #[inline(always)]
-    fn page(&self, j: usize) -> Option<(Strided<'a>, usize)> {
-        let page = *self.table.get(j / self.ps)? as usize;
-        // page < pages, and the pool holds pages·ps·rs floats: no overflow.
-        let offset = page * self.ps * self.rs + self.head;
-        Some((Strided { data: self.data, offset, rs: self.rs, cs: 1 }, j % self.ps))
-    }
-}
-
-impl<'a> Blocks for PageBlocks<'a> {
-    type M<'b>
-        = Strided<'a>
-    where
-        Self: 'b;
-    #[inline(always)]
-    fn block<S: Simd>(&mut self, _: S, j0: usize, nb: usize) -> Block<Strided<'a>> {
-        // The rows ahead are one block of one page too.
-        const { assert!(DECODE_PREFETCH_KEYS.is_multiple_of(DECODE_BC)) };
-        debug_assert!(j0 % self.ps + nb <= self.ps);
-        // A chunk's blocks lie within the sequence's keys, so in its pages (an empty matrix
-        // otherwise, which the tiles' bounds checks would refuse).
-        let (m, j) = self.page(j0).unwrap_or((Strided { data: &[], offset: 0, rs: 0, cs: 1 }, 0));
-        Block { m, j, ahead: self.page(j0 + DECODE_PREFETCH_KEYS) }
-    }
-    #[inline(always)]
-    fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)> {
-        self.page(j0).map(|(m, j)| (KvAny::F32(m), j))
     }
 }
 

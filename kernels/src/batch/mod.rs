@@ -17,7 +17,7 @@ mod cache;
 mod paged;
 mod varlen;
 
-pub use attn_core::batch::{packed_seq, PagedKv, PagedKvMut, SeqOffsets};
+pub use attn_core::batch::{packed_seq, PagePool, PagePoolMut, PagedKv, PagedKvMut, SeqOffsets};
 pub use cache::append_kv;
 pub use paged::{PagedAttention, PAGED_Q_PIECE};
 pub use varlen::{VarlenAttention, VARLEN_Q_CHUNK};

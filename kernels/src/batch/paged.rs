@@ -26,8 +26,11 @@ pub const PAGED_Q_PIECE: usize = 16;
 ///
 /// Operands: `q: [1, hq, total_q, cache.dk]` and the output `o: [1, hq, total_q, cache.dv]`,
 /// packed views of any strides (see [`attn_core::batch`]); the cache's pools
-/// `[num_pages, page_size, kv_heads, d]` and block table ([`PagedKv`]); GQA when
-/// `kv_heads < hq`. The settings are [`VarlenAttention`](super::VarlenAttention)'s, with the
+/// `[num_pages, page_size, kv_heads, d]` and block table ([`PagedKv`]), each pool f32, bf16,
+/// f16 or int8 with block scales ([`PagePool`](attn_core::batch::PagePool); keys and values
+/// may differ); GQA when `kv_heads < hq`. The semantics are those of dense attention on the
+/// values the stored elements represent (widened exactly; `q·scale` for int8, computed in f32
+/// as the dense decode path does). The settings are [`VarlenAttention`](super::VarlenAttention)'s, with the
 /// same defaults (scale `1/√dk`, no mask, no logsumexp, sequential, the selected ISA, no
 /// variants), applied to each sequence with its own sizes:
 ///
@@ -36,24 +39,26 @@ pub const PAGED_Q_PIECE: usize = 16;
 /// - variants (window, softcap, sinks, ALiBi) measure from each sequence's offset;
 /// - the logsumexps, when asked for, are `[hq, total_q]` row-major.
 ///
-/// Work: the pages are read in place, never gathered. Each sequence's queries are cut into
-/// pieces of [`PAGED_Q_PIECE`]; a piece's rows (its queries times the query heads of a GQA
-/// group) share each key and value row read, its keys are split into chunks of a length fixed
-/// by the keys it may see (as [`Attention`](crate::attention::Attention)'s decode path), and
-/// the chunks of every piece are the tasks the threads share. A key block of 16 lies in one
-/// page (page sizes are powers of two from 16), so it is a strided matrix of that page. The
-/// result is the reference's `attn_reference::batch::attention_paged` within the attention
-/// bounds, and bitwise the same for every thread count.
+/// Work: the pages are read in place in their type (when keys and values share it; of two
+/// types, each 16-key block of a page is converted into f32 as it is read), never gathered.
+/// Each sequence's queries are cut into pieces of [`PAGED_Q_PIECE`]; a piece's rows (its
+/// queries times the query heads of a GQA group) share each key and value row read, its keys
+/// are split into chunks of a length fixed by the keys it may see (as
+/// [`Attention`](crate::attention::Attention)'s decode path), and the chunks of every piece are
+/// the tasks the threads share. A key block of 16 lies in one page (page sizes are powers of
+/// two from 16), so its rows are consecutive slots of that page. The result is the reference's
+/// `attn_reference::batch::attention_paged` (on f32 pools of the represented values) within
+/// the attention bounds, and bitwise the same for every thread count.
 ///
 /// Errors, the reference's for the same arguments: an unsupported ISA; those of
-/// [`PagedKv::check`] (page size, pools, block table, a sequence past its row, a page outside
-/// the pool); a keep or bias mask; a batch other than 1; those of [`check_attention`] on the
+/// [`PagedKv::check`] (page size, pools and int8 scale pools, block table, a sequence past its
+/// row, a page outside the pool); a keep or bias mask; a batch other than 1; those of [`check_attention`] on the
 /// packed views (with the cache's heads and widths); bad offsets ([`SeqOffsets::new`]), a total
 /// other than `total_q` or a sequence count other than the cache's (`ShapeMismatch` on
 /// `cu_seqlens_q`); those of [`Variants::check`]. Nothing is written when a check fails.
 ///
 /// ```
-/// use attn_kernels::batch::{PagedAttention, PagedKv};
+/// use attn_kernels::batch::{PagePool, PagedAttention, PagedKv};
 /// use attn_kernels::{Mask, Tensor4Layout, TensorMut, TensorRef};
 ///
 /// // One K/V head, d = 1, pages of 16 slots: sequence 0 holds 2 keys in page 1, sequence 1
@@ -62,7 +67,7 @@ pub const PAGED_Q_PIECE: usize = 16;
 /// (v[16], v[17], v[0]) = (1.0, 3.0, 5.0);
 /// let table = [1u32, 0];
 /// let cache = PagedKv {
-///     k: &k, v: &v, page_size: 16, kv_heads: 1, dk: 1, dv: 1,
+///     k: PagePool::F32(&k), v: PagePool::F32(&v), page_size: 16, kv_heads: 1, dk: 1, dv: 1,
 ///     block_table: &table, max_pages: 1, seq_lens: &[2, 1],
 /// };
 /// let packed = |t| Tensor4Layout { dims: [1, 1, t, 1], strides: [0, 1, 1, 1], offset: 0 };

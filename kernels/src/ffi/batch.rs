@@ -4,11 +4,20 @@
 //! [`AttnAppendKvArgs`] (the Rust [`append_kv`]). Conventions (views, null pointers, overlap,
 //! threads, versioned structs) are those of the parent module's [`AttnStatus`] and
 //! `AttnAttentionArgs`.
+//!
+//! Pools of any element type (version 2 of [`AttnPagedArgs`] and [`AttnAppendKvArgs`]):
+//! `k_dtype`/`v_dtype` take an [`AttnDtype`] (zero: f32, as in version 1); a pool pointer then
+//! addresses elements of that type (cast it from `float*`) and its length counts them; an
+//! int8 pool (`ATTN_DTYPE_Q8`) comes with a scale pool of `num_pages·page_size·kv_heads·⌈d/32⌉`
+//! floats (`k_scales`, `v_scales`; see the Rust `attn_core::batch::PagePool`).
 
-use super::raw::{self, disjoint, slice, slice_mut, span};
+use super::raw::{self, disjoint, slice, slice_mut, span, Span};
 use super::{guard, mask_span, mask_view, opt_mut, threads, AttnMask, AttnPath, AttnStatus};
-use super::{AttnTensor, AttnTensorMut, AttnVariants, CVariants, Failure};
-use crate::batch::{append_kv, PagedAttention, PagedKv, PagedKvMut, VarlenAttention};
+use super::{AttnDtype, AttnTensor, AttnTensorMut, AttnVariants, CVariants, Failure};
+use crate::batch::{
+    append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut, VarlenAttention,
+};
+use crate::{bf16, f16};
 
 /// The operands and settings of one [`attn_varlen_attention`] call: attention over a packed
 /// batch of sequences of different lengths (FlashAttention's varlen call). Sequence `s` is
@@ -169,9 +178,10 @@ unsafe fn varlen_call(a: &AttnVarlenArgs) -> Result<(), Failure> {
 /// kv_heads, d]` row-major; key `j` of sequence `b` is slot `j mod page_size` of page
 /// `block_table[b·max_pages + j / page_size]` (pages may be shared and in any order).
 ///
-/// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
-/// version is 328 bytes on 64-bit targets). Fields left zero give: no mask, scale `1/√dk`, no
-/// logsumexp, every available core, no variants.
+/// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; the first
+/// version, through `variants`, is 328 bytes on 64-bit targets; version 2 adds the pools'
+/// element types). Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every
+/// available core, no variants, f32 pools.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnPagedArgs {
@@ -184,13 +194,13 @@ pub struct AttnPagedArgs {
     pub o: AttnTensorMut,
     /// `batch + 1` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`.
     pub cu_seqlens_q: *const usize,
-    /// The key pool, read only.
+    /// The key pool, read only: elements of type `k_dtype` (f32 by default).
     pub k_pool: *const f32,
-    /// Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+    /// Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
     pub k_pool_len: usize,
-    /// The value pool, read only.
+    /// The value pool, read only: elements of type `v_dtype`.
     pub v_pool: *const f32,
-    /// Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+    /// Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
     pub v_pool_len: usize,
     /// Token slots per page: a power of two from 16 to 256.
     pub page_size: usize,
@@ -228,21 +238,110 @@ pub struct AttnPagedArgs {
     /// NULL for no variants, or an `AttnVariants` measured from each sequence's causal
     /// offset; sinks and slopes have `hq` entries.
     pub variants: *const AttnVariants,
+    // Version 2: the pools' element types. Zero: f32 pools, as before.
+    /// The element type of `k_pool` (an [`AttnDtype`] value, `ATTN_DTYPE_*`, read as an
+    /// `int32_t`): f32, bf16, f16, or int8 blocks (`ATTN_DTYPE_Q8`, scales at `k_scales`).
+    pub k_dtype: i32,
+    /// The element type of `v_pool`, as `k_dtype` (scales at `v_scales`).
+    pub v_dtype: i32,
+    /// With `k_dtype = ATTN_DTYPE_Q8`: the f32 scales of the key pool, `[num_pages,
+    /// page_size, kv_heads, ⌈dk/32⌉]`, one per block of 32 values along `dk` (value = int8 ·
+    /// scale). Ignored (may be NULL) otherwise.
+    pub k_scales: *const f32,
+    /// Floats at `k_scales`: `num_pages·page_size·kv_heads·⌈dk/32⌉`.
+    pub k_scales_len: usize,
+    /// With `v_dtype = ATTN_DTYPE_Q8`: the scales of the value pool, as `k_scales` for `dv`.
+    pub v_scales: *const f32,
+    /// Floats at `v_scales`.
+    pub v_scales_len: usize,
 }
 
-/// The smallest `struct_size` [`attn_paged_attention`] accepts: the whole first version.
-const PAGED_ARGS_MIN_SIZE: usize = std::mem::size_of::<AttnPagedArgs>();
+/// The smallest `struct_size` [`attn_paged_attention`] accepts: the first version of
+/// [`AttnPagedArgs`], through `variants` (f32 pools). Fixed for good.
+const PAGED_ARGS_MIN_SIZE: usize =
+    std::mem::offset_of!(AttnPagedArgs, variants) + std::mem::size_of::<*const AttnVariants>();
+
+/// A pool of a paged cache as a C struct gives it: `len` elements of type `t` at `ptr`, and
+/// for [`AttnDtype::Q8`] `scales_len` f32 scales at `scales`; `names` are the pool's and the
+/// scales' fields, for errors. (The pointers of a writable pool are the struct's `float*`
+/// fields, cast back by [`view_mut`](Self::view_mut).)
+#[derive(Clone, Copy)]
+struct CPool {
+    t: AttnDtype,
+    ptr: *const f32,
+    len: usize,
+    scales: *const f32,
+    scales_len: usize,
+    names: [&'static str; 2],
+}
+
+impl CPool {
+    /// The byte spans the pool (and its scales) occupy.
+    fn spans(&self) -> Result<Vec<Span>, Failure> {
+        let (p, [arg, sarg]) = (self.ptr, self.names);
+        Ok(match self.t {
+            AttnDtype::F32 => vec![span(arg, p, self.len)?],
+            AttnDtype::Bf16 | AttnDtype::F16 => vec![span(arg, p.cast::<u16>(), self.len)?],
+            AttnDtype::Q8 => vec![
+                span(arg, p.cast::<i8>(), self.len)?,
+                span(sarg, self.scales, self.scales_len)?,
+            ],
+        })
+    }
+
+    /// The read-only pool.
+    ///
+    /// # Safety
+    /// `ptr` addresses `len` elements of type `t`, and for [`AttnDtype::Q8`] `scales`
+    /// addresses `scales_len` floats, unwritten during the call.
+    unsafe fn view<'a>(&self) -> Result<PagePool<'a>, Failure> {
+        let ([arg, sarg], p, n) = (self.names, self.ptr, self.len);
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            Ok(match self.t {
+                AttnDtype::F32 => PagePool::F32(slice(arg, p, n)?),
+                AttnDtype::Bf16 => PagePool::BF16(slice(arg, p.cast::<bf16>(), n)?),
+                AttnDtype::F16 => PagePool::F16(slice(arg, p.cast::<f16>(), n)?),
+                AttnDtype::Q8 => PagePool::Q8 {
+                    values: slice(arg, p.cast::<i8>(), n)?,
+                    scales: slice(sarg, self.scales, self.scales_len)?,
+                },
+            })
+        }
+    }
+
+    /// The writable pool.
+    ///
+    /// # Safety
+    /// As [`CPool::view`], the elements (from a `float*` field) used by nothing else during
+    /// the call.
+    unsafe fn view_mut<'a>(&self) -> Result<PagePoolMut<'a>, Failure> {
+        let ([arg, sarg], p, n) = (self.names, self.ptr.cast_mut(), self.len);
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            Ok(match self.t {
+                AttnDtype::F32 => PagePoolMut::F32(slice_mut(arg, p, n)?),
+                AttnDtype::Bf16 => PagePoolMut::BF16(slice_mut(arg, p.cast::<bf16>(), n)?),
+                AttnDtype::F16 => PagePoolMut::F16(slice_mut(arg, p.cast::<f16>(), n)?),
+                AttnDtype::Q8 => PagePoolMut::Q8 {
+                    values: slice_mut(arg, p.cast::<i8>(), n)?,
+                    scales: slice_mut(sarg, self.scales.cast_mut(), self.scales_len)?,
+                },
+            })
+        }
+    }
+}
 
 /// Attention of packed queries against a paged K/V cache, every operand and setting in one
 /// [`AttnPagedArgs`]; the Rust `PagedAttention` behind it (the pages read in place).
 ///
 /// Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
 /// `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
-/// `args.has_scale`, `mask.kind`, `mask.causal_default_offset`, `variants.struct_size` or
-/// `variants.has_window` for a value it may not take; then the null, bounds and overlap checks
-/// (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `block_table`, `seq_lens`, `sinks`,
-/// `alibi`, `lse`); then those of the Rust call: the cache's (`page_size`, heads and widths,
-/// pool lengths, `block_table_len`, a sequence past its row, a page outside the pool as
+/// `args.has_scale`, `args.k_dtype`, `args.v_dtype`, `mask.kind`, `mask.causal_default_offset`,
+/// `variants.struct_size` or `variants.has_window` for a value it may not take; then the null,
+/// bounds and overlap checks (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `k_scales` and
+/// `v_scales` for int8 pools, `block_table`, `seq_lens`, `sinks`, `alibi`, `lse`); then those
+/// of the Rust call: the cache's (`page_size`, heads and widths, pool and scale pool lengths, `block_table_len`, a sequence past its row, a page outside the pool as
 /// `ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), a keep or bias mask, a batch other than
 /// 1, the packed views' shapes, bad or mismatched offsets, `lse_len`, the variants' values.
 /// Nothing is written when a check fails.
@@ -284,14 +383,33 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
     // SAFETY: forwarded from the caller.
     let variants = unsafe { CVariants::of_layer(a.variants)? };
     variants.window()?;
+    let pools = [
+        CPool {
+            t: AttnDtype::from_c("args.k_dtype", a.k_dtype)?,
+            ptr: a.k_pool,
+            len: a.k_pool_len,
+            scales: a.k_scales,
+            scales_len: a.k_scales_len,
+            names: ["k_pool", "k_scales"],
+        },
+        CPool {
+            t: AttnDtype::from_c("args.v_dtype", a.v_dtype)?,
+            ptr: a.v_pool,
+            len: a.v_pool_len,
+            scales: a.v_scales,
+            scales_len: a.v_scales_len,
+            names: ["v_pool", "v_scales"],
+        },
+    ];
     let hq = a.q.dims[1];
     let cu_len = a
         .batch
         .checked_add(1)
         .ok_or(Failure::Api(attn_core::Error::IndexOverflow { arg: "cu_seqlens_q" }))?;
     let mut inputs = vec![a.q.span("q")?, span("cu_seqlens_q", a.cu_seqlens_q, cu_len)?];
-    inputs.push(span("k_pool", a.k_pool, a.k_pool_len)?);
-    inputs.push(span("v_pool", a.v_pool, a.v_pool_len)?);
+    for pool in &pools {
+        inputs.extend(pool.spans()?);
+    }
     inputs.push(span("block_table", a.block_table, a.block_table_len)?);
     inputs.push(span("seq_lens", a.seq_lens, a.batch)?);
     inputs.extend(variants.spans(hq)?);
@@ -304,8 +422,8 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
     let (cu_q, k, v, block_table, seq_lens, lse) = unsafe {
         (
             slice("cu_seqlens_q", a.cu_seqlens_q, cu_len)?,
-            slice("k_pool", a.k_pool, a.k_pool_len)?,
-            slice("v_pool", a.v_pool, a.v_pool_len)?,
+            pools[0].view()?,
+            pools[1].view()?,
             slice("block_table", a.block_table, a.block_table_len)?,
             slice("seq_lens", a.seq_lens, a.batch)?,
             opt_mut("lse", a.lse, a.lse_len)?,
@@ -341,20 +459,21 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
 /// 1]` of `k_new`/`v_new` become its keys and values `seq_lens[b] ..`; the caller then grows
 /// `seq_lens[b]` by their count.
 ///
-/// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; this first
-/// version is 280 bytes on 64-bit targets).
+/// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; the first
+/// version, through `v_new`, is 280 bytes on 64-bit targets; version 2 adds the element types
+/// of the pools and of the new rows). Fields left zero give f32 pools and rows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnAppendKvArgs {
     /// `sizeof(AttnAppendKvArgs)` in the caller's header.
     pub struct_size: usize,
-    /// The key pool, written in the appended slots only.
+    /// The key pool, written in the appended slots only: elements of type `k_dtype`.
     pub k_pool: *mut f32,
-    /// Floats at `k_pool`: `num_pages·page_size·kv_heads·dk`.
+    /// Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
     pub k_pool_len: usize,
-    /// The value pool, written in the appended slots only.
+    /// The value pool, written in the appended slots only: elements of type `v_dtype`.
     pub v_pool: *mut f32,
-    /// Floats at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
+    /// Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
     pub v_pool_len: usize,
     /// Token slots per page: a power of two from 16 to 256.
     pub page_size: usize,
@@ -380,21 +499,48 @@ pub struct AttnAppendKvArgs {
     pub k_new: AttnTensor,
     /// The new values, packed `[1, kv_heads, total_new, dv]`.
     pub v_new: AttnTensor,
+    // Version 2: element types. Zero: f32 pools and rows, as before.
+    /// The element type of `k_pool` (an [`AttnDtype`] value, read as an `int32_t`): f32, bf16,
+    /// f16 (each new value rounded to nearest even), or int8 blocks (`ATTN_DTYPE_Q8`: each
+    /// block of 32 new values quantised, its scale written to `k_scales`).
+    pub k_dtype: i32,
+    /// The element type of `v_pool`, as `k_dtype` (scales to `v_scales`).
+    pub v_dtype: i32,
+    /// With `k_dtype = ATTN_DTYPE_Q8`: the key scale pool, `[num_pages, page_size, kv_heads,
+    /// ⌈dk/32⌉]` floats, written in the appended slots only. Ignored (may be NULL) otherwise.
+    pub k_scales: *mut f32,
+    /// Floats at `k_scales`: `num_pages·page_size·kv_heads·⌈dk/32⌉`.
+    pub k_scales_len: usize,
+    /// With `v_dtype = ATTN_DTYPE_Q8`: the value scale pool, as `k_scales` for `dv`.
+    pub v_scales: *mut f32,
+    /// Floats at `v_scales`.
+    pub v_scales_len: usize,
+    /// The element type of `k_new`: f32, bf16 or f16 (`ATTN_DTYPE_Q8` is
+    /// `ATTN_STATUS_UNSUPPORTED_DTYPE`: new rows are quantised by the call, not before).
+    pub k_new_dtype: i32,
+    /// The element type of `v_new`, as `k_new_dtype`.
+    pub v_new_dtype: i32,
 }
 
-/// The smallest `struct_size` [`attn_append_kv`] accepts: the whole first version.
-const APPEND_ARGS_MIN_SIZE: usize = std::mem::size_of::<AttnAppendKvArgs>();
+/// The smallest `struct_size` [`attn_append_kv`] accepts: the first version of
+/// [`AttnAppendKvArgs`], through `v_new` (f32 pools and rows). Fixed for good.
+const APPEND_ARGS_MIN_SIZE: usize =
+    std::mem::offset_of!(AttnAppendKvArgs, v_new) + std::mem::size_of::<AttnTensor>();
 
 /// Appends a batch's new K/V rows to their pages, every operand in one [`AttnAppendKvArgs`];
-/// the Rust `append_kv` behind it. All checks happen before any write: the null, bounds and
-/// overlap checks (`k_pool`, `v_pool`, `block_table`, `seq_lens`, `cu_seqlens_new`, `k_new`,
-/// `v_new`), then the cache's (`page_size`, head count and widths, pool lengths in whole and
+/// the Rust `append_kv` behind it. All checks happen before any write: the element types
+/// (`ATTN_STATUS_INVALID_PARAMETER` naming `args.k_dtype`, `args.v_dtype`, `args.k_new_dtype`
+/// or `args.v_new_dtype` for a value not listed, `ATTN_STATUS_UNSUPPORTED_DTYPE` for int8 new
+/// rows), the null, bounds and overlap checks (`k_pool`, `v_pool`, `k_scales` and `v_scales`
+/// for int8 pools, `block_table`, `seq_lens`, `cu_seqlens_new`, `k_new`, `v_new`), then the
+/// cache's (`page_size`, head count and widths, pool and scale pool lengths in whole and
 /// equal page counts, `block_table_len`), `cu_seqlens_new` (`ATTN_STATUS_INVALID_PARAMETER`
 /// when decreasing or not from 0), every grown sequence within its row of the block table
 /// (`ATTN_STATUS_INVALID_PARAMETER` naming `seq_lens`), every written page in the pool
 /// (`ATTN_STATUS_OUT_OF_BOUNDS` naming `block_table`), no slot written twice and none held
 /// by any sequence (`ATTN_STATUS_INVALID_PARAMETER` naming `block_table`), and the new views'
-/// dims (`ATTN_STATUS_SHAPE_MISMATCH`). Runs on the calling thread.
+/// dims (`ATTN_STATUS_SHAPE_MISMATCH`), a NaN or infinite new row bound for an int8 pool
+/// (`ATTN_STATUS_NON_FINITE` naming `k_new` or `v_new`). Runs on the calling thread.
 ///
 /// # Safety
 ///
@@ -408,6 +554,28 @@ pub unsafe extern "C" fn attn_append_kv(args: *const AttnAppendKvArgs) -> AttnSt
         let a = unsafe {
             raw::read_sized(("args", "args.struct_size"), args, &[APPEND_ARGS_MIN_SIZE])?
         };
+        let pools = [
+            CPool {
+                t: AttnDtype::from_c("args.k_dtype", a.k_dtype)?,
+                ptr: a.k_pool.cast_const(),
+                len: a.k_pool_len,
+                scales: a.k_scales.cast_const(),
+                scales_len: a.k_scales_len,
+                names: ["k_pool", "k_scales"],
+            },
+            CPool {
+                t: AttnDtype::from_c("args.v_dtype", a.v_dtype)?,
+                ptr: a.v_pool.cast_const(),
+                len: a.v_pool_len,
+                scales: a.v_scales.cast_const(),
+                scales_len: a.v_scales_len,
+                names: ["v_pool", "v_scales"],
+            },
+        ];
+        let (kt, vt) = (
+            AttnDtype::floating("args.k_new_dtype", a.k_new_dtype)?,
+            AttnDtype::floating("args.v_new_dtype", a.v_new_dtype)?,
+        );
         let cu_len = a
             .batch
             .checked_add(1)
@@ -416,23 +584,23 @@ pub unsafe extern "C" fn attn_append_kv(args: *const AttnAppendKvArgs) -> AttnSt
             span("block_table", a.block_table, a.block_table_len)?,
             span("seq_lens", a.seq_lens, a.batch)?,
             span("cu_seqlens_new", a.cu_seqlens_new, cu_len)?,
-            a.k_new.span("k_new")?,
-            a.v_new.span("v_new")?,
+            a.k_new.typed_span("k_new", kt)?,
+            a.v_new.typed_span("v_new", vt)?,
         ];
-        let outputs =
-            [span("k_pool", a.k_pool, a.k_pool_len)?, span("v_pool", a.v_pool, a.v_pool_len)?];
+        let mut outputs = pools[0].spans()?;
+        outputs.extend(pools[1].spans()?);
         disjoint(&outputs, &inputs)?;
-        // SAFETY: the caller's contract; the pools checked disjoint from each other and from
-        // every input.
+        // SAFETY: the caller's contract; the pools and scale pools checked disjoint from each
+        // other and from every input.
         let (k, v, block_table, seq_lens, cu_new, k_new, v_new) = unsafe {
             (
-                slice_mut("k_pool", a.k_pool, a.k_pool_len)?,
-                slice_mut("v_pool", a.v_pool, a.v_pool_len)?,
+                pools[0].view_mut()?,
+                pools[1].view_mut()?,
                 slice("block_table", a.block_table, a.block_table_len)?,
                 slice("seq_lens", a.seq_lens, a.batch)?,
                 slice("cu_seqlens_new", a.cu_seqlens_new, cu_len)?,
-                a.k_new.view("k_new")?,
-                a.v_new.view("v_new")?,
+                a.k_new.any_view("k_new", kt)?,
+                a.v_new.any_view("v_new", vt)?,
             )
         };
         let mut cache = PagedKvMut {
@@ -580,6 +748,11 @@ mod tests {
             (VARLEN_ARGS_MIN_SIZE, APPEND_ARGS_MIN_SIZE, PAGED_ARGS_MIN_SIZE),
             (416, 280, 328)
         );
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(
+            (std::mem::size_of::<AttnAppendKvArgs>(), std::mem::size_of::<AttnPagedArgs>()),
+            (280 + 48, 328 + 40)
+        );
     }
 
     #[test]
@@ -686,6 +859,14 @@ mod tests {
             cu_seqlens_new: cu.as_ptr(),
             k_new: tensor(new_k, packed(1, total, 2)),
             v_new: tensor(new_v, packed(1, total, 1)),
+            k_dtype: 0,
+            v_dtype: 0,
+            k_scales: null_mut(),
+            k_scales_len: 0,
+            v_scales: null_mut(),
+            v_scales_len: 0,
+            k_new_dtype: 0,
+            v_new_dtype: 0,
         }
     }
 
@@ -795,14 +976,20 @@ mod tests {
                 lse_len: self.lse.len(),
                 threads: 2,
                 variants: null(),
+                k_dtype: 0,
+                v_dtype: 0,
+                k_scales: null(),
+                k_scales_len: 0,
+                v_scales: null(),
+                v_scales_len: 0,
             }
         }
 
         fn rust(&self, mask: Mask<'_>) -> (Vec<f32>, Vec<f32>) {
             let (mut o, mut lse) = (vec![f32::NAN; self.o.len()], vec![f32::NAN; HQ * 5]);
             let cache = PagedKv {
-                k: &self.k,
-                v: &self.v,
+                k: PagePool::F32(&self.k),
+                v: PagePool::F32(&self.v),
                 page_size: 16,
                 kv_heads: 1,
                 dk: D,
@@ -880,5 +1067,157 @@ mod tests {
             assert!(last_error().contains(arg), "case {i}: {}", last_error());
             assert!(b.o.iter().all(|x| x.is_nan()), "case {i}: wrote on error");
         }
+    }
+
+    /// Version 2 of `AttnPagedArgs`: int8 keys and bf16 values, the same bits as the Rust call
+    /// on the same pools; version 1 (`struct_size` 328, f32 pools) still runs; the element
+    /// types' and scale pools' errors.
+    #[test]
+    fn typed_paged_is_the_rust_api() {
+        let mut b = Paged::new();
+        let slots = 3 * 16;
+        let kq: Vec<i8> = (0..slots * D).map(|i| (i as i32 * 37 % 255 - 127) as i8).collect();
+        let ks: Vec<f32> = (0..slots).map(|i| 0.01 + i as f32 / 4096.0).collect();
+        let vb: Vec<bf16> = b.v.iter().map(|&x| bf16::from_f32(x)).collect();
+        let base = AttnPagedArgs {
+            k_pool: kq.as_ptr().cast(),
+            k_pool_len: kq.len(),
+            v_pool: vb.as_ptr().cast(),
+            v_pool_len: vb.len(),
+            k_dtype: AttnDtype::Q8 as i32,
+            v_dtype: AttnDtype::Bf16 as i32,
+            k_scales: ks.as_ptr(),
+            k_scales_len: ks.len(),
+            ..b.args(null())
+        };
+        assert_eq!(run_paged(&base), AttnStatus::Ok, "{}", last_error());
+        let (mut o, mut lse) = (vec![f32::NAN; b.o.len()], vec![f32::NAN; HQ * 5]);
+        let cache = PagedKv {
+            k: PagePool::Q8 { values: &kq, scales: &ks },
+            v: PagePool::BF16(&vb),
+            page_size: 16,
+            kv_heads: 1,
+            dk: D,
+            dv: D,
+            block_table: &PAGED_TABLE,
+            max_pages: 2,
+            seq_lens: &PAGED_LENS,
+        };
+        PagedAttention::new(TensorRef::new(&b.q, packed(HQ, 5, D)), &PAGED_CU, cache)
+            .lse(&mut lse)
+            .run(TensorMut::new(&mut o, packed(HQ, 5, D)))
+            .unwrap();
+        assert_eq!((bits(&b.o), bits(&b.lse)), (bits(&o), bits(&lse)));
+        // Version 1: the dtype fields are not read (f32 pools).
+        b.o.fill(f32::NAN);
+        let v1 = AttnPagedArgs { struct_size: PAGED_ARGS_MIN_SIZE, ..b.args(null()) };
+        assert_eq!(run_paged(&v1), AttnStatus::Ok, "{}", last_error());
+        assert_eq!(bits(&b.o), bits(&b.rust(Mask::None).0));
+        b.o.fill(f32::NAN);
+        let cases = [
+            (AttnPagedArgs { k_dtype: 4, ..base }, AttnStatus::InvalidParameter, "args.k_dtype"),
+            (AttnPagedArgs { v_dtype: -1, ..base }, AttnStatus::InvalidParameter, "args.v_dtype"),
+            (AttnPagedArgs { k_scales: null(), ..base }, AttnStatus::NullPointer, "`k_scales`"),
+            (
+                AttnPagedArgs { k_scales_len: ks.len() - 1, ..base },
+                AttnStatus::ShapeMismatch,
+                "k_scales",
+            ),
+            // No scale pool (NULL, length 0) for int8 values: an empty one, of the wrong length.
+            (
+                AttnPagedArgs { v_dtype: AttnDtype::Q8 as i32, ..base },
+                AttnStatus::ShapeMismatch,
+                "v_scales",
+            ),
+            (
+                AttnPagedArgs { lse: ks.as_ptr().cast_mut(), lse_len: 10, ..base },
+                AttnStatus::AliasedOutput,
+                "`lse` overlaps argument `k_scales`",
+            ),
+        ];
+        for (i, (a, status, arg)) in cases.into_iter().enumerate() {
+            assert_eq!(run_paged(&a), status, "case {i}: {}", last_error());
+            assert!(last_error().contains(arg), "case {i}: {}", last_error());
+            assert!(b.o.iter().all(|x| x.is_nan()), "case {i}: wrote on error");
+        }
+    }
+
+    /// Version 2 of `AttnAppendKvArgs`: bf16 rows into an int8 key pool and an f16 value pool,
+    /// the same bits as the Rust append; the element types' errors, nothing written.
+    #[test]
+    fn typed_append_is_the_rust_api() {
+        let (dk, dv) = (2usize, 1usize);
+        let cu = [0usize, 2, 3];
+        let new_k: Vec<bf16> = [1.0f32, -2.0, 3.0, 0.5, 5.0, 6.0].map(bf16::from_f32).to_vec();
+        let new_v: Vec<bf16> = [7.0f32, 8.0, 9.0].map(bf16::from_f32).to_vec();
+        let fresh = || {
+            (vec![0i8; 4 * 16 * dk], vec![f32::NAN; 4 * 16], vec![f16::from_f32(-1.0); 4 * 16 * dv])
+        };
+        let (mut kq, mut ks, mut vh) = fresh();
+        let mut c = Cache { k: vec![], v: vec![], table: [3, 1, 0, 2], lens: [15, 0] };
+        let nk = [0.0f32; 6];
+        let base = AttnAppendKvArgs {
+            k_pool: kq.as_mut_ptr().cast(),
+            k_pool_len: kq.len(),
+            v_pool: vh.as_mut_ptr().cast(),
+            v_pool_len: vh.len(),
+            k_dtype: AttnDtype::Q8 as i32,
+            v_dtype: AttnDtype::F16 as i32,
+            k_scales: ks.as_mut_ptr(),
+            k_scales_len: ks.len(),
+            k_new: AttnTensor { data: new_k.as_ptr().cast(), ..tensor(&nk, packed(1, 3, dk)) },
+            v_new: AttnTensor { data: new_v.as_ptr().cast(), ..tensor(&nk, packed(1, 3, dv)) },
+            k_new_dtype: AttnDtype::Bf16 as i32,
+            v_new_dtype: AttnDtype::Bf16 as i32,
+            ..append_args(&mut c, &cu, &nk, &nk[..3])
+        };
+        let before = (kq.clone(), bits(&ks), vh.clone());
+        let cases = [
+            (
+                AttnAppendKvArgs { k_new_dtype: AttnDtype::Q8 as i32, ..base },
+                AttnStatus::UnsupportedDtype,
+                "args.k_new_dtype",
+            ),
+            (AttnAppendKvArgs { v_dtype: 9, ..base }, AttnStatus::InvalidParameter, "args.v_dtype"),
+            (
+                AttnAppendKvArgs { k_scales: null_mut(), ..base },
+                AttnStatus::NullPointer,
+                "`k_scales`",
+            ),
+            (
+                AttnAppendKvArgs { k_scales: kq.as_mut_ptr().cast(), k_scales_len: 4, ..base },
+                AttnStatus::AliasedOutput,
+                "k_pool",
+            ),
+            (
+                AttnAppendKvArgs { k_scales_len: 4 * 16 - 1, ..base },
+                AttnStatus::ShapeMismatch,
+                "k_scales",
+            ),
+        ];
+        for (i, (a, status, arg)) in cases.into_iter().enumerate() {
+            // SAFETY: the views and pointers address live buffers of the stated lengths.
+            assert_eq!(unsafe { attn_append_kv(&a) }, status, "case {i}: {}", last_error());
+            assert!(last_error().contains(arg), "case {i}: {}", last_error());
+        }
+        assert_eq!((kq.clone(), bits(&ks), vh.clone()), before, "wrote on error");
+        // SAFETY: as above.
+        assert_eq!(unsafe { attn_append_kv(&base) }, AttnStatus::Ok, "{}", last_error());
+        let (mut kq2, mut ks2, mut vh2) = fresh();
+        let mut cache = PagedKvMut {
+            k: PagePoolMut::Q8 { values: &mut kq2, scales: &mut ks2 },
+            v: PagePoolMut::F16(&mut vh2),
+            page_size: 16,
+            kv_heads: 1,
+            dk,
+            dv,
+            block_table: &c.table,
+            max_pages: 2,
+            seq_lens: &c.lens,
+        };
+        let (lk, lv) = (packed(1, 3, dk), packed(1, 3, dv));
+        append_kv(&mut cache, TensorRef::new(&new_k[..], lk), TensorRef::new(&new_v[..], lv), &cu)
+            .unwrap();
+        assert_eq!((kq, bits(&ks), vh), (kq2, bits(&ks2), vh2));
     }
 }

@@ -4,15 +4,36 @@
 //! - Equivalence: random page layouts (shuffled pages, a prefix page shared by two sequences,
 //!   NaN in every slot no sequence holds), page sizes 16 to 256, mixed lengths (0, 1, around a
 //!   page and the 16-query piece), decode and chunked prefill, GQA, no mask or causal with
-//!   offsets, variants, every ISA, one and two threads. Each sequence is one `Case` of
+//!   offsets, variants, pools of f32, bf16, f16 and int8 (K and V of one type, read in place,
+//!   or of two, gathered), every ISA, one and two threads. Each sequence is one `Case` of
 //!   `attn_tests::attention_support`, whose bounds (the attention analysis) hold element by
 //!   element; one and two threads agree to the bit.
 //! - Bad input: the reference's errors for the same arguments, nothing written.
 //! - Stress: many sequences decoding step by step, appending with `append_kv` into pages
-//!   taken from a free list, checked against the reference after every step.
+//!   taken from a free list (of each pool type), checked against the reference after every
+//!   step; appends store each pool type's bits (rounded, or `quantize_q8`'s).
+//!
+//! # Typed pools and the reference
+//!
+//! The reference reads f32 pools. A typed pool is drawn as an f32 pool first, whose values are
+//! then replaced by those the typed elements represent, exactly as `attention_dtypes` does for
+//! dense K/V: bf16/f16 values widen exactly; int8 blocks get scales of at most 8 significant
+//! bits (rounded to bf16), so each `q·scale` is an f32 and the kernel's dequantised
+//! `fl(q·scale)` is that exact value. The reference then computes on exactly the values the
+//! kernel reads, and the f32 attention bounds apply unchanged. Slots no sequence holds stay NaN
+//! in every type (an int8 row of them: values 0, scale NaN).
+//!
+//! Appends (the stress test) quantise with full-precision scales, whose `fl(q·scale)` rounds
+//! once (`u` relative, documented with the decode tiles); there the reference is given the
+//! f32 pool of the values the kernel reads (`q·scale` rounded once, like the kernel), and the
+//! bound is that of the computation on those values. The exact representation of int8 pages
+//! is what the proptest above checks.
 
-use attn_kernels::batch::{append_kv, PagedAttention, PagedKv, PagedKvMut};
-use attn_kernels::{alibi_slopes, Isa, Mask, Tensor4Layout, TensorMut, TensorRef};
+use attn_kernels::batch::{append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut};
+use attn_kernels::{
+    alibi_slopes, bf16, f16, quantize_q8, DType, Error, Isa, Mask, Q8Mut, Tensor4Layout, TensorMut,
+    TensorRef,
+};
 use attn_tests::attention_support::{Case, MaskKind, Rng};
 use attn_tests::fuzz_decode::VariantSpec;
 use attn_tests::supported_isas;
@@ -25,6 +46,123 @@ const WORK: usize = 2_000_000;
 const NK: [usize; 9] = [0, 1, 2, 15, 16, 17, 100, 256, 600];
 /// Query lengths: decode (1) mostly, chunked prefill around the 16-query piece.
 const NQ: [usize; 7] = [0, 1, 1, 1, 5, 16, 33];
+
+/// The pool types a case runs: each type for K and V alike (read in place), and two mixed
+/// pairs (gathered into f32).
+const POOL_TYPES: [(DType, DType); 6] = [
+    (DType::F32, DType::F32),
+    (DType::BF16, DType::BF16),
+    (DType::F16, DType::F16),
+    (DType::Q8, DType::Q8),
+    (DType::Q8, DType::F16),
+    (DType::BF16, DType::F32),
+];
+
+/// A pool `[pages, page_size, hkv, d]` in one storage type.
+#[derive(Clone, Debug)]
+enum Pool {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+    /// Values and scales (`[pages, page_size, hkv, ⌈d/32⌉]`).
+    Q8(Vec<i8>, Vec<f32>),
+}
+
+impl Pool {
+    fn view(&self) -> PagePool<'_> {
+        match self {
+            Pool::F32(x) => PagePool::F32(x),
+            Pool::BF16(x) => PagePool::BF16(x),
+            Pool::F16(x) => PagePool::F16(x),
+            Pool::Q8(values, scales) => PagePool::Q8 { values, scales },
+        }
+    }
+
+    fn view_mut(&mut self) -> PagePoolMut<'_> {
+        match self {
+            Pool::F32(x) => PagePoolMut::F32(x),
+            Pool::BF16(x) => PagePoolMut::BF16(x),
+            Pool::F16(x) => PagePoolMut::F16(x),
+            Pool::Q8(values, scales) => PagePoolMut::Q8 { values, scales },
+        }
+    }
+
+    /// A pool of `rows` rows of `d`, all NaN (an int8 row: values 0, scales NaN).
+    fn nan(t: DType, rows: usize, d: usize) -> Self {
+        match t {
+            DType::F32 => Pool::F32(vec![f32::NAN; rows * d]),
+            DType::BF16 => Pool::BF16(vec![bf16::NAN; rows * d]),
+            DType::F16 => Pool::F16(vec![f16::NAN; rows * d]),
+            DType::Q8 => Pool::Q8(vec![0; rows * d], vec![f32::NAN; rows * d.div_ceil(32)]),
+        }
+    }
+
+    /// The values the elements represent, as the kernel reads them: widened, or
+    /// `fl(q·scale)` (rows of `d`).
+    fn to_f32(&self, d: usize) -> Vec<f32> {
+        match self {
+            Pool::F32(x) => x.clone(),
+            Pool::BF16(x) => x.iter().map(|v| v.to_f32()).collect(),
+            Pool::F16(x) => x.iter().map(|v| v.to_f32()).collect(),
+            Pool::Q8(q, sc) => {
+                let nb = d.div_ceil(32);
+                q.iter()
+                    .enumerate()
+                    .map(|(i, &q)| f32::from(q) * sc[i / d * nb + i % d / 32])
+                    .collect()
+            }
+        }
+    }
+}
+
+/// The f32 pool `x` (rows of `d`) stored as type `t`; `x` is overwritten by the values the
+/// stored elements represent, exactly (module docs): rounded to bf16/f16, or int8 blocks with
+/// a bf16-rounded scale. A row holding a NaN stays NaN (an int8 row: values 0, scale NaN).
+fn typed_pool(t: DType, x: &mut [f32], d: usize) -> Pool {
+    match t {
+        DType::F32 => Pool::F32(x.to_vec()),
+        DType::BF16 => {
+            let b: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+            x.iter_mut().zip(&b).for_each(|(x, b)| *x = b.to_f32());
+            Pool::BF16(b)
+        }
+        DType::F16 => {
+            let h: Vec<f16> = x.iter().map(|&v| f16::from_f32(v)).collect();
+            x.iter_mut().zip(&h).for_each(|(x, h)| *x = h.to_f32());
+            Pool::F16(h)
+        }
+        DType::Q8 => {
+            let nb = d.div_ceil(32);
+            let rows = x.len().checked_div(d).unwrap_or(0);
+            let (mut qv, mut sc) = (vec![0i8; x.len()], vec![0.0f32; rows * nb]);
+            for r in 0..rows {
+                for k in 0..nb {
+                    let blk = r * d + k * 32..r * d + (k * 32 + 32).min(d);
+                    if x[blk.clone()].iter().any(|v| v.is_nan()) {
+                        sc[r * nb + k] = f32::NAN;
+                        x[blk].fill(f32::NAN);
+                        continue;
+                    }
+                    let m = x[blk.clone()].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    let scale = bf16::from_f32(m / 127.0).to_f32();
+                    sc[r * nb + k] = scale;
+                    for i in blk {
+                        let q = if scale == 0.0 {
+                            0
+                        } else {
+                            (x[i] / scale).round_ties_even().clamp(-127.0, 127.0) as i8
+                        };
+                        qv[i] = q;
+                        let exact = f64::from(q) * f64::from(scale);
+                        x[i] = exact as f32;
+                        assert_eq!(f64::from(x[i]), exact, "q8_exact");
+                    }
+                }
+            }
+            Pool::Q8(qv, sc)
+        }
+    }
+}
 
 fn cumulative(lens: impl Iterator<Item = usize>) -> Vec<usize> {
     let mut cu = vec![0];
@@ -50,8 +188,12 @@ struct Batch {
     page_size: usize,
     cu_q: Vec<usize>,
     q: Vec<f32>,
+    /// The pools as f32: the values the typed pools represent (the reference's operands).
     k: Vec<f32>,
     v: Vec<f32>,
+    /// The pools in their storage types (the kernel's operands).
+    kt: Pool,
+    vt: Pool,
     table: Vec<u32>,
     max_pages: usize,
     lens: Vec<usize>,
@@ -62,7 +204,8 @@ struct Batch {
 impl Batch {
     /// With `share`, the second sequence (when both first sequences hold a whole page) takes
     /// the first sequence's first page as its own first page: its first `page_size` keys and
-    /// values are made equal to the first sequence's.
+    /// values are made equal to the first sequence's. The pools are stored as `types` (keys,
+    /// values), and the cases then hold the values the stored elements represent.
     #[allow(clippy::too_many_arguments)]
     fn new(
         seed: u64,
@@ -75,6 +218,7 @@ impl Batch {
         share: bool,
         mask: MaskKind,
         variants: &VariantSpec,
+        types: (DType, DType),
     ) -> Self {
         let hq = hkv * group;
         let mut cases: Vec<Case> = lens
@@ -139,6 +283,22 @@ impl Batch {
                 }
             }
         }
+        let (kt, vt) = (typed_pool(types.0, &mut k, dk), typed_pool(types.1, &mut v, dv));
+        // The cases' keys and values: the represented values, read back from the pools.
+        for (b, c) in cases.iter_mut().enumerate() {
+            for j in 0..c.nk {
+                let page = table[b * max_pages + j / page_size] as usize;
+                for h in 0..hkv {
+                    let slot = (page * page_size + j % page_size) * hkv + h;
+                    for e in 0..dk {
+                        c.k.0[c.k.1.index(0, h, j, e)] = k[slot * dk + e];
+                    }
+                    for e in 0..dv {
+                        c.v.0[c.v.1.index(0, h, j, e)] = v[slot * dv + e];
+                    }
+                }
+            }
+        }
         let cu_q = cumulative(lens.iter().map(|l| l.0));
         let tq = cu_q[lens.len()];
         let ql = packed(hq, tq, dk);
@@ -164,6 +324,8 @@ impl Batch {
             q,
             k,
             v,
+            kt,
+            vt,
             table,
             max_pages,
             lens,
@@ -176,10 +338,16 @@ impl Batch {
         self.cu_q[self.cu_q.len() - 1]
     }
 
+    /// The cache over the typed pools (the kernel's).
     fn cache(&self) -> PagedKv<'_> {
+        PagedKv { k: self.kt.view(), v: self.vt.view(), ..self.cache_f32() }
+    }
+
+    /// The cache over the f32 pools of the represented values (the reference's).
+    fn cache_f32(&self) -> PagedKv<'_> {
         PagedKv {
-            k: &self.k,
-            v: &self.v,
+            k: PagePool::F32(&self.k),
+            v: PagePool::F32(&self.v),
             page_size: self.page_size,
             kv_heads: self.hkv,
             dk: self.dk,
@@ -210,7 +378,7 @@ impl Batch {
         attn_reference::batch::attention_paged(
             TensorRef::new(&self.q, packed(self.hq, tq, self.dk)),
             &self.cu_q,
-            &self.cache(),
+            &self.cache_f32(),
             self.scale(),
             &self.mask(),
             &var,
@@ -288,8 +456,10 @@ impl Batch {
     fn describe(&self) -> String {
         let lens: Vec<_> = self.cases.iter().map(|c| (c.nq, c.nk)).collect();
         let var = self.cases.first().map(|c| format!("{:?}", c.variants));
+        let types = (self.cache().k.dtype(), self.cache().v.dtype());
         format!(
-            "lens {lens:?} hq {} hkv {} dk {} dv {} page {} shared {} mask {:?} variants {var:?}",
+            "lens {lens:?} hq {} hkv {} dk {} dv {} page {} shared {} mask {:?} variants {var:?} \
+             pools {types:?}",
             self.hq, self.hkv, self.dk, self.dv, self.page_size, self.shared, self.mask
         )
     }
@@ -344,6 +514,7 @@ proptest! {
         share in any::<bool>(),
         mask in mask_kind(),
         (window, softcap, sinks, alibi) in variant_spec(),
+        types in prop::sample::select(POOL_TYPES.to_vec()),
     ) {
         let hq = hkv * group;
         let work = |lens: &[(usize, usize)]| -> usize {
@@ -360,7 +531,8 @@ proptest! {
             sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
             alibi: alibi.then(|| alibi_slopes(hq)),
         };
-        let batch = Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec);
+        let batch =
+            Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec, types);
         let want = batch.reference();
         for isa in supported_isas("paged") {
             let one = batch.kernel(isa, 1);
@@ -373,15 +545,15 @@ proptest! {
 }
 
 /// Long sequences (several key chunks, so the split and its merge run) in pages of every size,
-/// decode and a chunked prefill, GQA, a shared prefix: against the reference, and the same bits
-/// at 1, 2 and 3 threads.
+/// decode and a chunked prefill, GQA, a shared prefix, pools of each type (one per page size):
+/// against the reference, and the same bits at 1, 2 and 3 threads.
 #[test]
 fn long_sequences_every_page_size() {
     let lens = [(1usize, 3000usize), (1, 700), (20, 1200), (0, 50), (1, 1), (3, 0)];
-    for page_size in [16usize, 32, 64, 128, 256] {
+    for (page_size, types) in [16usize, 32, 64, 128, 256].into_iter().zip(POOL_TYPES) {
         let spec = VariantSpec::default();
-        let batch =
-            Batch::new(7, &lens, 2, 4, 64, 64, page_size, true, MaskKind::Causal(None), &spec);
+        let causal = MaskKind::Causal(None);
+        let batch = Batch::new(7, &lens, 2, 4, 64, 64, page_size, true, causal, &spec, types);
         assert!(batch.shared);
         let want = batch.reference();
         for isa in supported_isas("paged") {
@@ -407,8 +579,8 @@ fn bad_input_is_the_references_error() {
     let good_table = [0u32, 1, 2, 2];
     let good_lens = [20usize, 5];
     let cache = PagedKv {
-        k: &pool,
-        v: &pool,
+        k: PagePool::F32(&pool),
+        v: PagePool::F32(&pool),
         page_size: ps,
         kv_heads: hkv,
         dk: d,
@@ -420,6 +592,13 @@ fn bad_input_is_the_references_error() {
     let qlay = packed(hq, 3, d);
     let good_q: &[usize] = &[0, 1, 3];
     let far = [0u32, 7, 2, 2];
+    // Typed pools of the same 3 pages (d = 4: one scale block per slot), and one of 4 pages.
+    let (qv, qs, qs4) =
+        (vec![3i8; 3 * ps * hkv * d], vec![0.5f32; 3 * ps * hkv], vec![0.5f32; 4 * ps * hkv]);
+    let bv = vec![bf16::from_f32(0.25); 3 * ps * hkv * d];
+    let hv4 = vec![f16::from_f32(0.25); 4 * ps * hkv * d];
+    let q8 = |values, scales| PagePool::Q8 { values, scales };
+    let f32s = PagePool::F32;
     let long = [40usize, 5];
     let three = [20usize, 5, 0];
     type Args<'a> =
@@ -444,7 +623,69 @@ fn bad_input_is_the_references_error() {
             6,
         ),
         ("page size 24", PagedKv { page_size: 24, ..cache }, good_q, Mask::None, qlay, None, 6),
-        ("short value pool", PagedKv { v: &pool[1..], ..cache }, good_q, Mask::None, qlay, None, 6),
+        (
+            "short value pool",
+            PagedKv { v: f32s(&pool[1..]), ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "int8 key scales short",
+            PagedKv { k: q8(&qv, &qs[1..]), ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "int8 value scales long",
+            PagedKv { v: q8(&qv, &qs4), ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "int8 keys not whole pages",
+            PagedKv { k: q8(&qv[1..], &qs), ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "bf16 values short",
+            PagedKv { v: PagePool::BF16(&bv[4..]), ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "f16 keys of 4 pages, values of 3",
+            PagedKv { k: PagePool::F16(&hv4), ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
+        (
+            "int8 keys, bf16 values, page out of the pool",
+            PagedKv { k: q8(&qv, &qs), v: PagePool::BF16(&bv), block_table: &far, ..cache },
+            good_q,
+            Mask::None,
+            qlay,
+            None,
+            6,
+        ),
         (
             "short block table",
             PagedKv { block_table: &good_table[1..], ..cache },
@@ -530,14 +771,122 @@ fn bad_input_is_the_references_error() {
     }
 }
 
-/// Many sequences decoding step by step: a prompt (chunked prefill: its K/V appended, then its
-/// queries against the cache), then one token at a time, new pages taken from a shuffled free
-/// list as sequences grow, some sequences idle some steps; after every step's append, the
-/// step's queries against the reference on the same pool, within the bounds of each
-/// sequence's dense case over the keys it holds.
+/// Appends to typed pools: half-precision new rows into pools of another type (rounded once
+/// from the exact value), and the checks that refuse before anything is written: a NaN or
+/// infinite row bound for an int8 pool (its block scale cannot represent it; a float pool
+/// stores it), scale pools of the wrong length.
+#[test]
+fn typed_appends_and_their_errors() {
+    const PS: usize = 16;
+    const D: usize = 40;
+    let (ps, hkv, d) = (PS, 1usize, D);
+    let table = [1u32, 0];
+    let lens = [0usize];
+    let cu = [0usize, 2];
+    let l = packed(hkv, 2, d);
+    let new: Vec<f32> = (0..2 * d).map(|i| (i as f32 - 37.0) / 7.0).collect();
+    let new_bf16: Vec<bf16> = new.iter().map(|&x| bf16::from_f32(x)).collect();
+    let mut bad = new.clone();
+    bad[d + 5] = f32::INFINITY;
+    // bf16 rows into an f16 and an int8 pool: the f16 pool holds each widened value rounded to
+    // f16; the int8 pool quantize_q8's bits of the widened row.
+    let (mut k, mut v) =
+        (Pool::nan(DType::F16, 2 * ps * hkv, d), Pool::nan(DType::Q8, 2 * ps * hkv, d));
+    let mut cache = PagedKvMut {
+        k: k.view_mut(),
+        v: v.view_mut(),
+        page_size: ps,
+        kv_heads: hkv,
+        dk: d,
+        dv: d,
+        block_table: &table,
+        max_pages: 2,
+        seq_lens: &lens,
+    };
+    let src = TensorRef::new(&new_bf16[..], l);
+    append_kv(&mut cache, src, src, &cu).unwrap();
+    let cache = cache.as_ref();
+    let widened: Vec<f32> = new_bf16.iter().map(|x| x.to_f32()).collect();
+    for j in 0..2 {
+        let row = &widened[j * d..(j + 1) * d];
+        expect_stored(&cache.k, &cache, 0, j, 0, row, DType::F16, 0);
+        expect_stored(&cache.v, &cache, 0, j, 0, row, DType::Q8, 0);
+    }
+    // Slot 2 on is untouched.
+    let PagePool::Q8 { scales, .. } = cache.v else { unreachable!() };
+    assert!(scales[ps * 2 + 2 * 2..].iter().all(|x| x.is_nan()));
+
+    // Refusals: the pools keep their bits.
+    type Make = fn() -> (Pool, Pool);
+    let cases: [(&str, Make, &[f32], Error); 4] = [
+        (
+            "infinity into int8 values",
+            || (Pool::nan(DType::F32, 2 * PS, D), Pool::nan(DType::Q8, 2 * PS, D)),
+            &bad,
+            Error::NonFinite { arg: "v_new", value: f32::INFINITY },
+        ),
+        (
+            "infinity into int8 keys",
+            || (Pool::nan(DType::Q8, 2 * PS, D), Pool::nan(DType::BF16, 2 * PS, D)),
+            &bad,
+            Error::NonFinite { arg: "k_new", value: f32::INFINITY },
+        ),
+        (
+            "int8 key scales short",
+            || {
+                let Pool::Q8(q, sc) = Pool::nan(DType::Q8, 2 * PS, D) else { unreachable!() };
+                (Pool::Q8(q, sc[1..].to_vec()), Pool::nan(DType::F32, 2 * PS, D))
+            },
+            &new,
+            Error::ShapeMismatch { arg: "k_scales", dim: "len", expected: 64, actual: 63 },
+        ),
+        (
+            "int8 value scales of another page count",
+            || {
+                let Pool::Q8(q, sc) = Pool::nan(DType::Q8, 2 * PS, D) else { unreachable!() };
+                let sc = [sc.clone(), sc].concat();
+                (Pool::nan(DType::F16, 2 * PS, D), Pool::Q8(q, sc))
+            },
+            &new,
+            Error::ShapeMismatch { arg: "v_scales", dim: "len", expected: 64, actual: 128 },
+        ),
+    ];
+    for (name, make, rows, want) in cases {
+        let (mut k, mut v) = make();
+        let before = (format!("{k:?}"), format!("{v:?}"));
+        let mut cache = PagedKvMut {
+            k: k.view_mut(),
+            v: v.view_mut(),
+            page_size: ps,
+            kv_heads: hkv,
+            dk: d,
+            dv: d,
+            block_table: &table,
+            max_pages: 2,
+            seq_lens: &lens,
+        };
+        let src = TensorRef::new(rows, l);
+        let got = append_kv(&mut cache, src, src, &cu).unwrap_err();
+        assert_eq!(got, want, "{name}");
+        assert_eq!((format!("{k:?}"), format!("{v:?}")), before, "{name}: wrote on error");
+    }
+}
+
+/// Many sequences decoding step by step, in pools of each type: a prompt (chunked prefill: its
+/// K/V appended, then its queries against the cache), then one token at a time, new pages taken
+/// from a shuffled free list as sequences grow, some sequences idle some steps. After every
+/// append, each written slot holds the pool type's bits for its row (rounded, or
+/// `quantize_q8`'s); the step's queries against the reference on the values the pools hold
+/// (module docs), within the bounds of each sequence's dense case over the keys it holds.
 #[test]
 fn stress_decode_step_by_step() {
-    let (batch, ps, hkv, group, d, max_pages) = (10usize, 16usize, 2usize, 2usize, 16usize, 8usize);
+    for t in DType::ALL {
+        stress_pool_type(t);
+    }
+}
+
+fn stress_pool_type(t: DType) {
+    let (batch, ps, hkv, group, d, max_pages) = (10usize, 16usize, 2usize, 2usize, 40usize, 8usize);
     let hq = hkv * group;
     let pages = batch * max_pages;
     let mut rng = Rng::new(23);
@@ -545,8 +894,7 @@ fn stress_decode_step_by_step() {
     for i in (1..free.len()).rev() {
         free.swap(i, rng.below(i as u64 + 1) as usize);
     }
-    let (mut k, mut v) =
-        (vec![f32::NAN; pages * ps * hkv * d], vec![f32::NAN; pages * ps * hkv * d]);
+    let (mut k, mut v) = (Pool::nan(t, pages * ps * hkv, d), Pool::nan(t, pages * ps * hkv, d));
     let mut table = vec![u32::MAX; batch * max_pages];
     let mut lens = vec![0usize; batch];
     let rows =
@@ -568,8 +916,8 @@ fn stress_decode_step_by_step() {
         let total = cu[batch];
         let (kn, vn) = (rows(&mut rng, total * hkv * d), rows(&mut rng, total * hkv * d));
         let mut cache = PagedKvMut {
-            k: &mut k,
-            v: &mut v,
+            k: k.view_mut(),
+            v: v.view_mut(),
             page_size: ps,
             kv_heads: hkv,
             dk: d,
@@ -580,14 +928,26 @@ fn stress_decode_step_by_step() {
         };
         let l = packed(hkv, total, d);
         append_kv(&mut cache, TensorRef::new(&kn, l), TensorRef::new(&vn, l), &cu).unwrap();
+        let cache = cache.as_ref();
+        for b in 0..batch {
+            for (i, tok) in (cu[b]..cu[b + 1]).enumerate() {
+                for h in 0..hkv {
+                    let row = |x: &[f32]| x[l.index(0, h, tok, 0)..][..d].to_vec();
+                    let j = lens[b] + i;
+                    expect_stored(&cache.k, &cache, b, j, h, &row(&kn), t, step);
+                    expect_stored(&cache.v, &cache, b, j, h, &row(&vn), t, step);
+                }
+            }
+        }
         for (l, nb) in lens.iter_mut().zip(&n) {
             *l += nb;
         }
         // The step's queries (as many as the new tokens) against every key held.
         let q = rows(&mut rng, total * hq * d);
-        let cache = PagedKv {
-            k: &k,
-            v: &v,
+        let (kf, vf) = (k.to_f32(d), v.to_f32(d));
+        let typed = PagedKv {
+            k: k.view(),
+            v: v.view(),
             page_size: ps,
             kv_heads: hkv,
             dk: d,
@@ -596,6 +956,7 @@ fn stress_decode_step_by_step() {
             max_pages,
             seq_lens: &lens,
         };
+        let cache = PagedKv { k: PagePool::F32(&kf), v: PagePool::F32(&vf), ..typed };
         let (ql, ol) = (packed(hq, total, d), packed(hq, total, d));
         let mut want = (vec![0.0f32; total * hq * d], vec![0.0f32; hq * total]);
         attn_reference::batch::attention_paged(
@@ -611,7 +972,7 @@ fn stress_decode_step_by_step() {
         .unwrap();
         for isa in supported_isas("paged") {
             let mut got = (vec![f32::NAN; total * hq * d], vec![f32::NAN; hq * total]);
-            PagedAttention::new(TensorRef::new(&q, ql), &cu, cache)
+            PagedAttention::new(TensorRef::new(&q, ql), &cu, typed)
                 .scale(0.25)
                 .mask(Mask::CAUSAL)
                 .lse(&mut got.1)
@@ -626,28 +987,70 @@ fn stress_decode_step_by_step() {
                 if nq == 0 {
                     continue;
                 }
-                let bound = step_bound(hq, hkv, nq, lens[b], d, &q, &cu, b, &cache);
+                let bound = step_bound(hq, hkv, nq, lens[b], d, &q, &cu, b, &cache, (&kf, &vf));
                 for h in 0..hq {
                     for i in 0..nq {
-                        let t = cu[b] + i;
+                        let tk = cu[b] + i;
                         for e in 0..d {
-                            let at = ql.index(0, h, t, e);
+                            let at = ql.index(0, h, tk, e);
                             let tol = bound.0[(h * nq + i) * d + e];
                             assert!(
                                 close(got.0[at], want.0[at], tol),
-                                "{isa} step {step} seq {b} o[{h},{i},{e}] = {}, want {} (tol {tol:e})",
+                                "{t} {isa} step {step} seq {b} o[{h},{i},{e}] = {}, want {} \
+                                 (tol {tol:e})",
                                 got.0[at],
                                 want.0[at]
                             );
                         }
                         let tol = bound.1[h * nq + i];
                         assert!(
-                            close(got.1[h * total + t], want.1[h * total + t], tol),
-                            "{isa} step {step} seq {b} lse[{h},{i}]"
+                            close(got.1[h * total + tk], want.1[h * total + tk], tol),
+                            "{t} {isa} step {step} seq {b} lse[{h},{i}]"
                         );
                     }
                 }
             }
+        }
+    }
+}
+
+/// Checks that slot `j` of sequence `b`, head `h`, of `pool` holds `row` stored in type `t`:
+/// exactly for f32, rounded to nearest for bf16/f16, `quantize_q8`'s values and scales for
+/// int8.
+#[allow(clippy::too_many_arguments)]
+fn expect_stored(
+    pool: &PagePool<'_>,
+    cache: &PagedKv<'_>,
+    b: usize,
+    j: usize,
+    h: usize,
+    row: &[f32],
+    t: DType,
+    step: usize,
+) {
+    let d = row.len();
+    let at = cache.slot(b, j, h, d);
+    let what = format!("{t} step {step} seq {b} slot {j} head {h}");
+    match *pool {
+        PagePool::F32(x) => assert_eq!(bits(&x[at..at + d]), bits(row), "{what}"),
+        PagePool::BF16(x) => {
+            let want: Vec<u16> = row.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+            let got: Vec<u16> = x[at..at + d].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{what}");
+        }
+        PagePool::F16(x) => {
+            let want: Vec<u16> = row.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+            let got: Vec<u16> = x[at..at + d].iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{what}");
+        }
+        PagePool::Q8 { values, scales } => {
+            let nb = d.div_ceil(32);
+            let (mut q, mut sc) = (vec![0i8; d], vec![0.0f32; nb]);
+            let src = TensorRef::new(row, Tensor4Layout::bhsd(1, 1, 1, d));
+            quantize_q8(src, Q8Mut::bhsd(&mut q, &mut sc, 1, 1, 1, d)).unwrap();
+            assert_eq!(&values[at..at + d], &q[..], "{what}");
+            let sat = cache.slot(b, j, h, nb);
+            assert_eq!(bits(&scales[sat..sat + nb]), bits(&sc), "{what}");
         }
     }
 }
@@ -666,6 +1069,7 @@ fn step_bound(
     cu: &[usize],
     b: usize,
     cache: &PagedKv<'_>,
+    (kf, vf): (&[f32], &[f32]),
 ) -> (Vec<f64>, Vec<f64>) {
     let mut c = Case::new(1, 1, hkv, hq / hkv, nq, nk, d, d, true, 0, MaskKind::Causal(None), 2.0);
     c.scale = 0.25;
@@ -681,8 +1085,8 @@ fn step_bound(
         for j in 0..nk {
             let s = cache.slot(b, j, h, d);
             for e in 0..d {
-                c.k.0[c.k.1.index(0, h, j, e)] = cache.k[s + e];
-                c.v.0[c.v.1.index(0, h, j, e)] = cache.v[s + e];
+                c.k.0[c.k.1.index(0, h, j, e)] = kf[s + e];
+                c.v.0[c.v.1.index(0, h, j, e)] = vf[s + e];
             }
         }
     }

@@ -9,7 +9,7 @@
 //! zeros), so they agree to the bit.
 
 use attn_reference::attention::{attention_with_variants, Variants};
-use attn_reference::batch::{attention_paged, attention_varlen, PagedKv};
+use attn_reference::batch::{attention_paged, attention_varlen, PagePool, PagedKv};
 use attn_reference::*;
 use proptest::prelude::*;
 
@@ -171,7 +171,7 @@ proptest! {
             }
         }
         let cache = PagedKv {
-            k: &kp, v: &vp, page_size: PAGE, kv_heads: hkv, dk, dv,
+            k: PagePool::F32(&kp), v: PagePool::F32(&vp), page_size: PAGE, kv_heads: hkv, dk, dv,
             block_table: &table, max_pages, seq_lens: &lens_k,
         };
         let cu_q = cumulative(&lens_q);
@@ -249,8 +249,8 @@ fn bad_batches_are_typed_errors() {
     let pool = vec![0.0f32; 16];
     let (table, lens) = ([1u32], [3usize]);
     let cache = PagedKv {
-        k: &pool,
-        v: &pool,
+        k: PagePool::F32(&pool),
+        v: PagePool::F32(&pool),
         page_size: 16,
         kv_heads: 1,
         dk: 1,

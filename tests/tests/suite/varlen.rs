@@ -12,7 +12,7 @@
 //!   test of many sequences appending and checked after every step.
 
 use attn_kernels::attention::Path;
-use attn_kernels::batch::{append_kv, PagedKv, PagedKvMut, VarlenAttention};
+use attn_kernels::batch::{append_kv, PagePool, PagePoolMut, PagedKv, PagedKvMut, VarlenAttention};
 use attn_kernels::{alibi_slopes, Error, Isa, Mask, Tensor4Layout, TensorMut, TensorRef};
 use attn_tests::attention_support::{Case, MaskKind, Rng};
 use attn_tests::supported_isas;
@@ -463,8 +463,8 @@ impl Pool {
 
     fn cache(&mut self) -> PagedKvMut<'_> {
         PagedKvMut {
-            k: &mut self.k,
-            v: &mut self.v,
+            k: PagePoolMut::F32(&mut self.k),
+            v: PagePoolMut::F32(&mut self.v),
             page_size: self.page_size,
             kv_heads: self.hkv,
             dk: self.dk,
@@ -497,8 +497,8 @@ impl Pool {
     /// every slot that no sequence holds is untouched.
     fn verify(&self, what: &str) {
         let cache = PagedKv {
-            k: &self.k,
-            v: &self.v,
+            k: PagePool::F32(&self.k),
+            v: PagePool::F32(&self.v),
             page_size: self.page_size,
             kv_heads: self.hkv,
             dk: self.dk,
@@ -710,8 +710,8 @@ fn stress_step_by_step_appends() {
     )
     .unwrap();
     let cache = PagedKv {
-        k: &pool.k,
-        v: &pool.v,
+        k: PagePool::F32(&pool.k),
+        v: PagePool::F32(&pool.v),
         page_size,
         kv_heads: hkv,
         dk: d,
