@@ -27,6 +27,7 @@
 //! reads outside its views turns the result into NaN and fails the bound.
 
 use attn_kernels::attention::Attention;
+use attn_kernels::batch::{PagePool, PagedKv};
 use attn_kernels::{bf16, f16, AnyRef, DType, KvRef, Parallelism, Q8Ref, Variants};
 
 use crate::attention_support::with_lse;
@@ -1498,7 +1499,7 @@ impl VarlenCase {
         // which a batch refuses, one case in eight.
         let mask = match decode_mask(&mut bytes, [1, hq, total_q, total_k]) {
             m @ (MaskSpec::None | MaskSpec::Causal(_)) => m,
-            m if bytes.u8() % 4 == 0 => m,
+            m if bytes.u8().is_multiple_of(4) => m,
             _ => MaskSpec::Causal(None),
         };
         let q = decode_tensor(&mut bytes, [1, hq, total_q, dk]);
@@ -1708,5 +1709,315 @@ impl DtypeAttentionCase {
         let [q, k, v] = &self.stored;
         let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), kernel);
         r.map_err(|e| format!("{e} (Q, K, V stored as {:?})", self.types))
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Paged K/V caches
+// ------------------------------------------------------------------------------------------
+
+/// A pool of a decoded paged cache as the kernel reads it; its f32 twin (the case's) holds
+/// the values the stored elements represent, exactly (as in [`DtypeAttentionCase`]).
+#[derive(Clone, Debug)]
+enum PoolStore {
+    F32,
+    BF16(Vec<bf16>),
+    F16(Vec<f16>),
+    /// int8 values and their scales (all equal: a power of two, or 0, ∞, NaN).
+    Q8(Vec<i8>, Vec<f32>),
+}
+
+impl PoolStore {
+    /// Stores `data` (slots of `d` values) as `ty`, replacing it by the values represented.
+    fn new(data: &mut Vec<f32>, ty: DType, q8_scale: f32, d: usize) -> PoolStore {
+        let mut op =
+            TensorOperand { data: std::mem::take(data), layout: Tensor4Layout::bhsd(1, 1, 1, 0) };
+        let stored = Stored::new(&mut op, ty, q8_scale);
+        *data = op.data;
+        match stored {
+            Stored::F32 => PoolStore::F32,
+            Stored::BF16(x) => PoolStore::BF16(x),
+            Stored::F16(x) => PoolStore::F16(x),
+            Stored::Q8(q, _) => {
+                let slots = q.len().checked_div(d).unwrap_or(0);
+                PoolStore::Q8(q, vec![q8_scale; slots * d.div_ceil(32)])
+            }
+        }
+    }
+
+    /// The pool for the kernel (`data`: the f32 twin).
+    fn pool<'a>(&'a self, data: &'a [f32]) -> PagePool<'a> {
+        match self {
+            PoolStore::F32 => PagePool::F32(data),
+            PoolStore::BF16(x) => PagePool::BF16(x),
+            PoolStore::F16(x) => PagePool::F16(x),
+            PoolStore::Q8(values, scales) => PagePool::Q8 { values, scales },
+        }
+    }
+}
+
+/// A decoded paged-attention call (`attn_kernels::batch::PagedAttention` against
+/// `attn_reference::batch::attention_paged`): packed queries (decode steps of one query, or
+/// chunks of prefill) against a cache of pages in a shared pool, each pool f32, bf16, f16 or
+/// int8; block tables that shuffle and share pages, and now and then point past the pool;
+/// page sizes, lengths and offsets at their edges.
+#[derive(Clone, Debug)]
+pub struct PagedCase {
+    /// Cumulative query offsets.
+    pub cu_q: Vec<usize>,
+    /// Keys held by each sequence.
+    pub seq_lens: Vec<usize>,
+    /// `[batch, max_pages]` page indices.
+    pub block_table: Vec<u32>,
+    /// Entries per row of the block table.
+    pub max_pages: usize,
+    /// Token slots per page.
+    pub page_size: usize,
+    /// K/V heads per slot.
+    pub kv_heads: usize,
+    /// Widths of keys and values.
+    pub dk: usize,
+    /// Value width.
+    pub dv: usize,
+    /// The key and value pools as f32 (the values the stored elements represent).
+    pub pools: [Vec<f32>; 2],
+    /// Storage types of the key and value pools.
+    pub types: [DType; 2],
+    stores: [PoolStore; 2],
+    /// Queries, output, scale, mask, logsumexp, threads and variants, as one packed problem
+    /// (its `k` and `v` are unused, empty).
+    pub attention: AttentionCase,
+}
+
+impl PagedCase {
+    /// Decodes a case: up to 4 sequences of edge lengths (0 included) over pages of 16 to 256
+    /// slots (an invalid page size now and then), 1 query each or a prefill chunk, pages
+    /// shuffled, some shared between sequences, an index past the pool or a block table or
+    /// pool of the wrong length once in a while; then storage types, and queries, masks,
+    /// scales, layouts, logsumexps, threads and variants as [`VarlenCase::decode`] makes them.
+    pub fn decode(data: &[u8]) -> Self {
+        let mut bytes = Bytes::new(data);
+        let kv_heads = match bytes.u8() % 16 {
+            0 => 0,
+            b => 1 + usize::from(b % 2),
+        };
+        let hq = match bytes.u8() % 8 {
+            0 => 3,
+            1..=3 => kv_heads,
+            _ => 2 * kv_heads,
+        };
+        let dk = match bytes.size(65) {
+            0 if !bytes.u8().is_multiple_of(4) => 1,
+            d => d,
+        };
+        let dv = if bytes.u8().is_multiple_of(2) { dk } else { bytes.size(65) };
+        let page_size = match bytes.u8() % 32 {
+            0 => 8,
+            1 => 24,
+            2 => 512,
+            b => 16 << (b % 5),
+        };
+        let count = usize::from(bytes.u8() % 5);
+        let prefill = bytes.u8().is_multiple_of(4);
+        let mut lens: Vec<(usize, usize)> = (0..count)
+            .map(|_| {
+                let nk = bytes.size(300);
+                let nq = if prefill { bytes.size(40) } else { 1 };
+                (nq, nk)
+            })
+            .collect();
+        let work = |l: &[(usize, usize)]| {
+            l.iter().map(|&(a, b)| hq.max(1) * a * b * (dk + dv).max(1)).sum::<usize>()
+        };
+        while work(&lens) > MAX_WORK {
+            for l in &mut lens {
+                l.1 /= 2;
+            }
+        }
+        let seq_lens: Vec<usize> = lens.iter().map(|l| l.1).collect();
+        let mut cu_q = vec![0];
+        for l in &lens {
+            cu_q.push(cu_q[cu_q.len() - 1] + l.0);
+        }
+        let total_q = cu_q[count];
+        // Pages: each sequence's own, then a few spare; a sequence may start with its
+        // predecessor's first page (a shared prefix: read-only sharing is allowed).
+        let ps = page_size.max(1);
+        let need: Vec<usize> = seq_lens.iter().map(|n| n.div_ceil(ps)).collect();
+        let mut max_pages = need.iter().copied().max().unwrap_or(0) + usize::from(bytes.u8() % 3);
+        let mut num_pages = need.iter().sum::<usize>() + usize::from(bytes.u8() % 4);
+        let mut order: Vec<u32> = (0..num_pages as u32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, usize::from(bytes.byte_or_rng()) % (i + 1));
+        }
+        let mut block_table = vec![0u32; count * max_pages];
+        let mut next = 0;
+        for (b, &n) in need.iter().enumerate() {
+            for p in 0..n {
+                block_table[b * max_pages + p] = order[next];
+                next += 1;
+            }
+            if b > 0 && n > 0 && need[b - 1] > 0 && bytes.u8().is_multiple_of(4) {
+                block_table[b * max_pages] = block_table[(b - 1) * max_pages];
+            }
+        }
+        match bytes.u8() % 32 {
+            0 if !block_table.is_empty() => {
+                let i = usize::from(bytes.u8()) % block_table.len();
+                block_table[i] = num_pages as u32;
+            }
+            1 if max_pages > 0 => max_pages -= 1,
+            2 => num_pages += 1,
+            3 => {
+                block_table.pop();
+            }
+            _ => {}
+        }
+        let t = bytes.u8();
+        let q8_scale = Q8_SCALES[usize::from(bytes.u8()) % Q8_SCALES.len()];
+        let kv = [DType::F32, DType::BF16, DType::F16, DType::Q8];
+        let types = [kv[usize::from(t) % 4], kv[usize::from(t / 4) % 4]];
+        let slots = num_pages.saturating_mul(page_size).saturating_mul(kv_heads);
+        let mut pools = [
+            bytes.values(slots.saturating_mul(dk).min(MAX_SLICE)),
+            bytes.values(slots.saturating_mul(dv).min(MAX_SLICE)),
+        ];
+        let stores = [
+            PoolStore::new(&mut pools[0], types[0], q8_scale, dk),
+            PoolStore::new(&mut pools[1], types[1], q8_scale, dv),
+        ];
+        let scale = bytes.scale(dk);
+        let par = bytes.par();
+        let rows = hq * total_q;
+        let lse = match bytes.u8() % 8 {
+            0..=3 => None,
+            4 if rows > 0 => Some(rows - 1),
+            _ => Some(rows),
+        };
+        let mask = match decode_mask(&mut bytes, [1, hq, total_q, 0]) {
+            m @ (MaskSpec::None | MaskSpec::Causal(_)) => m,
+            m if bytes.u8().is_multiple_of(4) => m,
+            _ => MaskSpec::Causal(None),
+        };
+        let q = decode_tensor(&mut bytes, [1, hq, total_q, dk]);
+        let o = decode_tensor(&mut bytes, [1, hq, total_q, dv]);
+        let variants = VariantSpec::decode(&mut bytes, hq);
+        let none =
+            |d| TensorOperand { data: Vec::new(), layout: Tensor4Layout::bhsd(1, kv_heads, 0, d) };
+        let attention =
+            AttentionCase { q, k: none(dk), v: none(dv), scale, mask, o, lse, par, variants };
+        PagedCase {
+            cu_q,
+            seq_lens,
+            block_table,
+            max_pages,
+            page_size,
+            kv_heads,
+            dk,
+            dv,
+            pools,
+            types,
+            stores,
+            attention,
+        }
+    }
+
+    /// The cache over `k` and `v` pools.
+    fn cache<'a>(&'a self, k: PagePool<'a>, v: PagePool<'a>) -> PagedKv<'a> {
+        PagedKv {
+            k,
+            v,
+            page_size: self.page_size,
+            kv_heads: self.kv_heads,
+            dk: self.dk,
+            dv: self.dv,
+            block_table: &self.block_table,
+            max_pages: self.max_pages,
+            seq_lens: &self.seq_lens,
+        }
+    }
+
+    /// Runs the reference (on the f32 pools) and `kernel` (given the kernels'
+    /// [`PagedAttention`] over the typed pools with the case's settings) and compares them as
+    /// [`VarlenCase::check`] does, each sequence against its K/V gathered from the pages.
+    ///
+    /// [`PagedAttention`]: attn_kernels::batch::PagedAttention
+    pub fn check(
+        &self,
+        kernel: impl FnOnce(
+            attn_kernels::batch::PagedAttention<'_>,
+            TensorMut<'_>,
+        ) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
+        use attn_reference::batch::{packed_seq, SeqOffsets};
+        let a = &self.attention;
+        let mask = a.mask.mask();
+        let q = TensorRef::new(&a.q.data, a.q.layout);
+        let var = a.variants.variants();
+        let cu_q = &self.cu_q[..];
+        let exact = self.cache(PagePool::F32(&self.pools[0]), PagePool::F32(&self.pools[1]));
+        let typed =
+            self.cache(self.stores[0].pool(&self.pools[0]), self.stores[1].pool(&self.pools[1]));
+        let runs = run_pair(
+            ("paged", "o"),
+            &a.o,
+            a.lse,
+            |o, l| {
+                attn_reference::batch::attention_paged(q, cu_q, &exact, a.scale, &mask, &var, o, l)
+            },
+            |o, l| {
+                let mut p = attn_kernels::batch::PagedAttention::new(q, cu_q, typed)
+                    .scale(a.scale)
+                    .mask(mask)
+                    .variants(var)
+                    .parallelism(a.par);
+                if let Some(l) = l {
+                    p = p.lse(l);
+                }
+                kernel(p, o)
+            },
+        )
+        .map_err(|e| format!("{e} (pools {:?})", self.types))?;
+        let Some(Runs { out_ref, lse_ref, out, lse }) = runs else {
+            return Ok(());
+        };
+        let sq = SeqOffsets::new("cu_seqlens_q", cu_q).map_err(|e| e.to_string())?;
+        let total_q = sq.total();
+        let lse = lse_ref.as_deref().zip(lse.as_ref().map(|g| g.slice()));
+        let hkv = self.kv_heads;
+        for (s, &len) in self.seq_lens.iter().enumerate() {
+            let gather = |pool: &[f32], d: usize| {
+                let mut dense = vec![0.0f32; hkv * len * d];
+                for h in 0..hkv {
+                    for j in 0..len {
+                        let at = exact.slot(s, j, h, d);
+                        dense[(h * len + j) * d..][..d].copy_from_slice(&pool[at..at + d]);
+                    }
+                }
+                dense
+            };
+            let (kd, vd) = (gather(&self.pools[0], self.dk), gather(&self.pools[1], self.dv));
+            let rq = sq.range(s);
+            let start = rq.start;
+            let lse_at = move |_: usize, h: usize, i: usize| h * total_q + start + i;
+            let rows = Rows {
+                q: TensorRef::new(q.data, packed_seq(&q.layout, rq.clone())),
+                k: TensorRef::new(&kd, Tensor4Layout::bhsd(1, hkv, len, self.dk)),
+                v: TensorRef::new(&vd, Tensor4Layout::bhsd(1, hkv, len, self.dv)),
+                scale: a.scale,
+                mask: &mask,
+                variants: &var,
+                o: packed_seq(&a.o.layout, rq),
+                lse_at: &lse_at,
+            };
+            let describe = || {
+                format!(
+                    "sequence {s} of lengths {:?}, pages of {} ({:?} pools)",
+                    self.seq_lens, self.page_size, self.types
+                )
+            };
+            rows.check(&out_ref, out.slice(), lse, &describe)?;
+        }
+        Ok(())
     }
 }

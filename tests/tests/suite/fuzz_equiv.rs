@@ -13,7 +13,7 @@ use attn_kernels::attention::Path;
 use attn_kernels::gemm::sgemm;
 use attn_reference::{Mask, MatMut, TensorMut, TensorRef};
 use attn_tests::fuzz_decode::{
-    AttentionCase, DtypeAttentionCase, GemmCase, SoftmaxCase, VarlenCase,
+    AttentionCase, DtypeAttentionCase, GemmCase, PagedCase, SoftmaxCase, VarlenCase,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -233,6 +233,40 @@ fn varlen_and_dtype_decoders_reach_successes() {
     }
     // Q: 3 types, K and V: 4 each.
     assert!(seen.len() == 11 && seen.values().all(|&n| n > 20), "dtypes: {seen:?}");
+    let (mut ok, mut err, mut types) = (0, 0, std::collections::HashSet::new());
+    for _ in 0..3000 {
+        let c = PagedCase::decode(&bytes());
+        let a = &c.attention;
+        let mut o = a.o.data.clone();
+        let cache = attn_kernels::batch::PagedKv {
+            k: (&c.pools[0]).into(),
+            v: (&c.pools[1]).into(),
+            page_size: c.page_size,
+            kv_heads: c.kv_heads,
+            dk: c.dk,
+            dv: c.dv,
+            block_table: &c.block_table,
+            max_pages: c.max_pages,
+            seq_lens: &c.seq_lens,
+        };
+        let r = attn_reference::batch::attention_paged(
+            TensorRef::new(&a.q.data, a.q.layout),
+            &c.cu_q,
+            &cache,
+            a.scale,
+            &a.mask.mask(),
+            &a.variants.variants(),
+            TensorMut::new(&mut o, a.o.layout),
+            None,
+        );
+        if r.is_ok() && c.seq_lens.iter().filter(|&&n| n > 0).count() >= 2 {
+            ok += 1;
+            types.insert(c.types);
+        } else if r.is_err() {
+            err += 1;
+        }
+    }
+    assert!(ok > 300 && err > 300 && types.len() == 16, "paged: {ok} ok, {err} errors, {types:?}");
 }
 
 fn selected_isa() -> attn_kernels::Isa {
@@ -247,6 +281,11 @@ fn fuzz_attention() {
 #[test]
 fn fuzz_varlen() {
     run(512, |b| VarlenCase::decode(b).check(|a, o| a.run(o)));
+}
+
+#[test]
+fn fuzz_paged() {
+    run(512, |b| PagedCase::decode(b).check(|a, o| a.run(o)));
 }
 
 #[test]
