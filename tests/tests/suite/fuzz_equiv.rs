@@ -294,6 +294,13 @@ fn fuzz_attention_dtypes() {
 }
 
 #[test]
+fn fuzz_attention_dtypes_flash() {
+    run(512, |b| {
+        DtypeAttentionCase::decode(b).check(|a, o| a.isa(selected_isa()).path(Path::Flash).run(o))
+    });
+}
+
+#[test]
 fn fuzz_attention_flash() {
     run(512, |b| {
         AttentionCase::decode(b).check(|a, o| a.isa(selected_isa()).path(Path::Flash).run(o))
