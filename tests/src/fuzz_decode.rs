@@ -1423,6 +1423,29 @@ pub struct VarlenCase {
     pub attention: AttentionCase,
 }
 
+/// The logsumexp length (none, one short, or right: `hq·total_q`) and the mask of a packed or
+/// paged case: mostly none or causal (with every offset [`decode_mask`] picks), a keep or
+/// bias mask, which a batch refuses, one case in eight.
+fn packed_lse_and_mask(
+    bytes: &mut Bytes<'_>,
+    hq: usize,
+    total_q: usize,
+    total_k: usize,
+) -> (Option<usize>, MaskSpec) {
+    let rows = hq * total_q;
+    let lse = match bytes.u8() % 8 {
+        0..=3 => None,
+        4 if rows > 0 => Some(rows - 1),
+        _ => Some(rows),
+    };
+    let mask = match decode_mask(bytes, [1, hq, total_q, total_k]) {
+        m @ (MaskSpec::None | MaskSpec::Causal(_)) => m,
+        m if bytes.u8().is_multiple_of(4) => m,
+        _ => MaskSpec::Causal(None),
+    };
+    (lse, mask)
+}
+
 impl VarlenCase {
     /// Decodes a case: up to 5 sequences of edge lengths (0 and 1 included, queries longer or
     /// shorter than keys), GQA, `dk ≠ dv`, then offsets damaged one way or another (not from
@@ -1489,19 +1512,7 @@ impl VarlenCase {
             3 => kd[0] = 2,
             _ => {}
         }
-        let rows = hq * total_q;
-        let lse = match bytes.u8() % 8 {
-            0..=3 => None,
-            4 if rows > 0 => Some(rows - 1),
-            _ => Some(rows),
-        };
-        // Mostly none or causal (with every offset `decode_mask` picks); a keep or bias mask,
-        // which a batch refuses, one case in eight.
-        let mask = match decode_mask(&mut bytes, [1, hq, total_q, total_k]) {
-            m @ (MaskSpec::None | MaskSpec::Causal(_)) => m,
-            m if bytes.u8().is_multiple_of(4) => m,
-            _ => MaskSpec::Causal(None),
-        };
+        let (lse, mask) = packed_lse_and_mask(&mut bytes, hq, total_q, total_k);
         let q = decode_tensor(&mut bytes, [1, hq, total_q, dk]);
         let k = decode_tensor(&mut bytes, kd);
         let v = decode_tensor(&mut bytes, [1, hkv, total_k, dv]);
@@ -1888,17 +1899,7 @@ impl PagedCase {
         ];
         let scale = bytes.scale(dk);
         let par = bytes.par();
-        let rows = hq * total_q;
-        let lse = match bytes.u8() % 8 {
-            0..=3 => None,
-            4 if rows > 0 => Some(rows - 1),
-            _ => Some(rows),
-        };
-        let mask = match decode_mask(&mut bytes, [1, hq, total_q, 0]) {
-            m @ (MaskSpec::None | MaskSpec::Causal(_)) => m,
-            m if bytes.u8().is_multiple_of(4) => m,
-            _ => MaskSpec::Causal(None),
-        };
+        let (lse, mask) = packed_lse_and_mask(&mut bytes, hq, total_q, 0);
         let q = decode_tensor(&mut bytes, [1, hq, total_q, dk]);
         let o = decode_tensor(&mut bytes, [1, hq, total_q, dv]);
         let variants = VariantSpec::decode(&mut bytes, hq);

@@ -121,12 +121,9 @@ fn oracle_catches_nan_where_reference_is_finite_and_finite_where_it_is_nan() {
     assert!(err.unwrap_err().contains("reference is NaN"));
 }
 
-#[test]
-fn decoders_reach_every_regime() {
-    // Over a few thousand random inputs the decoders must produce errors and successes, empty
-    // and non-empty shapes, every mask kind and non-finite data: otherwise the fuzzing is blind.
-    let mut rng = 0x1234_5678_9abc_def1u64;
-    let mut bytes = || {
+/// A fixed sequence of 200-byte inputs (xorshift from `seed`), for the regime tests.
+fn byte_strings(mut rng: u64) -> impl FnMut() -> Vec<u8> {
+    move || {
         (0..200)
             .map(|_| {
                 rng ^= rng << 13;
@@ -134,8 +131,15 @@ fn decoders_reach_every_regime() {
                 rng ^= rng << 17;
                 rng as u8
             })
-            .collect::<Vec<u8>>()
-    };
+            .collect()
+    }
+}
+
+#[test]
+fn decoders_reach_every_regime() {
+    // Over a few thousand random inputs the decoders must produce errors and successes, empty
+    // and non-empty shapes, every mask kind and non-finite data: otherwise the fuzzing is blind.
+    let mut bytes = byte_strings(0x1234_5678_9abc_def1);
     let (mut err, mut ok, mut empty, mut nan, mut masks) = (0, 0, 0, 0, [0; 4]);
     for _ in 0..3000 {
         let c = AttentionCase::decode(&bytes());
@@ -172,17 +176,7 @@ fn varlen_and_dtype_decoders_reach_successes() {
     // The packed-batch decoder damages offsets and picks masks a batch refuses; the dtype
     // decoder must still reach every storage type on calls that run. Both need enough calls
     // the reference accepts, with work in them, or the fuzzing only tests argument checks.
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut bytes = || {
-        (0..200)
-            .map(|_| {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng as u8
-            })
-            .collect::<Vec<u8>>()
-    };
+    let mut bytes = byte_strings(0x9e37_79b9_7f4a_7c15);
     let (mut ok, mut busy, mut err) = (0, 0, 0);
     for _ in 0..3000 {
         let c = VarlenCase::decode(&bytes());
