@@ -32,7 +32,7 @@ use crate::fuzz_decode::VariantSpec;
 use attn_reference::softmax::saturate_logit;
 use attn_reference::{TensorMut, TensorRef};
 
-pub use crate::numerics::{softcap_error, GAMMA, U};
+pub use crate::numerics::{softcap_error, BF16_U, GAMMA, U};
 
 /// How a mask is built for a case.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -324,6 +324,22 @@ impl Case {
     /// roundings (distance to f32, product) are covered by counting `|alibi|` in the
     /// magnitude, and a softcap `c` adds [`softcap_error`] to `δ_i`.
     pub fn bounds(&self) -> (Vec<f64>, Vec<f64>) {
+        self.bounds_for(false)
+    }
+
+    /// [`bounds`](Self::bounds) for the flash path on `vdpbf16ps` (`HalfPath::Dot`, bf16
+    /// operands), which adds (derivation in `attn_kernels::attention::Attention`'s docs):
+    /// - the rounding of the probabilities to bf16 before `P·V`: `2⁻⁸` relative to
+    ///   `A_id = Σ_j p_ij |v_jd|` (with the other relative terms taken on the rounded weights,
+    ///   `1 + 2⁻⁸` times as large);
+    /// - the instruction's flushing: `scale·2⁻¹²⁶·(dk + 1 + Σ_d (|q_id| + |k_jd|))` on each
+    ///   score (in `δ_i`), `2⁻¹²⁶·(nk + 2)` on each output.
+    pub fn bounds_dot(&self) -> (Vec<f64>, Vec<f64>) {
+        self.bounds_for(true)
+    }
+
+    fn bounds_for(&self, dot: bool) -> (Vec<f64>, Vec<f64>) {
+        let flush = f64::from(f32::MIN_POSITIVE);
         let (q, k, v) = self.qkv();
         let mask = self.mask();
         let var = self.variants();
@@ -340,16 +356,17 @@ impl Case {
                 let slope = var.alibi.map_or(0.0, |a| f64::from(a[h]));
                 for i in 0..self.nq {
                     let mut logits = Vec::with_capacity(self.nk + 1);
-                    let mut mag: f64 = 0.0;
+                    let (mut mag, mut flushed_dot): (f64, f64) = (0.0, 0.0);
                     for j in 0..self.nk {
                         let in_window = var.window.is_none_or(|w| w.contains(i, j, off));
                         let t = mask.term(b, h, i, j, self.nq, self.nk).filter(|_| in_window);
-                        let (mut dot, mut abs) = (0.0f64, 0.0f64);
+                        let (mut dot, mut abs, mut l1) = (0.0f64, 0.0f64, 0.0f64);
                         for d in 0..self.dk {
                             let (x, y) =
                                 (f64::from(q.at(b, h, i, d)), f64::from(k.at(b, kh, j, d)));
                             dot += x * y;
                             abs += (x * y).abs();
+                            l1 += x.abs() + y.abs();
                         }
                         let alibi = slope * (j as f64 - i as f64 - off as f64);
                         let logit =
@@ -360,6 +377,7 @@ impl Case {
                             if s.is_finite() {
                                 mag = mag
                                     .max(scale * abs + f64::from(t).abs() + s.abs() + alibi.abs());
+                                flushed_dot = flushed_dot.max(l1);
                             }
                         }
                     }
@@ -367,10 +385,18 @@ impl Case {
                         logits.push(Some(f64::from(s[h])));
                     }
                     let (p, lse) = attn_reference::softmax::softmax_row(&logits);
-                    let delta = GAMMA * (self.dk as f64 + 4.0) * U * mag
+                    let mut delta = GAMMA * (self.dk as f64 + 4.0) * U * mag
                         + self.variants.softcap.map_or(0.0, |c| softcap_error(f64::from(c)));
-                    let rel =
+                    if dot {
+                        delta += scale.abs() * flush * (self.dk as f64 + 1.0 + flushed_dot);
+                    }
+                    let mut rel =
                         2.0 * delta + GAMMA * (2.0 * self.nk as f64 + self.dk as f64 + 16.0) * U;
+                    let mut abs_extra = 0.0;
+                    if dot {
+                        rel = rel * (1.0 + BF16_U) + BF16_U;
+                        abs_extra = flush * (self.nk as f64 + 2.0);
+                    }
                     let row = (b * self.hq + h) * self.nq + i;
                     for d in 0..self.dv {
                         let vd = |j: usize| f64::from(v.at(b, kh, j, d)).abs();
@@ -381,6 +407,7 @@ impl Case {
                         let flushed: f64 =
                             (0..self.nk).filter(|&j| logits[j].is_some()).map(vd).sum();
                         ob[row * self.dv + d] = rel * a
+                            + abs_extra
                             + f64::from(f32::MIN_POSITIVE)
                             + crate::numerics::flushed_weight() * flushed;
                     }

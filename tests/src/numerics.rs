@@ -16,6 +16,10 @@ use attn_kernels::math::{
 /// relative (for results in the normal range).
 pub const U: f64 = 1.0 / (1u64 << 24) as f64;
 
+/// Unit roundoff of bf16, `2⁻⁸`: rounding to bf16 (nearest even) is off by at most this much
+/// relative, for results in its normal range.
+pub const BF16_U: f64 = 1.0 / 256.0;
+
 /// ULP of the exact value `v` as an f32: `2^(e−23)` for `|v| ∈ [2^e, 2^(e+1))`, `2⁻¹⁴⁹` below
 /// `2⁻¹²⁶` (the unit the math functions' published `*_MAX_ULP` bounds are measured in).
 pub fn f32_ulp(v: f64) -> f64 {

@@ -9,15 +9,20 @@
 //! f16/bf16 time ≤ 0.6× of f32's, int8 ≤ 0.35×, each ≥ 0.85× of its own read.
 //!
 //! Flash (h8, d 64 and 128, N 1024 and 4096, causal and not) in bf16 and f16 beside f32, in
-//! GFLOP/s of the visible pairs (the `attention` section's count): target ≥ 0.9× of f32.
+//! GFLOP/s of the visible pairs (the `attention` section's count): target ≥ 0.9× of f32. Where
+//! the CPU has AVX512_BF16, also bf16 on the `vdpbf16ps` kernel (`bf16-dot`,
+//! `HalfPath::Dot`): target ≥ 1.5× of f32.
 //!
 //! Checks: each cache type on the decode path and each half type on the flash path against the
 //! reference on the exact values the stored elements represent (widened, or `fl(q·scale)`, the
-//! dequantised value the kernels compute on), with the f32 attention bound (f32 output).
+//! dequantised value the kernels compute on), with the f32 attention bound (f32 output); the
+//! `vdpbf16ps` path with that bound plus its own terms (probabilities rounded to bf16, the
+//! instruction's flushing: `attn_kernels::attention::Attention`'s docs).
 
 use std::hint::black_box;
 
 use attn_kernels::attention::{Attention, Path};
+use attn_kernels::gemm::{bf16_dot_available, HalfPath};
 use attn_kernels::{bf16, f16, quantize_q8, AnyRef, DType, KvRef, Parallelism, Q8Mut, Q8Ref};
 use attn_reference::attention::default_scale;
 use attn_reference::{Mask, Tensor4Layout, TensorMut, TensorRef};
@@ -29,6 +34,7 @@ use super::decode::stream_sum;
 use super::{Ctx, Work};
 use crate::check::{attention_bound, compare, Rng};
 use crate::record::Shape;
+use attn_tests::numerics::BF16_U;
 
 const OP: &str = "dtypes";
 
@@ -131,13 +137,14 @@ fn call(
     k: &Stored,
     v: &Stored,
     mask: Mask<'_>,
-    path: Path,
+    (path, half): (Path, HalfPath),
     o: &mut Out,
 ) -> attn_reference::Result<()> {
     let a = Attention::new(q.any(), k.kv(), v.kv())
         .scale(default_scale(q.layout.dim()))
         .mask(mask)
         .path(path)
+        .half_path(half)
         .parallelism(Parallelism::Sequential);
     let l = o.layout;
     match &mut o.data {
@@ -200,8 +207,14 @@ fn imp_name(prefix: &str, ty: DType) -> &'static str {
 }
 
 /// Checks `path` with Q of `qt`, K/V of `kvt` (f32 output) against the reference on the exact
-/// values, with the f32 attention bound.
-fn check(ctx: &mut Ctx, shape: Shape, qt: DType, kvt: DType, path: Path, imp: &'static str) {
+/// values, with the f32 attention bound (plus the `vdpbf16ps` terms for [`HalfPath::Dot`]).
+fn check(
+    ctx: &mut Ctx,
+    shape: Shape,
+    (qt, kvt): (DType, DType),
+    (path, half): (Path, HalfPath),
+    imp: &'static str,
+) {
     let Shape::Attn { heads, kv_heads, nq, nk, dk, mask, .. } = shape else { unreachable!() };
     let (lq, lk) =
         (Tensor4Layout::bhsd(1, heads, nq, dk), Tensor4Layout::bhsd(1, kv_heads, nk, dk));
@@ -235,9 +248,22 @@ fn check(ctx: &mut Ctx, shape: Shape, qt: DType, kvt: DType, path: Path, imp: &'
             None,
         )
     });
-    let bound = attention_bound(&qe, &ke, scale, &TensorRef::new(&w, lo));
+    let mut bound = attention_bound(&qe, &ke, scale, &TensorRef::new(&w, lo));
+    if half == HalfPath::Dot {
+        // Probabilities rounded to bf16: 2⁻⁸ of Σ p|v| (= w), the other terms on the rounded
+        // weights; flushing below 2⁻¹²⁶: each score off by scale·F·(dk + 1 + Σ|q| + Σ|k|),
+        // twice that relative to w, and F·(nk + 2) on each output.
+        let f = f64::from(f32::MIN_POSITIVE);
+        let mx = |x: &[f32]| x.iter().fold(0.0f64, |a, y| a.max(f64::from(y.abs())));
+        let delta = f64::from(scale) * f * (dk as f64 * (1.0 + mx(&q.exact) + mx(&k.exact)) + 1.0);
+        for (b, &wi) in bound.iter_mut().zip(&w) {
+            let wi = f64::from(wi);
+            *b = *b * (1.0 + BF16_U) + (BF16_U + 2.0 * delta) * wi + f * (nk as f64 + 2.0);
+        }
+    }
     let mut o = Out::new(DType::F32, lo);
-    let verdict = r.and_then(|()| call(&q, &k, &v, m, path, &mut o)).map_err(|e| e.to_string());
+    let verdict =
+        r.and_then(|()| call(&q, &k, &v, m, (path, half), &mut o)).map_err(|e| e.to_string());
     let verdict = verdict.map(|()| match &o.data {
         OutData::F32(got) => compare(got, &want, &bound),
         _ => unreachable!(),
@@ -249,10 +275,16 @@ fn check(ctx: &mut Ctx, shape: Shape, qt: DType, kvt: DType, path: Path, imp: &'
 pub fn run(ctx: &mut Ctx) {
     for kvt in [DType::F32, DType::BF16, DType::F16, DType::Q8] {
         let sh = attn_shape(8, 2, 1, 301, 64, "none");
-        check(ctx, sh, DType::F32, kvt, Path::Decode, imp_name("kv", kvt));
+        check(ctx, sh, (DType::F32, kvt), (Path::Decode, HalfPath::Auto), imp_name("kv", kvt));
     }
+    let flash = attn_shape(2, 1, 67, 130, 64, "causal");
     for t in [DType::BF16, DType::F16] {
-        check(ctx, attn_shape(2, 1, 67, 130, 64, "causal"), t, t, Path::Flash, imp_name("", t));
+        check(ctx, flash.clone(), (t, t), (Path::Flash, HalfPath::Auto), imp_name("", t));
+    }
+    let dot = bf16_dot_available();
+    if dot {
+        let (t, p) = ((DType::BF16, DType::BF16), (Path::Flash, HalfPath::Dot));
+        check(ctx, flash, t, p, "bf16-dot");
     }
 
     // Decode: every cache type beside the read of its own bytes.
@@ -269,7 +301,7 @@ pub fn run(ctx: &mut Ctx) {
             let (k, v) = (Stored::new(ty, &kx, lk), Stored::new(ty, &vx, lk));
             let work = Work::Bytes(k.bytes() + v.bytes());
             ctx.bench(OP, imp_name("kv", ty), shape.clone(), 1, work, None, || {
-                call(&q, &k, &v, Mask::None, Path::Decode, &mut o)
+                call(&q, &k, &v, Mask::None, (Path::Decode, HalfPath::Auto), &mut o)
             });
             let bufs: [&[f32]; 4] = [&k.words, &v.words, &k.scales, &v.scales];
             ctx.bench(OP, imp_name("read", ty), shape.clone(), 1, work, None, || {
@@ -294,13 +326,22 @@ pub fn run(ctx: &mut Ctx) {
                 let m = if mask == "causal" { Mask::Causal { offset: None } } else { Mask::None };
                 let shape = attn_shape(heads, heads, n, n, d, mask);
                 let work = Work::Flops(flops(heads, n, n, d, d, &m));
-                for ty in [DType::F32, DType::BF16, DType::F16] {
+                let runs = [
+                    (DType::F32, HalfPath::Auto, "f32"),
+                    (DType::BF16, HalfPath::Auto, "bf16"),
+                    (DType::F16, HalfPath::Auto, "f16"),
+                    (DType::BF16, HalfPath::Dot, "bf16-dot"),
+                ];
+                for (ty, half, imp) in runs {
+                    if half == HalfPath::Dot && !dot {
+                        continue;
+                    }
                     let (q, k, v) =
                         (Stored::new(ty, &qx, l), Stored::new(ty, &kx, l), Stored::new(ty, &vx, l));
                     let mut o = Out::new(ty, l);
                     let plot = Some((format!("dtypes-flash-d{d}-{mask}"), n as f64));
-                    ctx.bench(OP, imp_name("", ty), shape.clone(), 1, work, plot, || {
-                        call(&q, &k, &v, m, Path::Flash, &mut o)
+                    ctx.bench(OP, imp, shape.clone(), 1, work, plot, || {
+                        call(&q, &k, &v, m, (Path::Flash, half), &mut o)
                     });
                 }
             }

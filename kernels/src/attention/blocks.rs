@@ -23,8 +23,9 @@
 use super::blocking::QV;
 use super::FLUSH_WEIGHTS_BELOW;
 use attn_core::quant::{q8_blocks, Q8_BLOCK};
+use attn_core::{bf16, MatLayout};
 
-use crate::arch::convert::{load_elems, SimdElement};
+use crate::arch::convert::{bf16_bits, load_elems, SimdElement};
 use crate::arch::{load, prefetch_l1, store, Isa, Simd};
 use crate::gemm::ukernel::{kernel_for, panel_product, Kernel as GemmKernel};
 use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
@@ -83,6 +84,24 @@ pub(crate) fn tile_rows(isa: Isa) -> usize {
     kernel_for(isa).nr
 }
 
+/// One block product of the flash loop as the GEMM layer runs it (see [`panel_product`]):
+/// `kern` over `depth` steps of the A operand `a` (data, index of element `(0, 0)`, row
+/// stride, step stride) and the packed B micro-panel `b` (64-byte aligned), scaled by `alpha`.
+/// The f32 kernel's steps are elements; the `vdpbf16ps` kernel's are words of bf16 pairs.
+#[derive(Clone, Copy)]
+pub(crate) struct Product<'a> {
+    /// The micro-kernel: the ISA's f32 kernel, or the `vdpbf16ps` kernel.
+    pub kern: &'static GemmKernel,
+    /// The scale of the product.
+    pub alpha: f32,
+    /// Steps of the inner dimension.
+    pub depth: usize,
+    /// The broadcast operand, read through its strides.
+    pub a: (&'a [f32], usize, usize, usize),
+    /// The packed B micro-panel.
+    pub b: &'a [f32],
+}
+
 /// `s[j·QR + r] = Σ_d qp[d·QR + r] · k(j0 + j, d)` for `j < nb`: the scores of one query tile
 /// against keys `j0..j0 + nb`, i.e. the block `Sᵀ = K·Q̃ᵀ` on the GEMM macro-kernel: K is the
 /// broadcast operand, read in place through its strides, and `qp` (`dk` rows of `QR`
@@ -100,15 +119,32 @@ pub(crate) fn qk_block<S: Simd>(
     nb: usize,
     out: &mut [f32],
 ) {
-    let kern = gemm_kernel::<S>();
-    let qr = kern.nr;
-    assert!(qp.len() >= dk * qr && out.len() >= nb * qr && k.covers(j0, nb, dk));
-    if dk == 0 || nb == 0 {
+    assert!(k.covers(j0, nb, dk));
+    // Wrapping: with `dk = 0` or `nb = 0` the offset may overflow and is never used.
+    let a0 = k.offset.wrapping_add(j0.wrapping_mul(k.rs));
+    let prod = Product {
+        kern: gemm_kernel::<S>(),
+        alpha: 1.0,
+        depth: dk,
+        a: (k.data, a0, k.rs, k.cs),
+        b: qp,
+    };
+    scores(s, prod, nb, out);
+}
+
+/// The scores of one query tile against `nb` keys, `out[j·QR + r]`, from a [`Product`] whose A
+/// operand holds the `nb` keys as rows and whose B panel is the query tile: all 0 when the
+/// product is empty (`depth = 0`: no A element is addressed). Panics (never UB) if a buffer is
+/// too small.
+#[inline(always)]
+pub(crate) fn scores<S: Simd>(s: S, prod: Product<'_>, nb: usize, out: &mut [f32]) {
+    let qr = prod.kern.nr;
+    assert!(out.len() >= nb * qr);
+    if prod.depth == 0 || nb == 0 {
         out[..nb * qr].fill(0.0);
         return;
     }
-    let a = (k.data, k.offset + j0 * k.rs, k.rs, k.cs);
-    panel_product(s, kern, nb, dk, a, qp, 0.0, out);
+    panel_product(s, prod.kern, nb, prod.depth, prod.a, prod.alpha, prod.b, 0.0, out);
 }
 
 /// `o[c·QR + r] = alpha[r]·o[c·QR + r] + Σ_j p[j·QR + r] · v(j0 + j, c)` for all `dv` columns:
@@ -116,18 +152,8 @@ pub(crate) fn qk_block<S: Simd>(
 /// correction and updated with one block of `nb` value rows, i.e. `Oᵀ += Vᵀ·P̃ᵀ` on the GEMM
 /// macro-kernel: V is the broadcast operand, read in place (`Vᵀ` is V with its strides
 /// swapped), and the probability block `p` (`nb` rows of `QR`, 64-byte aligned, as
-/// [`qk_block`] laid out the scores) is exactly one packed B micro-panel.
-///
-/// Zero weights contribute exactly nothing, as in the reference, which skips them:
-/// - a lane whose `alpha` is 0 has its accumulator cleared rather than multiplied, so an
-///   earlier `∞` cannot become NaN;
-/// - `guard` must be set when some `p` may be 0 (masked or underflowed weights). The block then
-///   runs on the micro-kernel as usual, and only if that leaves a non-finite accumulator (a
-///   `±∞`/NaN value at a zero-weight key gives `0·∞ = NaN`) is it redone from `save` with a
-///   loop that skips zero weights. `save` (`dv·QR` floats) holds the rescaled accumulator
-///   meanwhile.
-///
-/// Panics (never UB) if a buffer is too small, which the callers' sizing rules out.
+/// [`qk_block`] laid out the scores) is exactly one packed B micro-panel. The guard: see
+/// [`pv_update`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pv_block<S: Simd>(
@@ -142,9 +168,51 @@ pub(crate) fn pv_block<S: Simd>(
     o: &mut [f32],
     save: &mut [f32],
 ) {
-    let kern = gemm_kernel::<S>();
-    let (l, qr) = (S::LANES, kern.nr);
-    assert!(p.len() >= nb * qr && alpha.len() >= qr && v.covers(j0, nb, dv));
+    assert!(v.covers(j0, nb, dv));
+    // A = Vᵀ: V with its strides swapped (wrapping: unused when the block is empty).
+    let a0 = v.offset.wrapping_add(j0.wrapping_mul(v.rs));
+    let prod = Product {
+        kern: gemm_kernel::<S>(),
+        alpha: 1.0,
+        depth: nb,
+        a: (v.data, a0, v.cs, v.rs),
+        b: p,
+    };
+    let v_at = |j: usize, c: usize| v.data[a0 + j * v.rs + c * v.cs];
+    pv_update(s, guard, prod, p, nb, v_at, dv, alpha, o, save);
+}
+
+/// The update of [`pv_block`] with the product given: `o ← alpha·o` per lane, then
+/// `o += prod` (`dv` rows of A, the value columns; B the probabilities in the product's
+/// packing), where `p` (`nb` rows of `QR` f32 weights) and `v_at(j, c)` are the same weights
+/// and values, for the guard:
+///
+/// Zero weights contribute exactly nothing, as in the reference, which skips them:
+/// - a lane whose `alpha` is 0 has its accumulator cleared rather than multiplied, so an
+///   earlier `∞` cannot become NaN;
+/// - `guard` must be set when some weight may be 0 (masked or underflowed weights, or a pair's
+///   padding). The block then runs on the micro-kernel as usual, and only if that leaves a
+///   non-finite accumulator (a `±∞`/NaN value at a zero-weight key gives `0·∞ = NaN`) is it
+///   redone from `save` with a loop over `p` and `v_at` that skips zero weights. `save`
+///   (`dv·QR` floats) holds the rescaled accumulator meanwhile.
+///
+/// Panics (never UB) if a buffer is too small, which the callers' sizing rules out.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pv_update<S: Simd>(
+    s: S,
+    guard: bool,
+    prod: Product<'_>,
+    p: &[f32],
+    nb: usize,
+    v_at: impl Fn(usize, usize) -> f32,
+    dv: usize,
+    alpha: &[f32],
+    o: &mut [f32],
+    save: &mut [f32],
+) {
+    let (l, qr) = (S::LANES, prod.kern.nr);
+    assert!(p.len() >= nb * qr && alpha.len() >= qr && qr == QV * l);
     let (o, save) = (&mut o[..dv * qr], &mut save[..dv * qr]);
     let al: [S::V; QV] = core::array::from_fn(|vv| load(s, &alpha[vv * l..]));
     let live = al.map(|a| s.nonzero(a));
@@ -160,21 +228,150 @@ pub(crate) fn pv_block<S: Simd>(
     if guard {
         save.copy_from_slice(o);
     }
-    // A = Vᵀ: V with its strides swapped.
-    panel_product(s, kern, dv, nb, (v.data, v.offset + j0 * v.rs, v.cs, v.rs), p, 1.0, o);
+    panel_product(s, prod.kern, dv, prod.depth, prod.a, prod.alpha, prod.b, 1.0, o);
     if guard && !all_finite(s, o) {
         o.copy_from_slice(save);
         for j in 0..nb {
-            let vrow = v.offset + (j0 + j) * v.rs;
             for (r, &w) in p[j * qr..(j + 1) * qr].iter().enumerate() {
                 if w != 0.0 {
                     for c in 0..dv {
-                        o[c * qr + r] = w.mul_add(v.data[vrow + c * v.cs], o[c * qr + r]);
+                        o[c * qr + r] = w.mul_add(v_at(j, c), o[c * qr + r]);
                     }
                 }
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operands of the `vdpbf16ps` block products: bf16 pairs
+//
+// The `vdpbf16ps` kernel's operands are 32-bit words, each a pair of bf16 along the inner
+// dimension (low half first), held in f32 buffers: the words are only copied, never computed
+// on, so their bits pass through unchanged. An odd inner length pads its last pair with +0.
+
+/// The word of the bf16 pair `(lo, hi)` (bit patterns).
+#[inline(always)]
+fn pair(lo: u16, hi: u16) -> f32 {
+    f32::from_bits(u32::from(lo) | (u32::from(hi) << 16))
+}
+
+/// Query rows `i0..i0 + rows` of the bf16 `[nq, dk]` matrix `qm` of `data` as the B panel of
+/// the paired score product: `qp[w·QR + r]` = the pair `(q(i0 + r, 2w), q(i0 + r, 2w + 1))`
+/// for `w < ⌈dk/2⌉`, unscaled (the product's α is the scale). Rows `rows..QR` are left as
+/// they are (the caller zeroes them).
+#[inline(always)]
+pub(crate) fn query_pairs(
+    data: &[bf16],
+    (qm, i0, rows, dk, qr): (MatLayout, usize, usize, usize, usize),
+    qp: &mut [f32],
+) {
+    if dk == 0 {
+        return; // no row index is formed (see `flash::pack_tile`)
+    }
+    let cs = qm.col_stride;
+    for r in 0..rows {
+        let at = qm.index(i0 + r, 0);
+        let q = |d: usize| if d < dk { data[at + d * cs].to_bits() } else { 0 };
+        for w in 0..dk.div_ceil(2) {
+            qp[w * qr + r] = pair(q(2 * w), q(2 * w + 1));
+        }
+    }
+}
+
+/// Key rows `j0..j0 + nb` of the bf16 matrix `k` (`dk` columns) as the A operand of the paired
+/// score product: row `j` of `out` holds the `⌈dk/2⌉` pairs of key `j0 + j`. Returns that
+/// operand (row stride `⌈dk/2⌉`, unit step). Panics unless `out` holds `nb·⌈dk/2⌉` words.
+#[inline(always)]
+pub(crate) fn key_pairs<'o>(
+    k: Strided<'_, bf16>,
+    j0: usize,
+    nb: usize,
+    dk: usize,
+    out: &'o mut [f32],
+) -> Strided<'o> {
+    let dkp = dk.div_ceil(2);
+    let out = &mut out[..nb * dkp];
+    if dkp > 0 {
+        assert!(k.covers(j0, nb, dk));
+        for (j, dst) in out.chunks_exact_mut(dkp).enumerate() {
+            let at = k.offset + (j0 + j) * k.rs;
+            if k.cs == 1 {
+                // Contiguous: the pairs are the row's own bits (a copy the compiler vectorises).
+                let row = &k.data[at..at + dk];
+                let mut it = row.chunks_exact(2);
+                for (w, x) in dst.iter_mut().zip(&mut it) {
+                    *w = pair(x[0].to_bits(), x[1].to_bits());
+                }
+                if let [x] = it.remainder() {
+                    dst[dkp - 1] = pair(x.to_bits(), 0);
+                }
+            } else {
+                let e = |d: usize| if d < dk { k.data[at + d * k.cs].to_bits() } else { 0 };
+                for (w, x) in dst.iter_mut().enumerate() {
+                    *x = pair(e(2 * w), e(2 * w + 1));
+                }
+            }
+        }
+    }
+    Strided { data: out, offset: 0, rs: dkp, cs: 1 }
+}
+
+/// Value rows `j0..j0 + nb` of the bf16 matrix `v` (`dv` columns) as the A operand (`Vᵀ`) of
+/// the paired output product: `out[w·dv + c]` = the pair `(v(j0 + 2w, c), v(j0 + 2w + 1, c))`
+/// for `w < ⌈nb/2⌉` (A's row `c`, step `w`: row stride 1, step stride `dv`). Panics unless
+/// `out` holds `⌈nb/2⌉·dv` words.
+#[inline(always)]
+pub(crate) fn value_pairs(v: Strided<'_, bf16>, j0: usize, nb: usize, dv: usize, out: &mut [f32]) {
+    if dv == 0 || nb == 0 {
+        return;
+    }
+    assert!(v.covers(j0, nb, dv));
+    for (w, dst) in out[..nb.div_ceil(2) * dv].chunks_exact_mut(dv).enumerate() {
+        let (j, odd) = (j0 + 2 * w, 2 * w + 1 < nb);
+        let (a0, a1) = (v.offset + j * v.rs, v.offset + (j + 1) * v.rs);
+        if v.cs == 1 && odd {
+            let (r0, r1) = (&v.data[a0..a0 + dv], &v.data[a1..a1 + dv]);
+            for ((x, y0), y1) in dst.iter_mut().zip(r0).zip(r1) {
+                *x = pair(y0.to_bits(), y1.to_bits());
+            }
+        } else {
+            for (c, x) in dst.iter_mut().enumerate() {
+                let hi = if odd { v.data[a1 + c * v.cs].to_bits() } else { 0 };
+                *x = pair(v.data[a0 + c * v.cs].to_bits(), hi);
+            }
+        }
+    }
+}
+
+/// The probabilities `p[j·QR + r]` (`j < nb`) rounded to bf16 (nearest even, [`bf16_bits`])
+/// and paired along the keys as the B panel of the paired output product: `out[w·QR + r]` =
+/// `(p(2w, r), p(2w + 1, r))` for `w < ⌈nb/2⌉`. Panics unless the buffers hold that.
+#[inline(always)]
+pub(crate) fn prob_pairs(p: &[f32], nb: usize, qr: usize, out: &mut [f32]) {
+    let b = |x: f32| bf16_bits(x.to_bits());
+    for (w, dst) in out[..nb.div_ceil(2) * qr].chunks_exact_mut(qr).enumerate() {
+        let p0 = &p[2 * w * qr..(2 * w + 1) * qr];
+        if 2 * w + 1 < nb {
+            let p1 = &p[(2 * w + 1) * qr..(2 * w + 2) * qr];
+            for ((x, &a), &c) in dst.iter_mut().zip(p0).zip(p1) {
+                *x = pair(b(a), b(c));
+            }
+        } else {
+            for (x, &a) in dst.iter_mut().zip(p0) {
+                *x = pair(b(a), 0);
+            }
+        }
+    }
+}
+
+/// Element `(j, c)` of a [`value_pairs`] operand (`dv` columns, key `j` relative to its first
+/// key) as f32: the exact value of its bf16 half. For the guarded redo of [`pv_update`].
+#[inline(always)]
+pub(crate) fn value_pair_at(vp: &[f32], dv: usize, j: usize, c: usize) -> f32 {
+    let w = vp[(j / 2) * dv + c].to_bits();
+    let half = if j.is_multiple_of(2) { w & 0xFFFF } else { w >> 16 };
+    bf16::from_bits(half as u16).to_f32()
 }
 
 /// Whether every element of `x` is finite, vectorised: `x·0` is ±0 for a finite `x` and NaN for

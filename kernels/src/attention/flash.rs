@@ -26,19 +26,32 @@
 //! other than f32 (bf16, f16, int8) are converted to f32 one key block at a time, into
 //! per-thread scratch, once per task and block (the block then serves the task's QT query
 //! tiles), with the same values the decode tiles read; the output is rounded at the write.
+//!
+//! With [`HalfPath::Dot`](crate::gemm::HalfPath) (bf16 Q, K and V) both products run on the
+//! `vdpbf16ps` micro-kernel instead, on bf16 pairs: the query tile is packed as pairs along
+//! `d` (unscaled: the score product's α is the scale), each key block's K rows as pairs along
+//! `d` and its V rows as pairs along the keys (so a tile's keys start at an even offset in the
+//! block: one extra key before a window's edge, masked like every key outside it), and the
+//! probabilities are rounded to bf16 and paired along the keys after the softmax step. The
+//! running sums keep the f32 probabilities. The bound this costs is stated in
+//! [`Attention`](super::Attention)'s docs.
 
 use rayon::prelude::*;
 
 use attn_core::{AnyRef, Error, Result};
 
 use super::blocking::{FlashBlocking, QV};
-use super::blocks::{pos_inf_weights, pv_block, qk_block, tile_rows, weights, KvAny, Strided};
+use super::blocks::{
+    key_pairs, pos_inf_weights, prob_pairs, pv_block, pv_update, qk_block, query_pairs, scores,
+    tile_rows, value_pair_at, value_pairs, weights, KvAny, Product, Strided,
+};
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{matrix, scale_query, zeros, Problem, FLUSH_WEIGHTS_BELOW};
 use crate::arch::convert::SimdElement;
 use crate::arch::{load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
+use crate::gemm::ukernel::Kernel as GemmKernel;
 use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7_scalar};
 use crate::par::Parallelism;
 
@@ -53,6 +66,9 @@ pub(super) struct Scratch {
     qp: AlignedBuf,
     /// The score / probability block of the tile being processed.
     s: AlignedBuf,
+    /// The probability block as bf16 pairs (`⌈BC/2⌉·QR` words) on the `vdpbf16ps` path;
+    /// empty otherwise.
+    pb: AlignedBuf,
     /// Output accumulators, `dv·QR` floats per tile.
     o: Vec<f32>,
     /// Copy of one accumulator while a guarded block runs (see [`pv_block`]).
@@ -63,7 +79,8 @@ pub(super) struct Scratch {
     /// Rescale factors of the tile being processed.
     alpha: Vec<f32>,
     /// One key block and one value block converted to f32 (`BC·dk`, `BC·dv` floats), when K
-    /// or V is stored in another type; empty otherwise.
+    /// or V is stored in another type; empty otherwise. On the `vdpbf16ps` path they hold the
+    /// blocks as bf16 pairs (`BC·⌈dk/2⌉` and `⌈BC/2⌉·dv` words).
     kb: Vec<f32>,
     vb: Vec<f32>,
 }
@@ -78,8 +95,13 @@ impl Scratch {
             _ => zeros(arg, fb.bc.checked_mul(d)),
         };
         let tiles = |d: usize, n: usize| d.checked_mul(n).and_then(|x| x.checked_mul(MAX_QR));
-        let (mut qp, mut s) = (AlignedBuf::default(), AlignedBuf::default());
-        if !tiles(dk, fb.qt).is_some_and(|n| qp.try_grow(n)) || !s.try_grow(fb.bc * MAX_QR) {
+        let (mut qp, mut s, mut pb) =
+            (AlignedBuf::default(), AlignedBuf::default(), AlignedBuf::default());
+        let pairs = if p.dot.is_some() { fb.bc.div_ceil(2) * MAX_QR } else { 0 };
+        if !tiles(dk, fb.qt).is_some_and(|n| qp.try_grow(n))
+            || !s.try_grow(fb.bc * MAX_QR)
+            || !pb.try_grow(pairs)
+        {
             return Err(Error::InvalidParameter {
                 arg: "q",
                 requirement: "the sizes imply a scratch buffer that cannot be allocated",
@@ -88,6 +110,7 @@ impl Scratch {
         Ok(Scratch {
             qp,
             s,
+            pb,
             o: zeros("v", tiles(dv, fb.qt))?,
             save: zeros("v", tiles(dv, 1))?,
             m: vec![0.0; fb.qt * MAX_QR],
@@ -157,7 +180,17 @@ impl Kernel for Task<'_, '_, '_> {
         // Query rows `i0..i0 + rows` of tile u.
         let tile = |u: usize| (g0 + u * qr, (p.nq - g0 - u * qr).min(qr));
 
-        // 1. Packed, pre-scaled query tiles; fresh online-softmax states.
+        let kh = h / p.group;
+        let (keys, values) = (p.keys(b, kh), p.values(b, kh));
+        // The `vdpbf16ps` products: the kernel and the bf16 operands (`Problem::dot` is only set
+        // when all three are bf16).
+        let dot = match (p.dot, p.q, keys, values) {
+            (Some(kern), AnyRef::BF16(q), KvAny::BF16(k), KvAny::BF16(v)) => Some((kern, q, k, v)),
+            _ => None,
+        };
+
+        // 1. Packed, pre-scaled query tiles (unscaled bf16 pairs for `vdpbf16ps`); fresh
+        //    online-softmax states.
         let qps = scr.qp.get(qt * dk * qr);
         let qm = matrix(p.q.layout(), b, h);
         for u in 0..tiles {
@@ -166,10 +199,11 @@ impl Kernel for Task<'_, '_, '_> {
                 qp.fill(0.0);
             }
             let pack = (qm, i0, rows, dk, qr, p.scale2);
-            match p.q {
-                AnyRef::F32(q) => pack_tile(q.data, pack, qp),
-                AnyRef::BF16(q) => pack_tile(q.data, pack, qp),
-                AnyRef::F16(q) => pack_tile(q.data, pack, qp),
+            match (dot, p.q) {
+                (Some((_, q, _, _)), _) => query_pairs(q.data, (qm, i0, rows, dk, qr), qp),
+                (None, AnyRef::F32(q)) => pack_tile(q.data, pack, qp),
+                (None, AnyRef::BF16(q)) => pack_tile(q.data, pack, qp),
+                (None, AnyRef::F16(q)) => pack_tile(q.data, pack, qp),
             }
         }
         scr.m[..tiles * qr].fill(f32::MIN);
@@ -178,25 +212,36 @@ impl Kernel for Task<'_, '_, '_> {
 
         // 2. Stream the visible key blocks; each block serves every tile of the task while it
         //    is in cache, and a tile stops at its own causal diagonal.
-        let kh = h / p.group;
-        let (keys, values) = (p.keys(b, kh), p.values(b, kh));
         let (i_last, rows_last) = tile(tiles - 1);
         let kend_task = p.key_end(i_last + rows_last - 1);
         let mut j0 = p.key_start(g0);
         while j0 < kend_task {
             let nb_task = (kend_task - j0).min(bc);
             // The block's K and V as f32: in place, or converted once for all the tiles (as
-            // the keys of the block `js..je` a tile visits lie inside `j0..j0 + nb_task`).
-            let (kblk, vblk) = (
-                block_f32(s, keys, j0, nb_task, dk, &mut scr.kb),
-                block_f32(s, values, j0, nb_task, dv, &mut scr.vb),
-            );
+            // the keys of the block `js..je` a tile visits lie inside `j0..j0 + nb_task`); or
+            // as bf16 pairs for `vdpbf16ps`.
+            let blk = match dot {
+                Some((kern, _, k, v)) => {
+                    value_pairs(v, j0, nb_task, dv, &mut scr.vb);
+                    let kp = key_pairs(k, j0, nb_task, dk, &mut scr.kb);
+                    Block::Pairs { kern, k: kp, v: &scr.vb }
+                }
+                None => Block::F32(
+                    block_f32(s, keys, j0, nb_task, dk, &mut scr.kb),
+                    block_f32(s, values, j0, nb_task, dv, &mut scr.vb),
+                ),
+            };
             for u in 0..tiles {
                 let (i0, rows) = tile(u);
                 // The tile's keys in this block, `js..je`: its causal diagonal or window trims
                 // the block's end, a window's left edge its start (the task's tiles share its
-                // blocks, but each starts at its own edge); blocks outside are skipped.
-                let js = j0.max(p.key_start(i0));
+                // blocks, but each starts at its own edge); blocks outside are skipped. Pairs
+                // start at an even offset in the block: the key this may add lies before the
+                // window of every row of the tile, so the mask drops it.
+                let mut js = j0.max(p.key_start(i0));
+                if let Block::Pairs { .. } = blk {
+                    js -= (js - j0) % 2;
+                }
                 let je = (j0 + nb_task).min(p.key_end(i0 + rows - 1));
                 if js >= je {
                     continue;
@@ -204,7 +249,15 @@ impl Kernel for Task<'_, '_, '_> {
                 let nb = je - js;
                 let sb = scr.s.get(nb * qr);
                 let qpu = &qps[u * dk * qr..(u + 1) * dk * qr];
-                qk_block(s, qpu, dk, kblk.0, js - kblk.1, nb, sb);
+                match blk {
+                    Block::F32(kblk, _) => qk_block(s, qpu, dk, kblk.0, js - kblk.1, nb, sb),
+                    Block::Pairs { kern, k, .. } => {
+                        let a = (k.data, (js - j0) * k.rs, k.rs, 1);
+                        let dkp = dk.div_ceil(2);
+                        let b = &qpu[..dkp * qr];
+                        scores(s, Product { kern, alpha: p.scale2, depth: dkp, a, b }, nb, sb);
+                    }
+                }
                 if let Some(c) = p.variants.softcap {
                     softcap(s, sb, c);
                 }
@@ -214,8 +267,24 @@ impl Kernel for Task<'_, '_, '_> {
                     (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);
                 let guard = softmax_step(s, sb, nb, m, lsum, &mut scr.alpha[..qr]);
                 let oacc = &mut scr.o[u * dv * qr..(u + 1) * dv * qr];
-                let (vm, vj) = (vblk.0, js - vblk.1);
-                pv_block(s, guard, sb, nb, vm, vj, dv, &scr.alpha, oacc, &mut scr.save);
+                let (alpha, save) = (&scr.alpha, &mut scr.save);
+                match blk {
+                    Block::F32(_, (vm, vj)) => {
+                        pv_block(s, guard, sb, nb, vm, js - vj, dv, alpha, oacc, save)
+                    }
+                    Block::Pairs { kern, v, .. } => {
+                        // Pair `w0 + w` of the block holds keys `js + 2w`, `js + 2w + 1`; an odd
+                        // `nb` pads the last with a zero weight, which the guard covers.
+                        let (w0, nbp) = ((js - j0) / 2, nb.div_ceil(2));
+                        let pb = scr.pb.get(nbp * qr);
+                        prob_pairs(sb, nb, qr, pb);
+                        let a = (v, w0 * dv, 1, dv);
+                        let prod = Product { kern, alpha: 1.0, depth: nbp, a, b: pb };
+                        let v_at = |j: usize, c: usize| value_pair_at(v, dv, 2 * w0 + j, c);
+                        let guard = guard || nb % 2 == 1;
+                        pv_update(s, guard, prod, sb, nb, v_at, dv, alpha, oacc, save);
+                    }
+                }
             }
             j0 += nb_task;
         }
@@ -230,6 +299,16 @@ impl Kernel for Task<'_, '_, '_> {
             }
         }
     }
+}
+
+/// One key block's K and V as the block products read them.
+#[derive(Clone, Copy)]
+enum Block<'t> {
+    /// f32 matrices, each with the key of its row 0 ([`block_f32`]).
+    F32((Strided<'t>, usize), (Strided<'t>, usize)),
+    /// bf16 pairs for the `vdpbf16ps` kernel `kern`: K rows ([`key_pairs`]) and V pairs
+    /// ([`value_pairs`]), both from the block's first key.
+    Pairs { kern: &'static GemmKernel, k: Strided<'t>, v: &'t [f32] },
 }
 
 /// Packs query rows `i0..i0 + rows` of the `[nq, dk]` matrix `qm` of `data` into the tile

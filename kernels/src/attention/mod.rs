@@ -71,6 +71,8 @@ use attn_core::{
 
 use crate::arch::convert::SimdElement;
 use crate::arch::{self, Isa};
+use crate::gemm::ukernel::{bf16_dot_kernel, Kernel as GemmKernel};
+use crate::gemm::HalfPath;
 use crate::par::Parallelism;
 use blocks::{KvAny, Q8Mat, Strided};
 
@@ -137,6 +139,7 @@ impl Path {
 /// | [`parallelism`](Self::parallelism) | [`Parallelism::Sequential`] (the calling thread) |
 /// | [`isa`](Self::isa) | [`arch::selected`] at [`run`](Self::run) |
 /// | [`path`](Self::path) | [`Path::Auto`] |
+/// | [`half_path`](Self::half_path) | [`HalfPath::Auto`] (widen) |
 /// | [`variants`](Self::variants) (or [`window`](Self::window), [`softcap`](Self::softcap), [`sinks`](Self::sinks), [`alibi`](Self::alibi)) | [`Variants::NONE`] |
 ///
 /// ```
@@ -186,6 +189,19 @@ impl Path {
 /// block on the decode path too. Scales are checked for shape and bounds (`k_scales`,
 /// `v_scales`), not values: a scale of 0, `±∞` or NaN acts as the f32 values it produces.
 ///
+/// **bf16 on `vdpbf16ps`** ([`half_path`](Self::half_path)`(`[`HalfPath::Dot`]`)`, all of Q,
+/// K and V bf16, the `avx512` ISA on a CPU with AVX512_BF16): the flash path runs both block
+/// products on the `vdpbf16ps` micro-kernel, two multiply-adds per f32 lane and instruction.
+/// The scores are `scale·(q·k)` (the scale applied to the f32 sum, not folded into the
+/// queries), and the probabilities are rounded to bf16 (nearest even) before `P·V`, while
+/// the row sum `l` keeps the f32 probabilities: each output moves by at most `2⁻⁸` relative to
+/// `Σ_j p_j·|v_j|` beyond the f32 bound. The instruction treats subnormal bf16 inputs as 0 and
+/// flushes results below `2⁻¹²⁶` (see [`crate::gemm`]): each score may be off by
+/// `scale·2⁻¹²⁶·(dk + 1 + Σ_d (|q_d| + |k_d|))` more, each output by `2⁻¹²⁶·(nk + 2)`, and a
+/// subnormal query or key element meeting an infinite one gives NaN (`0·∞`) where the exact
+/// product is infinite. The decode and unfused paths have no such kernel and widen, as with
+/// [`HalfPath::Widen`].
+///
 /// **Growing.** New settings are new methods with a default that leaves every existing call as
 /// it is, never a new function per combination; varlen batches as a method taking
 /// `cu_seqlens_q`/`cu_seqlens_k`; a paged KV cache as a method taking the block table, with
@@ -206,6 +222,7 @@ pub struct Attention<'a> {
     /// `None`: `arch::selected()` when the problem runs.
     isa: Option<Isa>,
     path: Path,
+    half: HalfPath,
     variants: Variants<'a>,
 }
 
@@ -225,6 +242,7 @@ impl<'a> Attention<'a> {
             par: Parallelism::Sequential,
             isa: None,
             path: Path::Auto,
+            half: HalfPath::Auto,
             variants: Variants::NONE,
         }
     }
@@ -267,6 +285,16 @@ impl<'a> Attention<'a> {
     /// The algorithm (default [`Path::Auto`]).
     pub fn path(mut self, path: Path) -> Self {
         self.path = path;
+        self
+    }
+
+    /// How the flash path multiplies bf16 operands (default [`HalfPath::Auto`], which widens
+    /// them to f32 as [`HalfPath::Widen`] does). [`HalfPath::Dot`] runs both block products on
+    /// the `vdpbf16ps` kernel (see "bf16 on `vdpbf16ps`" above); it needs bf16 Q, K and V, the
+    /// `avx512` ISA and a CPU with AVX512_BF16, else [`run`](Self::run) fails with
+    /// `InvalidParameter { arg: "path", .. }`.
+    pub fn half_path(mut self, half: HalfPath) -> Self {
+        self.half = half;
         self
     }
 
@@ -322,7 +350,8 @@ impl<'a> Attention<'a> {
         let path = self.path.resolve(self.q.layout().seq());
         let par = self.par;
         let mut lse = self.lse.take();
-        let p = Problem::new(&self, &o, lse.as_deref())?;
+        let mut p = Problem::new(&self, &o, lse.as_deref())?;
+        p.dot = self.dot_kernel(isa)?;
         if p.trivial(o.layout(), lse.as_deref_mut()) {
             return Ok(());
         }
@@ -331,6 +360,28 @@ impl<'a> Attention<'a> {
             Path::Unfused => unfused::run(isa, &p, &sink::Sink::new_any(o, lse), par),
             // `Auto` is resolved above.
             Path::Flash | Path::Auto => flash::run(isa, &p, &sink::Sink::new_any(o, lse), par),
+        }
+    }
+}
+
+impl Attention<'_> {
+    /// The `vdpbf16ps` kernel when [`HalfPath::Dot`] is asked for and can run (else the
+    /// `InvalidParameter` error of [`half_path`](Self::half_path)); `None` for the other paths.
+    fn dot_kernel(&self, isa: Isa) -> Result<Option<&'static GemmKernel>> {
+        if self.half != HalfPath::Dot {
+            return Ok(None);
+        }
+        let bf16 = matches!(
+            (&self.q, &self.k, &self.v),
+            (AnyRef::BF16(_), KvRef::BF16(_), KvRef::BF16(_))
+        );
+        match bf16_dot_kernel() {
+            Some(kern) if bf16 && isa == Isa::Avx512 => Ok(Some(kern)),
+            _ => Err(Error::InvalidParameter {
+                arg: "path",
+                requirement: "the vdpbf16ps path needs bf16 Q, K and V, the avx512 ISA and a \
+                              CPU with AVX512_BF16",
+            }),
         }
     }
 }
@@ -355,6 +406,9 @@ pub(crate) struct Problem<'a> {
     nk: usize,
     dk: usize,
     dv: usize,
+    /// The `vdpbf16ps` kernel when the flash path runs its block products on bf16 pairs
+    /// ([`HalfPath::Dot`], checked: Q, K and V are bf16 and the ISA is `avx512`).
+    dot: Option<&'static GemmKernel>,
 }
 
 impl<'a> Problem<'a> {
@@ -381,6 +435,7 @@ impl<'a> Problem<'a> {
             nk,
             dk,
             dv,
+            dot: None,
         })
     }
 
@@ -417,6 +472,7 @@ impl<'a> Problem<'a> {
             nk,
             dk,
             dv,
+            dot: None,
         }
     }
 

@@ -26,6 +26,7 @@
 //! `u ≤ u_T` for the half types; for f32 output the existing harness's rule applies).
 
 use attn_kernels::attention::{Attention, Path};
+use attn_kernels::gemm::{bf16_dot_available, HalfPath};
 use attn_kernels::{alibi_slopes, bf16, f16, Error, Isa, Parallelism, Q8Ref, Tensor4Layout};
 use attn_reference::{TensorMut, TensorRef};
 use attn_tests::attention_support::{compare, with_lse, Case, MaskKind, Rng};
@@ -195,7 +196,16 @@ fn typed(case: &mut Case, tq: Ty, tkv: Ty) -> (Buf, Buf, Buf) {
 
 /// The case's bounds plus the output rounding of `to` (module docs).
 fn dtype_bounds(case: &Case, to: Ty, want: &(Vec<f32>, Vec<f32>)) -> (Vec<f64>, Vec<f64>) {
-    let (mut ob, lb) = case.bounds();
+    with_output_rounding(case, case.bounds(), to, want)
+}
+
+/// `bounds` (the case's, of some path) plus the output rounding of `to` (module docs).
+fn with_output_rounding(
+    case: &Case,
+    (mut ob, lb): (Vec<f64>, Vec<f64>),
+    to: Ty,
+    want: &(Vec<f32>, Vec<f32>),
+) -> (Vec<f64>, Vec<f64>) {
     let (ut, st) = out_rounding(to);
     let l = case.o_layout;
     for b in 0..case.batch {
@@ -230,8 +240,35 @@ fn check_case(case: &Case, threads: usize) -> Result<(), String> {
                 compare(&c, &what, &got, &want, &bounds, 1.0)?;
             }
         }
+        if (tq, tkv) == (Ty::BF16, Ty::BF16) {
+            check_dot(&c, to, (&q, &k, &v), &want, threads)?;
+        }
     }
     Ok(())
+}
+
+/// The flash path on `vdpbf16ps` (`HalfPath::Dot`) against the reference with its own bound
+/// (`Case::bounds_dot`), where this CPU has it (else `isas_not_runnable_here_are_named` says
+/// so); the operands are bf16, as the path requires.
+fn check_dot(
+    c: &Case,
+    to: Ty,
+    (q, k, v): (&Buf, &Buf, &Buf),
+    want: &(Vec<f32>, Vec<f32>),
+    threads: usize,
+) -> Result<(), String> {
+    if !bf16_dot_available() {
+        return Ok(());
+    }
+    let bounds = with_output_rounding(c, c.bounds_dot(), to, want);
+    let got = run_typed(c, to, q, k, v, |a| {
+        a.isa(Isa::Avx512)
+            .path(Path::Flash)
+            .half_path(HalfPath::Dot)
+            .parallelism(Parallelism::threads(threads))
+    })
+    .map_err(|e| format!("{e}"))?;
+    compare(c, &format!("BF16/BF16/{to:?} avx512 Flash HalfPath::Dot"), &got, want, &bounds, 1.0)
 }
 
 fn mask_kind() -> impl Strategy<Value = MaskKind> {
@@ -279,6 +316,12 @@ fn isas_not_runnable_here_are_named() {
         if !Isa::supported().contains(&isa) {
             eprintln!("attention_dtypes: {isa} not supported by this CPU; its paths were skipped");
         }
+    }
+    if !bf16_dot_available() {
+        eprintln!(
+            "attention_dtypes: the flash path on vdpbf16ps (HalfPath::Dot) needs AVX-512F and \
+             AVX512_BF16, which this CPU lacks; skipped"
+        );
     }
 }
 
@@ -531,5 +574,62 @@ fn output_is_the_f32_result_rounded_once() {
                 assert_eq!(h[i], f16::from_f32(f[i]).to_f32(), "{isa} {path:?}");
             }
         }
+    }
+}
+
+/// The flash path on `vdpbf16ps` at prefill sizes: long rows (so many key blocks and rescales),
+/// d 64 and 128, odd lengths (pair padding at the block ends), causal, a window whose edges
+/// fall at odd keys, and GQA; bf16 and f32 outputs. Skipped where the CPU lacks AVX512_BF16
+/// (named by `isas_not_runnable_here_are_named`).
+#[test]
+fn dot_flash_at_prefill_sizes() {
+    for (seed, nq, nk, d, mask, window) in [
+        (11u64, 130usize, 1100usize, 64usize, MaskKind::None, None),
+        (12, 257, 257, 128, MaskKind::Causal(None), None),
+        (13, 200, 333, 64, MaskKind::Causal(None), Some((37, 0))),
+        (14, 65, 901, 128, MaskKind::Bias, Some((101, 3))),
+    ] {
+        for bshd in [false, true] {
+            let mut case = Case::new(seed, 1, 2, 2, nq, nk, d, d, bshd, 0, mask, 2.0);
+            case.variants.window = window;
+            let (q, k, v) = typed(&mut case, Ty::BF16, Ty::BF16);
+            let want = case.reference();
+            for to in [Ty::BF16, Ty::F32] {
+                check_dot(&case, to, (&q, &k, &v), &want, 2).unwrap();
+            }
+        }
+    }
+}
+
+/// `HalfPath::Dot` where it cannot run is a typed error naming the setting: an f32 or f16 operand, or an ISA other than avx512 (or, on a CPU without
+/// AVX512_BF16, any call).
+#[test]
+fn dot_path_where_it_cannot_run_is_an_error() {
+    let case = Case::new(5, 1, 1, 1, 20, 40, 16, 16, false, 0, MaskKind::None, 1.0);
+    for (tq, tkv, isa) in [
+        (Ty::F32, Ty::BF16, Isa::Avx512),
+        (Ty::BF16, Ty::F16, Isa::Avx512),
+        (Ty::BF16, Ty::F32, Isa::Avx512),
+        (Ty::BF16, Ty::BF16, Isa::Portable),
+        (Ty::BF16, Ty::BF16, Isa::Avx2),
+    ] {
+        if !Isa::supported().contains(&isa) {
+            continue;
+        }
+        let mut c = case.clone();
+        let (q, k, v) = typed(&mut c, tq, tkv);
+        let r = run_typed(&c, Ty::F32, &q, &k, &v, |a| {
+            a.isa(isa).path(Path::Flash).half_path(HalfPath::Dot)
+        });
+        match r {
+            Err(Error::InvalidParameter { arg: "path", .. }) => {}
+            other => panic!("{tq:?}/{tkv:?} {isa}: {other:?}"),
+        }
+    }
+    if !bf16_dot_available() {
+        let mut c = case.clone();
+        let (q, k, v) = typed(&mut c, Ty::BF16, Ty::BF16);
+        let r = run_typed(&c, Ty::F32, &q, &k, &v, |a| a.half_path(HalfPath::Dot));
+        assert!(matches!(r, Err(Error::InvalidParameter { arg: "path", .. })), "{r:?}");
     }
 }

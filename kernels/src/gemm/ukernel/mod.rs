@@ -439,9 +439,10 @@ pub(crate) unsafe fn macro_kernel(
 }
 
 /// The safe form of [`macro_kernel`] for one packed B micro-panel and an A read in place:
-/// `c[i·NR + j] ← Σ_p a[a0 + i·a_rs + p·a_cs] · b[p·NR + j] + β·c[i·NR + j]` for `i < mc`,
-/// `j < NR`, `p < kc` (`C` with row stride `NR`, unit column stride). The flash block products
-/// run on it. Panics (never UB) unless `kern` is the kernel of `S`'s ISA (the token proves the
+/// `c[i·NR + j] ← α·Σ_p a[a0 + i·a_rs + p·a_cs] · b[p·NR + j] + β·c[i·NR + j]` for `i < mc`,
+/// `j < NR`, `p < kc` (`C` with row stride `NR`, unit column stride; for the `vdpbf16ps`
+/// kernel, `p` counts 32-bit words of bf16 pairs in A and B). The flash block products run
+/// on it. Panics (never UB) unless `kern` is the kernel of `S`'s ISA (the token proves the
 /// CPU runs it), every A element lies inside `a`, `b` holds `kc·NR` floats from a 64-byte
 /// boundary and `c` holds `mc·NR`.
 #[inline(always)]
@@ -452,6 +453,7 @@ pub(crate) fn panel_product<S: Simd>(
     mc: usize,
     kc: usize,
     (a, a0, a_rs, a_cs): (&[f32], usize, usize, usize),
+    alpha: f32,
     b: &[f32],
     beta: f32,
     c: &mut [f32],
@@ -482,6 +484,6 @@ pub(crate) fn panel_product<S: Simd>(
     // distinct elements), which nothing else touches during the call (`&mut`).
     unsafe {
         let a = ABlock::Strided { ptr: a.as_ptr().add(a0), rs: a_rs, cs: a_cs };
-        macro_kernel(kern, mc, nr, kc, 1.0, a, b.as_ptr(), beta, c.as_mut_ptr(), nr, 1);
+        macro_kernel(kern, mc, nr, kc, alpha, a, b.as_ptr(), beta, c.as_mut_ptr(), nr, 1);
     }
 }
