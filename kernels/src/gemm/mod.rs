@@ -139,7 +139,8 @@ pub fn gemm_with_isa<TA: Convertible, TB: Convertible>(
     gemm_with_path(isa, HalfPath::Auto, alpha, a, b, beta, c, par)
 }
 
-/// Which micro-kernel a GEMM with half-precision operands runs on.
+/// Which micro-kernel a GEMM with half-precision operands runs on; also how the flash
+/// attention path multiplies bf16 operands ([`Attention::half_path`](crate::attention::Attention::half_path)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum HalfPath {
     /// [`Widen`](Self::Widen), today: on the AVX512_BF16 machine this was measured on (a
