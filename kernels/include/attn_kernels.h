@@ -152,6 +152,19 @@ typedef enum AttnDtype {
   ATTN_DTYPE_Q8 = 3,
 } AttnDtype;
 
+// The values of [`AttnAttentionArgs::half_path`] (the Rust `HalfPath`): how the flash path
+// multiplies bf16 operands. The field is an `int32_t`: any other value is refused with
+// `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
+typedef enum AttnHalfPath {
+  // The library's choice: today, widen to f32 (0, the default).
+  ATTN_HALF_PATH_AUTO = 0,
+  // Widen every operand to f32 and run the f32 kernels.
+  ATTN_HALF_PATH_WIDEN = 1,
+  // Both flash block products on the AVX512_BF16 `vdpbf16ps` kernel: bf16 Q, K and V only;
+  // the probabilities are rounded to bf16.
+  ATTN_HALF_PATH_DOT = 2,
+} AttnHalfPath;
+
 // A read-only matrix view: element `(i, j)` at `data[offset + i·row_stride + j·col_stride]`.
 typedef struct AttnMat {
   // The elements (may be null when the view is empty).
@@ -257,7 +270,8 @@ typedef struct AttnTensorMut {
 // that would be a setting it would ignore.
 //
 // Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
-// `ATTN_PATH_AUTO`, and (version 2) no window, softcap, sinks or ALiBi.
+// `ATTN_PATH_AUTO`, (version 2) no window, softcap, sinks or ALiBi, (version 3) f32 operands,
+// and (version 4) bf16 operands widened to f32.
 typedef struct AttnAttentionArgs {
   // `sizeof(AttnAttentionArgs)` in the caller's header (see the versioning rule above).
   size_t struct_size;
@@ -333,6 +347,12 @@ typedef struct AttnAttentionArgs {
   struct AttnTensor k_scales;
   // With `v_dtype = ATTN_DTYPE_Q8`: the scales of `v`, `[batch, hkv, nk, ⌈dv/32⌉]`.
   struct AttnTensor v_scales;
+  // One of the [`AttnHalfPath`] values (`ATTN_HALF_PATH_*`, 0 = auto), read as an `int32_t`;
+  // any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
+  // `ATTN_HALF_PATH_DOT` runs the flash path's products on `vdpbf16ps` (bf16 Q, K and V, a
+  // CPU with AVX512_BF16, else `ATTN_STATUS_INVALID_PARAMETER`; the bound it costs is in the
+  // Rust `Attention` docs, "bf16 on `vdpbf16ps`").
+  int32_t half_path;
 } AttnAttentionArgs;
 
 // The shape of a multi-head attention layer (see the Rust `MhaConfig`).

@@ -230,6 +230,16 @@ static void test_attention(const char *dir, const char *file, int decode) {
     EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_INVALID_PARAMETER);
     attn_last_error_message(msg, sizeof msg);
     CHECK(strstr(msg, "args.path") != NULL, "last error names path: '%s'", msg);
+    /* f32 operands: widening is a no-op, the vdpbf16ps path is refused, unknown values too. */
+    bad = args;
+    bad.half_path = ATTN_HALF_PATH_WIDEN;
+    EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_OK);
+    bad.half_path = ATTN_HALF_PATH_DOT;
+    EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_INVALID_PARAMETER);
+    bad.half_path = 3;
+    EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_INVALID_PARAMETER);
+    attn_last_error_message(msg, sizeof msg);
+    CHECK(strstr(msg, "args.half_path") != NULL, "last error names half_path: '%s'", msg);
     bad = args;
     bad.has_scale = 1;
     EXPECT_STATUS(attn_attention_run(&bad), ATTN_STATUS_NON_FINITE);

@@ -29,6 +29,7 @@ use attn_core::{
 };
 
 use crate::attention::{Attention, Path};
+use crate::gemm::HalfPath;
 use crate::par::Parallelism;
 use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 
@@ -325,7 +326,8 @@ impl AttnPath {
 /// that would be a setting it would ignore.
 ///
 /// Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every available core, path
-/// `ATTN_PATH_AUTO`, and (version 2) no window, softcap, sinks or ALiBi.
+/// `ATTN_PATH_AUTO`, (version 2) no window, softcap, sinks or ALiBi, (version 3) f32 operands,
+/// and (version 4) bf16 operands widened to f32.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnAttentionArgs {
@@ -405,6 +407,48 @@ pub struct AttnAttentionArgs {
     pub k_scales: AttnTensor,
     /// With `v_dtype = ATTN_DTYPE_Q8`: the scales of `v`, `[batch, hkv, nk, ⌈dv/32⌉]`.
     pub v_scales: AttnTensor,
+
+    // Version 4: how bf16 operands are multiplied. Zero: widened to f32, as before.
+    /// One of the [`AttnHalfPath`] values (`ATTN_HALF_PATH_*`, 0 = auto), read as an `int32_t`;
+    /// any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
+    /// `ATTN_HALF_PATH_DOT` runs the flash path's products on `vdpbf16ps` (bf16 Q, K and V, a
+    /// CPU with AVX512_BF16, else `ATTN_STATUS_INVALID_PARAMETER`; the bound it costs is in the
+    /// Rust `Attention` docs, "bf16 on `vdpbf16ps`").
+    pub half_path: i32,
+}
+
+/// The values of [`AttnAttentionArgs::half_path`] (the Rust `HalfPath`): how the flash path
+/// multiplies bf16 operands. The field is an `int32_t`: any other value is refused with
+/// `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnHalfPath {
+    /// The library's choice: today, widen to f32 (0, the default).
+    Auto = 0,
+    /// Widen every operand to f32 and run the f32 kernels.
+    Widen = 1,
+    /// Both flash block products on the AVX512_BF16 `vdpbf16ps` kernel: bf16 Q, K and V only;
+    /// the probabilities are rounded to bf16.
+    Dot = 2,
+}
+
+impl AttnHalfPath {
+    /// The Rust setting `v` stands for, or the error naming `args.half_path`.
+    fn from_c(v: i32) -> Result<HalfPath, Failure> {
+        Ok(match v {
+            0 => HalfPath::Auto,
+            1 => HalfPath::Widen,
+            2 => HalfPath::Dot,
+            _ => {
+                return Err(Failure::BadValue {
+                    arg: "args.half_path",
+                    value: i64::from(v),
+                    allowed: "must be ATTN_HALF_PATH_AUTO (0), ATTN_HALF_PATH_WIDEN (1) or \
+                              ATTN_HALF_PATH_DOT (2)",
+                })
+            }
+        })
+    }
 }
 
 /// The values of the `*_dtype` fields of [`AttnAttentionArgs`]: the element type of an
@@ -466,6 +510,11 @@ const ATTENTION_ARGS_MIN_SIZE: usize =
 /// element types) extends.
 const ATTENTION_ARGS_V2_SIZE: usize =
     std::mem::offset_of!(AttnAttentionArgs, alibi) + std::mem::size_of::<*const f32>();
+
+/// The size of version 3 of [`AttnAttentionArgs`] (through `v_scales`), which version 4
+/// (`half_path`) extends.
+const ATTENTION_ARGS_V3_SIZE: usize =
+    std::mem::offset_of!(AttnAttentionArgs, v_scales) + std::mem::size_of::<AttnTensor>();
 
 /// The shape of a multi-head attention layer (see the Rust `MhaConfig`).
 #[repr(C)]
@@ -1318,7 +1367,8 @@ pub unsafe extern "C" fn attn_attention_run(args: *const AttnAttentionArgs) -> A
         // SAFETY: the caller's contract; `AttnAttentionArgs` is `repr(C)`, starts with its
         // `size_t struct_size`, and is valid when all-zero (integers, floats, raw pointers).
         let args = unsafe {
-            let versions = [ATTENTION_ARGS_MIN_SIZE, ATTENTION_ARGS_V2_SIZE];
+            let versions =
+                [ATTENTION_ARGS_MIN_SIZE, ATTENTION_ARGS_V2_SIZE, ATTENTION_ARGS_V3_SIZE];
             raw::read_sized(("args", "args.struct_size"), args, &versions)?
         };
         // SAFETY: forwarded from the caller.
@@ -1426,6 +1476,7 @@ impl AttnAttentionArgs {
             o_dtype: 0,
             k_scales: AttnTensor::EMPTY,
             v_scales: AttnTensor::EMPTY,
+            half_path: 0,
         }
     }
 }
@@ -1438,6 +1489,7 @@ impl AttnAttentionArgs {
 /// As [`attn_attention_run`] (after `args` was read).
 unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
     let path = AttnPath::from_c(a.path)?;
+    let half = AttnHalfPath::from_c(a.half_path)?;
     let scale = match a.has_scale {
         0 => None,
         1 => Some(a.scale),
@@ -1486,7 +1538,11 @@ unsafe fn attention_call(a: &AttnAttentionArgs) -> Result<(), Failure> {
     };
     // SAFETY: as above.
     let lse = unsafe { opt_mut("lse", a.lse, a.lse_len)? };
-    let mut p = Attention::new(q, k, v).mask(mask).parallelism(threads(a.threads)).path(path);
+    let mut p = Attention::new(q, k, v)
+        .mask(mask)
+        .parallelism(threads(a.threads))
+        .path(path)
+        .half_path(half);
     if let Some(scale) = scale {
         p = p.scale(scale);
     }

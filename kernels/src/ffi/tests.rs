@@ -489,6 +489,7 @@ fn args(
         o_dtype: 0,
         k_scales: AttnTensor::EMPTY,
         v_scales: AttnTensor::EMPTY,
+        half_path: 0,
     }
 }
 
@@ -1117,4 +1118,62 @@ fn attention_args_element_types() {
     let unscaled = AttnAttentionArgs { k_scales: AttnTensor::EMPTY, ..q8k };
     // SAFETY: the empty scales view reads nothing.
     assert_ne!(unsafe { attn_attention_run(&unscaled) }, AttnStatus::Ok);
+}
+
+/// Version 4 of `AttnAttentionArgs`, `half_path`: each value gives the bits of the Rust call
+/// with the same `HalfPath` (bf16 Q, K, V on the flash path; `ATTN_HALF_PATH_DOT` only where
+/// the CPU has AVX512_BF16, else the Rust error's status); a version-3 struct reads it as 0;
+/// unknown values are `ATTN_STATUS_INVALID_PARAMETER` naming the field.
+#[test]
+fn attention_args_half_path() {
+    use crate::attention::Attention;
+    use attn_core::bf16;
+    let (nq, nk, d) = (40, 11, 8);
+    let l = |h, n| Tensor4Layout::bhsd(1, h, n, d);
+    let to_bf16 = |x: Vec<f32>| x.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
+    let (qb, kb, vb) =
+        (to_bf16(vals(2 * nq * d, 1)), to_bf16(vals(nk * d, 2)), to_bf16(vals(nk * d, 3)));
+    let cast = |p: *const bf16, dims| AttnTensor { data: p.cast(), ..tensor(&[], dims) };
+    let (mut o, mut lse) = (vec![0.0f32; 2 * nq * d], vec![0.0f32; 2 * nq]);
+    let mut a = args((&[], &[], &[]), nq, &mut o, &mut lse);
+    (a.q, a.k, a.v) = (
+        cast(qb.as_ptr(), [1, 2, nq, d]),
+        cast(kb.as_ptr(), [1, 1, nk, d]),
+        cast(vb.as_ptr(), [1, 1, nk, d]),
+    );
+    (a.q_dtype, a.k_dtype, a.v_dtype, a.path) = (1, 1, 1, AttnPath::Flash as i32);
+    for (value, half) in [(0, HalfPath::Auto), (1, HalfPath::Widen), (2, HalfPath::Dot)] {
+        let mut want = vec![0.0f32; 2 * nq * d];
+        let r = Attention::new(
+            TensorRef::new(&qb, l(2, nq)),
+            TensorRef::new(&kb, l(1, nk)),
+            TensorRef::new(&vb, l(1, nk)),
+        )
+        .path(Path::Flash)
+        .half_path(half)
+        .run(TensorMut::new(&mut want, l(2, nq)));
+        let c = AttnAttentionArgs { half_path: value, ..a };
+        // SAFETY: every view addresses its buffer, in the type its dtype names.
+        let status = unsafe { attn_attention_run(&c) };
+        match r {
+            Ok(()) => {
+                assert_eq!(status, AttnStatus::Ok, "{value}: {}", last_error());
+                assert!(want.iter().zip(&o).all(|(w, g)| w.to_bits() == g.to_bits()), "{value}");
+            }
+            Err(e) => {
+                assert_eq!(status, AttnStatus::InvalidParameter, "{value}: {e}");
+                assert!(value == 2 && !crate::gemm::bf16_dot_available(), "{e}");
+            }
+        }
+    }
+    // A version-3 caller knows no `half_path`: read as 0, whatever the struct holds there.
+    let v3 = AttnAttentionArgs { struct_size: ATTENTION_ARGS_V3_SIZE, half_path: 7, ..a };
+    // SAFETY: as above.
+    assert_eq!(unsafe { attn_attention_run(&v3) }, AttnStatus::Ok, "{}", last_error());
+    for value in [3, -1, i32::MAX] {
+        let bad = AttnAttentionArgs { half_path: value, ..a };
+        // SAFETY: refused before any view is read.
+        assert_eq!(unsafe { attn_attention_run(&bad) }, AttnStatus::InvalidParameter);
+        assert!(last_error().contains("args.half_path"), "{}", last_error());
+    }
 }
