@@ -104,6 +104,14 @@ pub(crate) struct Product<'a> {
     pub b: &'a [f32],
 }
 
+impl<'a> Product<'a> {
+    /// The product on the f32 micro-kernel of the ISA `S`, unscaled (α = 1).
+    #[inline(always)]
+    fn f32<S: Simd>(depth: usize, a: (&'a [f32], usize, usize, usize), b: &'a [f32]) -> Self {
+        Product { kern: gemm_kernel::<S>(), alpha: 1.0, depth, a, b }
+    }
+}
+
 /// `s[j·QR + r] = Σ_d qp[d·QR + r] · k(j0 + j, d)` for `j < nb`: the scores of one query tile
 /// against keys `j0..j0 + nb`, i.e. the block `Sᵀ = K·Q̃ᵀ` on the GEMM macro-kernel: K is the
 /// broadcast operand, read in place through its strides, and `qp` (`dk` rows of `QR`
@@ -124,14 +132,7 @@ pub(crate) fn qk_block<S: Simd>(
     assert!(k.covers(j0, nb, dk));
     // Wrapping: with `dk = 0` or `nb = 0` the offset may overflow and is never used.
     let a0 = k.offset.wrapping_add(j0.wrapping_mul(k.rs));
-    let prod = Product {
-        kern: gemm_kernel::<S>(),
-        alpha: 1.0,
-        depth: dk,
-        a: (k.data, a0, k.rs, k.cs),
-        b: qp,
-    };
-    scores(s, prod, nb, out);
+    scores(s, Product::f32::<S>(dk, (k.data, a0, k.rs, k.cs), qp), nb, out);
 }
 
 /// The scores of one query tile against `nb` keys, `out[j·QR + r]`, from a [`Product`] whose A
@@ -173,13 +174,7 @@ pub(crate) fn pv_block<S: Simd>(
     assert!(v.covers(j0, nb, dv));
     // A = Vᵀ: V with its strides swapped (wrapping: unused when the block is empty).
     let a0 = v.offset.wrapping_add(j0.wrapping_mul(v.rs));
-    let prod = Product {
-        kern: gemm_kernel::<S>(),
-        alpha: 1.0,
-        depth: nb,
-        a: (v.data, a0, v.cs, v.rs),
-        b: p,
-    };
+    let prod = Product::f32::<S>(nb, (v.data, a0, v.cs, v.rs), p);
     let v_at = |j: usize, c: usize| v.data[a0 + j * v.rs + c * v.cs];
     pv_update(s, guard, prod, p, nb, v_at, dv, alpha, o, save);
 }
