@@ -2,6 +2,10 @@
 //! block and of its feed-forward, and the caller-owned weights of each, with the checks that
 //! every implementation runs first. Weights are `[in, out]` (`y = x·W + b`); activations are
 //! `[batch, 1, seq, dim]` tensors ([`Tensor4Layout::batch_seq`](crate::Tensor4Layout::batch_seq)).
+//!
+//! Every weight type has an element type parameter `T`, `f32` by default: engines keep their
+//! weights in bf16 or f16, and the kernels' layers take them as they are (widened exactly, the
+//! products accumulated in f32). The checks here are the same for every `T`.
 
 use crate::attention::default_scale;
 use crate::error::{checked_product, expect_dim, expect_finite, Error, Result};
@@ -130,29 +134,32 @@ impl MhaConfig {
 /// gpt-oss layer has its own learned sinks and its own window, Gemma 2 alternates local and
 /// global layers), so they are set up with it and every call of it uses them. Sinks and slopes
 /// hold one value per query head (`c.num_heads`).
+///
+/// `T` is the element type of the matrices and biases (`f32`, or `bf16`/`f16` for the kernels'
+/// layers); the sinks and slopes of the variants stay f32.
 #[derive(Clone, Copy, Debug)]
-pub struct MhaWeights<'a> {
+pub struct MhaWeights<'a, T = f32> {
     /// Query projection.
-    pub wq: MatRef<'a>,
+    pub wq: MatRef<'a, T>,
     /// Key projection.
-    pub wk: MatRef<'a>,
+    pub wk: MatRef<'a, T>,
     /// Value projection.
-    pub wv: MatRef<'a>,
+    pub wv: MatRef<'a, T>,
     /// Output projection.
-    pub wo: MatRef<'a>,
+    pub wo: MatRef<'a, T>,
     /// Query bias (the seed has none).
-    pub bq: Option<&'a [f32]>,
+    pub bq: Option<&'a [T]>,
     /// Key bias (the seed has none).
-    pub bk: Option<&'a [f32]>,
+    pub bk: Option<&'a [T]>,
     /// Value bias (the seed has none).
-    pub bv: Option<&'a [f32]>,
+    pub bv: Option<&'a [T]>,
     /// Output bias (the seed's `proj_o` has one).
-    pub bo: Option<&'a [f32]>,
+    pub bo: Option<&'a [T]>,
     /// The heads' attention variants ([`Variants::NONE`]: plain attention).
     pub variants: Variants<'a>,
 }
 
-impl MhaWeights<'_> {
+impl<T: Copy> MhaWeights<'_, T> {
     /// Checks every weight's shape against `cfg` and every view against its slice, then the
     /// variants against `cfg.num_heads` ([`Variants::check`]).
     ///
@@ -198,18 +205,18 @@ pub enum Activation {
 /// Caller-owned weights of the two-layer feed-forward: `w1: [d, ff]`, `b1: [ff]`,
 /// `w2: [ff, d_out]`, `b2: [d_out]`.
 #[derive(Clone, Copy, Debug)]
-pub struct FeedForwardWeights<'a> {
+pub struct FeedForwardWeights<'a, T = f32> {
     /// First layer, `[d, ff]`.
-    pub w1: MatRef<'a>,
+    pub w1: MatRef<'a, T>,
     /// First bias, `[ff]`.
-    pub b1: Option<&'a [f32]>,
+    pub b1: Option<&'a [T]>,
     /// Second layer, `[ff, d_out]`.
-    pub w2: MatRef<'a>,
+    pub w2: MatRef<'a, T>,
     /// Second bias, `[d_out]`.
-    pub b2: Option<&'a [f32]>,
+    pub b2: Option<&'a [T]>,
 }
 
-impl FeedForwardWeights<'_> {
+impl<T: Copy> FeedForwardWeights<'_, T> {
     /// Checks the shapes against input width `d`, hidden width `ff` and output width `d_out`,
     /// and the views against their slices. Errors name `w1`, `b1`, `w2`, `b2`.
     pub fn check(&self, d: usize, ff: usize, d_out: usize) -> Result<()> {
@@ -251,18 +258,18 @@ impl EncoderConfig {
 
 /// Caller-owned weights of an encoder block.
 #[derive(Clone, Copy, Debug)]
-pub struct EncoderWeights<'a> {
+pub struct EncoderWeights<'a, T = f32> {
     /// Self-attention weights.
-    pub attn: MhaWeights<'a>,
+    pub attn: MhaWeights<'a, T>,
     /// Layer norm after the attention residual (`[d]` each).
-    pub norm1: LayerNormWeights<'a>,
+    pub norm1: LayerNormWeights<'a, T>,
     /// Feed-forward weights (`w1: [d, ff_dim]`, `w2: [ff_dim, d]`).
-    pub ff: FeedForwardWeights<'a>,
+    pub ff: FeedForwardWeights<'a, T>,
     /// Layer norm after the feed-forward residual (`[d]` each).
-    pub norm2: LayerNormWeights<'a>,
+    pub norm2: LayerNormWeights<'a, T>,
 }
 
-impl EncoderWeights<'_> {
+impl<T: Copy> EncoderWeights<'_, T> {
     /// Checks every weight against `cfg`. Errors name the weight (`wq` …, `norm1.gamma`,
     /// `norm2.beta`, `w1` …).
     pub fn check(&self, cfg: &EncoderConfig) -> Result<()> {
@@ -278,11 +285,11 @@ impl EncoderWeights<'_> {
 
 /// The learned affine parameters of a layer norm over `d` features.
 #[derive(Clone, Copy, Debug)]
-pub struct LayerNormWeights<'a> {
+pub struct LayerNormWeights<'a, T = f32> {
     /// Scale γ, `[d]`.
-    pub gamma: &'a [f32],
+    pub gamma: &'a [T],
     /// Shift β, `[d]`.
-    pub beta: &'a [f32],
+    pub beta: &'a [T],
 }
 
 /// Checks a layer-norm epsilon: finite and ≥ 0.

@@ -73,6 +73,12 @@ pub(crate) trait SimdElement: Element {
         let _ = x;
         None
     }
+    /// The mutable slice itself when the type is f32 (so a kernel can write it in place), else
+    /// `None`.
+    fn as_f32_mut(x: &mut [Self]) -> Option<&mut [f32]> {
+        let _ = x;
+        None
+    }
     /// `LANES` elements widened to f32.
     ///
     /// # Safety
@@ -102,6 +108,10 @@ impl SimdElement for f32 {
     }
     #[inline(always)]
     fn as_f32(x: &[f32]) -> Option<&[f32]> {
+        Some(x)
+    }
+    #[inline(always)]
+    fn as_f32_mut(x: &mut [f32]) -> Option<&mut [f32]> {
         Some(x)
     }
     #[inline(always)]

@@ -9,16 +9,21 @@
 //! ```
 //!
 //! The attention is done with S before the feed-forward needs it, so the two share it.
+//!
+//! Weights and activations may be f32, bf16 or f16 (`W`, `A`): every intermediate above is f32,
+//! the inputs are widened exactly where they are read (the GEMMs' packing, the residual), and
+//! a half-precision `y` is LayerNorm₂ computed into H and rounded once.
 
 use attn_core::{
-    Activation, EncoderConfig, EncoderWeights, FeedForwardWeights, Mask, MatLayout, MatMut, MatRef,
-    Result, Tensor4Layout, TensorMut, TensorRef,
+    Activation, DType, EncoderConfig, EncoderWeights, FeedForwardWeights, Mask, MatLayout, MatMut,
+    MatRef, Result, Tensor4Layout, TensorMut, TensorRef,
 };
 
 use super::linear::linear;
-use super::mha::{mha_workspace_len, multi_head_attention_in};
+use super::mha::{self, mha_workspace_len};
 use super::norm::layer_norm;
 use super::workspace::{self, count, fold_batch, take, total};
+use crate::arch::convert::Convertible;
 use crate::par::Parallelism;
 
 /// Workspace (in `f32` elements) of [`feed_forward_in`] for `n` rows and hidden width `ff`:
@@ -30,9 +35,9 @@ pub fn feed_forward_workspace_len(n: usize, ff: usize) -> usize {
 allocating_form! {
     /// Two-layer feed-forward `y = act(x·W1 + b1)·W2 + b2` for `x: [n, d]`, `y: [n, d_out]`,
     /// allocating its hidden layer: see [`feed_forward_in`].
-    pub fn feed_forward(
-        x: MatRef<'_>,
-        w: &FeedForwardWeights<'_>,
+    pub fn feed_forward<X, W>(
+        x: MatRef<'_, X>,
+        w: &FeedForwardWeights<'_, W>,
         act: Activation,
         y: MatMut<'_>,
     ) => feed_forward_in;
@@ -46,11 +51,13 @@ allocating_form! {
 /// Both layers are [`linear`] calls (GEMM with the bias folded in). The activation is applied
 /// in place on the hidden layer: ReLU keeps NaN (`x < 0 ? 0 : x`), GELU (tanh form) is the
 /// vectorised [`gelu_tanh`](crate::math::gelu_tanh), within its stated bound of the exact value.
+/// `x` and the weights may each be f32, bf16 or f16 (widened exactly, as [`linear`]); `y` and the
+/// hidden layer are f32.
 ///
 /// Errors: those of the reference, in the same order; then a too-short `workspace`.
-pub fn feed_forward_in(
-    x: MatRef<'_>,
-    w: &FeedForwardWeights<'_>,
+pub fn feed_forward_in<X: Convertible, W: Convertible>(
+    x: MatRef<'_, X>,
+    w: &FeedForwardWeights<'_, W>,
     act: Activation,
     y: MatMut<'_>,
     workspace: &mut [f32],
@@ -68,7 +75,11 @@ pub fn feed_forward_in(
     linear(MatRef::row_major(hidden, n, ff), w.w2, w.b2, y, par)
 }
 
-fn check_ff(x: &MatRef<'_>, w: &FeedForwardWeights<'_>, y: &MatMut<'_>) -> Result<()> {
+fn check_ff<X: Convertible, W: Convertible>(
+    x: &MatRef<'_, X>,
+    w: &FeedForwardWeights<'_, W>,
+    y: &MatMut<'_>,
+) -> Result<()> {
     let (n, d, ff, d_out) = (x.layout.rows, x.layout.cols, w.w1.layout.cols, w.w2.layout.cols);
     w.check(d, ff, d_out)?;
     y.layout.expect_shape("y", n, d_out)?;
@@ -95,12 +106,12 @@ pub fn encoder_workspace_len(cfg: &EncoderConfig, batch: usize, n: usize) -> usi
 
 allocating_form! {
     /// One post-norm encoder block, allocating its workspace: see [`encoder_block_in`].
-    pub fn encoder_block(
+    pub fn encoder_block<W, A>(
         cfg: &EncoderConfig,
-        w: &EncoderWeights<'_>,
-        x: TensorRef<'_>,
+        w: &EncoderWeights<'_, W>,
+        x: TensorRef<'_, A>,
         mask: &Mask<'_>,
-        y: TensorMut<'_>,
+        y: TensorMut<'_, A>,
     ) => encoder_block_in;
     checks: check_encoder(cfg, w, &x, mask, &y);
     workspace: encoder_workspace_len(cfg, x.layout.batch(), x.layout.seq());
@@ -118,13 +129,16 @@ allocating_form! {
 /// `[batch, 1, n, d]`, the mask addresses `[batch, num_heads, n, n]`. `workspace` must hold
 /// [`encoder_workspace_len`]`(cfg, batch, n)` elements; no activation buffer is allocated.
 ///
+/// The weights (`W`) and `x`, `y` (`A`) are each f32, bf16 or f16: the result is the f32
+/// block's on the exact values they represent, each output rounded once to `A` (module docs).
+///
 /// Errors: those of the reference, in the same order; then a too-short `workspace`.
-pub fn encoder_block_in(
+pub fn encoder_block_in<W: Convertible, A: Convertible>(
     cfg: &EncoderConfig,
-    w: &EncoderWeights<'_>,
-    x: TensorRef<'_>,
+    w: &EncoderWeights<'_, W>,
+    x: TensorRef<'_, A>,
     mask: &Mask<'_>,
-    y: TensorMut<'_>,
+    y: TensorMut<'_, A>,
     workspace: &mut [f32],
     par: Parallelism,
 ) -> Result<()> {
@@ -142,13 +156,14 @@ pub fn encoder_block_in(
     let seq = Tensor4Layout::batch_seq(batch, n, d);
     let mat = MatLayout::row_major(rows, d);
 
-    multi_head_attention_in(&cfg.attn, &w.attn, x, mask, TensorMut::new(a, seq), scratch, par)?;
+    let out = TensorMut::new(&mut *a, seq);
+    mha::forward(&cfg.attn, &w.attn, (x, "x"), None, mask, out, scratch, par)?;
     // Residual 1: A = x + A (x may be strided).
     for b in 0..batch {
         for s in 0..n {
             let row = &mut a[(b * n + s) * d..][..d];
             for (j, v) in row.iter_mut().enumerate() {
-                *v += x.at(b, 0, s, j);
+                *v += x.at(b, 0, s, j).widen();
             }
         }
     }
@@ -156,19 +171,27 @@ pub fn encoder_block_in(
     feed_forward_in(MatRef::new(h, mat), &w.ff, cfg.activation, MatMut::new(a, mat), scratch, par)?;
     // Residual 2: A = FF(H) + H.
     a.iter_mut().zip(h.iter()).for_each(|(f, h)| *f += h);
-    norm_into(a, batch, n, d, w, cfg.eps, y)
+    norm_into(a, h, batch, n, d, w, cfg.eps, y)
 }
 
-/// `y = LayerNorm₂(A)` for the contiguous `[batch·n, d]` buffer `A` and the caller's `y`.
-fn norm_into(
+/// `y = LayerNorm₂(A)` for the contiguous `[batch·n, d]` buffer `A` and the caller's `y`; a
+/// half-precision `y` gets the f32 norm, computed into `h` (as long as `A`), rounded by vectors.
+#[allow(clippy::too_many_arguments)]
+fn norm_into<W: Convertible, A: Convertible>(
     a: &[f32],
+    h: &mut [f32],
     batch: usize,
     n: usize,
     d: usize,
-    w: &EncoderWeights<'_>,
+    w: &EncoderWeights<'_, W>,
     eps: f32,
-    mut y: TensorMut<'_>,
+    mut y: TensorMut<'_, A>,
 ) -> Result<()> {
+    if A::DTYPE != DType::F32 {
+        let mat = MatLayout::row_major(batch * n, d);
+        layer_norm(MatRef::new(a, mat), &w.norm2, eps, MatMut::new(&mut *h, mat))?;
+        return mha::store_rows(h, y);
+    }
     if let Some(ym) = fold_batch(&y.layout) {
         return layer_norm(
             MatRef::row_major(a, batch * n, d),
@@ -185,12 +208,12 @@ fn norm_into(
 }
 
 /// The reference's checks, in its order.
-fn check_encoder(
+fn check_encoder<W: Convertible, A: Convertible>(
     cfg: &EncoderConfig,
-    w: &EncoderWeights<'_>,
-    x: &TensorRef<'_>,
+    w: &EncoderWeights<'_, W>,
+    x: &TensorRef<'_, A>,
     mask: &Mask<'_>,
-    y: &TensorMut<'_>,
+    y: &TensorMut<'_, A>,
 ) -> Result<()> {
     cfg.check()?;
     w.check(cfg)?;
@@ -211,6 +234,6 @@ layer_type! {
     fn new(cfg, weights) {}
     /// Workspace for `batch` sequences of `n` tokens ([`encoder_workspace_len`]).
     fn workspace_len(batch, n) = encoder_workspace_len(batch, n);
-    fn forward(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>) =
+    fn forward<A>(x: TensorRef<'_, A>, mask: &Mask<'_>, y: TensorMut<'_, A>) =
         encoder_block, encoder_block_in;
 }

@@ -4,19 +4,24 @@
 //! the forms cannot drift apart: every allocating form checks before allocating and runs the
 //! `*_in` form on the buffer, every layer type forwards to the free functions.
 
-/// Declares `pub fn $name(args…, par)`, the allocating form of `$name_in(args…, workspace, par)`:
+/// Declares `pub fn $name<G…>(args…, par)` (each `G` an element type, bound by
+/// [`Convertible`](crate::arch::convert::Convertible)), the allocating form of
+/// `$name_in(args…, workspace, par)`:
 /// it runs `checks` (the reference's checks, so an invalid call fails with the same error before
 /// anything is allocated), allocates `workspace` zeroed `f32`s (an error, not an abort, when that
 /// is impossible) and runs `$name_in` on them, so both forms return bitwise-equal results.
 macro_rules! allocating_form {
     (
         $(#[$attr:meta])*
-        pub fn $name:ident($($arg:ident: $ty:ty),+ $(,)?) => $name_in:ident;
+        pub fn $name:ident<$($g:ident),+>($($arg:ident: $ty:ty),+ $(,)?) => $name_in:ident;
         checks: $checks:expr;
         workspace: $len:expr;
     ) => {
         $(#[$attr])*
-        pub fn $name($($arg: $ty,)+ par: $crate::par::Parallelism) -> ::attn_core::Result<()> {
+        pub fn $name<$($g: $crate::arch::convert::Convertible),+>(
+            $($arg: $ty,)+
+            par: $crate::par::Parallelism,
+        ) -> ::attn_core::Result<()> {
             $checks?;
             let mut ws = $crate::layers::workspace::alloc($len)?;
             $name_in($($arg,)+ &mut ws, par)
@@ -36,18 +41,21 @@ macro_rules! layer_type {
         fn new($cfg:ident, $weights:ident) { $($checks:expr;)* }
         $(#[$len_doc:meta])*
         fn workspace_len($($n:ident),+) = $len_fn:ident($($len_arg:expr),+);
-        fn forward($($arg:ident: $ty:ty),+) = $fwd:ident, $fwd_in:ident;
+        fn forward<$a:ident>($($arg:ident: $ty:ty),+) = $fwd:ident, $fwd_in:ident;
     ) => {
         $(#[$attr])*
+        ///
+        /// `T` is the weights' element type (f32, bf16 or f16); `forward` takes activations of
+        /// any of the three (`A`).
         #[derive(Clone, Copy, Debug)]
-        pub struct $Name<'w> {
+        pub struct $Name<'w, T = f32> {
             cfg: $Cfg,
-            weights: $W<'w>,
+            weights: $W<'w, T>,
         }
 
-        impl<'w> $Name<'w> {
+        impl<'w, T: $crate::arch::convert::Convertible> $Name<'w, T> {
             $(#[$new_doc])*
-            pub fn new($cfg: $Cfg, $weights: $W<'w>) -> ::attn_core::Result<Self> {
+            pub fn new($cfg: $Cfg, $weights: $W<'w, T>) -> ::attn_core::Result<Self> {
                 $($checks;)*
                 $cfg.check()?;
                 $weights.check(&$cfg)?;
@@ -62,7 +70,7 @@ macro_rules! layer_type {
                 $len_fn(&self.cfg, $($len_arg),+)
             }
             #[doc = concat!("[`", stringify!($fwd), "`] with this ", $noun, "'s weights.")]
-            pub fn forward(
+            pub fn forward<$a: $crate::arch::convert::Convertible>(
                 &self,
                 $($arg: $ty,)+
                 par: $crate::par::Parallelism,
@@ -70,7 +78,7 @@ macro_rules! layer_type {
                 $fwd(&self.cfg, &self.weights, $($arg,)+ par)
             }
             #[doc = concat!("[`", stringify!($fwd_in), "`] with this ", $noun, "'s weights.")]
-            pub fn forward_in(
+            pub fn forward_in<$a: $crate::arch::convert::Convertible>(
                 &self,
                 $($arg: $ty,)+
                 workspace: &mut [f32],

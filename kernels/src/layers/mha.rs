@@ -4,10 +4,17 @@
 //! Workspace (f32 elements, see [`mha_workspace_len`]), carved front to back:
 //!
 //! ```text
-//! self-attention:  QKV [batch·n, q_w + k_w + v_w]   (row-interleaved: Q | K | V columns)
-//! cross-attention: Q   [batch·n1, q_w]  then  KV [batch·n2, k_w + v_w]
-//! both:            heads [batch·n1, num_heads·v_dim]   (the concatenated attention output)
+//! projections, at least batch·n1·in_dim long:
+//!   self-attention:  QKV [batch·n, q_w + k_w + v_w]   (row-interleaved: Q | K | V columns)
+//!   cross-attention: Q   [batch·n1, q_w]  then  KV [batch·n2, k_w + v_w]
+//! heads [batch·n1, num_heads·v_dim]   (the concatenated attention output)
 //! ```
+//!
+//! Weights and activations may be f32, bf16 or f16 (`W`, `A`): the projections widen them
+//! while the GEMM packs, so Q, K, V and the heads are f32 in the workspace and the attention
+//! runs on f32. A half-precision output is the f32 output projection rounded once: that
+//! projection is staged in the projections' region (dead once the heads are computed, which
+//! is why it is at least `batch·n1·in_dim` long) and converted into `y`.
 //!
 //! The projections write the heads side by side in one row so that the attention kernel reads
 //! them as `[batch, seq, heads, dim]` strided views, with no transpose or copy. When the caller's
@@ -26,31 +33,40 @@ use attn_core::{
     TensorRef,
 };
 
-use super::kernel_calls::{attention, sgemm};
+use super::kernel_calls::{attention, gemm};
 use super::linear::fill_rows;
 use super::workspace::{self, count, fold_batch, take, total};
+use crate::arch::convert::{convert_slice, Convertible};
 use crate::par::Parallelism;
 
 /// Workspace (in `f32` elements) that [`multi_head_attention_in`] (`n_q = n_kv = n`) and
-/// [`cross_attention_in`] need for `batch` sequences of `n_q` queries and `n_kv` keys:
-/// `batch · (n_q·(q_w + o_w) + n_kv·(k_w + v_w))` with the widths of [`MhaConfig`]. Saturates at
-/// `usize::MAX` (no slice is that long, so such a call reports a too-small workspace).
+/// [`cross_attention_in`] need for `batch` sequences of `n_q` queries and `n_kv` keys, whatever
+/// the element types: `batch · (max(n_q·q_w + n_kv·(k_w + v_w), n_q·in_dim) + n_q·o_w)` with
+/// the widths of [`MhaConfig`] (the maximum is the first term whenever `q_w ≥ in_dim`, as in
+/// the usual `q_w = in_dim`). Saturates at `usize::MAX` (no slice is that long, so such a call
+/// reports a too-small workspace).
 pub fn mha_workspace_len(cfg: &MhaConfig, batch: usize, n_q: usize, n_kv: usize) -> usize {
-    total(&[
-        count(&[batch, n_q, cfg.q_width().saturating_add(cfg.o_width())]),
+    total(&[projections_len(cfg, batch, n_q, n_kv), count(&[batch, n_q, cfg.o_width()])])
+}
+
+/// The projections' region of the workspace (see the module docs), saturating.
+fn projections_len(cfg: &MhaConfig, batch: usize, n_q: usize, n_kv: usize) -> usize {
+    let qkv = total(&[
+        count(&[batch, n_q, cfg.q_width()]),
         count(&[batch, n_kv, cfg.k_width().saturating_add(cfg.v_width())]),
-    ])
+    ]);
+    qkv.max(count(&[batch, n_q, cfg.in_dim]))
 }
 
 allocating_form! {
     /// The seed's `MultiHeadAttention.forward` on the kernels, allocating its workspace: see
     /// [`multi_head_attention_in`].
-    pub fn multi_head_attention(
+    pub fn multi_head_attention<W, A>(
         cfg: &MhaConfig,
-        w: &MhaWeights<'_>,
-        x: TensorRef<'_>,
+        w: &MhaWeights<'_, W>,
+        x: TensorRef<'_, A>,
         mask: &Mask<'_>,
-        y: TensorMut<'_>,
+        y: TensorMut<'_, A>,
     ) => multi_head_attention_in;
     checks: {
         expect_dim("cfg", "kv_in_dim", cfg.in_dim, cfg.kv_in_dim)?;
@@ -77,16 +93,20 @@ allocating_form! {
 /// its contents on entry do not matter and on return are unspecified. No activation buffer is
 /// allocated (the kernels' own per-thread packing/tile buffers aside).
 ///
+/// The weights (`W`) and the activations `x`, `y` (`A`) are each f32, bf16 or f16: the result
+/// is the f32 layer's on the exact values they represent, each output rounded once to `A`
+/// (see the [module docs](self)).
+///
 /// Errors: those of the reference, in the same order; then [`Error::OutOfBounds`] naming
 /// `workspace` when it is too short.
 ///
 /// [`Error::OutOfBounds`]: crate::Error::OutOfBounds
-pub fn multi_head_attention_in(
+pub fn multi_head_attention_in<W: Convertible, A: Convertible>(
     cfg: &MhaConfig,
-    w: &MhaWeights<'_>,
-    x: TensorRef<'_>,
+    w: &MhaWeights<'_, W>,
+    x: TensorRef<'_, A>,
     mask: &Mask<'_>,
-    y: TensorMut<'_>,
+    y: TensorMut<'_, A>,
     workspace: &mut [f32],
     par: Parallelism,
 ) -> Result<()> {
@@ -97,13 +117,13 @@ pub fn multi_head_attention_in(
 allocating_form! {
     /// The seed's `CrossAttention.forward` on the kernels, allocating its workspace: see
     /// [`cross_attention_in`].
-    pub fn cross_attention(
+    pub fn cross_attention<W, A>(
         cfg: &MhaConfig,
-        w: &MhaWeights<'_>,
-        x1: TensorRef<'_>,
-        x2: TensorRef<'_>,
+        w: &MhaWeights<'_, W>,
+        x1: TensorRef<'_, A>,
+        x2: TensorRef<'_, A>,
         mask: &Mask<'_>,
-        y: TensorMut<'_>,
+        y: TensorMut<'_, A>,
     ) => cross_attention_in;
     checks: check(cfg, w, (&x1, "x1"), (&x2, "x2"), mask, &y);
     workspace: mha_workspace_len(cfg, x1.layout.batch(), x1.layout.seq(), x2.layout.seq());
@@ -118,17 +138,18 @@ allocating_form! {
 /// (the reference's `attn_reference::cross_attention`; the mask addresses
 /// `[batch, num_heads, n1, n2]`). `workspace` must hold
 /// [`mha_workspace_len`]`(cfg, batch, n1, n2)` elements. K and V are one GEMM when `wk` and
-/// `wv` are adjacent column blocks of one buffer.
+/// `wv` are adjacent column blocks of one buffer. Element types as for
+/// [`multi_head_attention_in`].
 ///
 /// Errors: those of the reference, in the same order; then a too-short `workspace`.
 #[allow(clippy::too_many_arguments)] // the reference's arguments plus workspace and threads
-pub fn cross_attention_in(
+pub fn cross_attention_in<W: Convertible, A: Convertible>(
     cfg: &MhaConfig,
-    w: &MhaWeights<'_>,
-    x1: TensorRef<'_>,
-    x2: TensorRef<'_>,
+    w: &MhaWeights<'_, W>,
+    x1: TensorRef<'_, A>,
+    x2: TensorRef<'_, A>,
     mask: &Mask<'_>,
-    y: TensorMut<'_>,
+    y: TensorMut<'_, A>,
     workspace: &mut [f32],
     par: Parallelism,
 ) -> Result<()> {
@@ -146,7 +167,7 @@ layer_type! {
     }
     /// Workspace for `batch` sequences of `n` tokens ([`mha_workspace_len`]).
     fn workspace_len(batch, n) = mha_workspace_len(batch, n, n);
-    fn forward(x: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>) =
+    fn forward<A>(x: TensorRef<'_, A>, mask: &Mask<'_>, y: TensorMut<'_, A>) =
         multi_head_attention, multi_head_attention_in;
 }
 
@@ -159,18 +180,22 @@ layer_type! {
     fn new(cfg, weights) {}
     /// Workspace for `batch` pairs of sequences of `n1` queries and `n2` keys.
     fn workspace_len(batch, n1, n2) = mha_workspace_len(batch, n1, n2);
-    fn forward(x1: TensorRef<'_>, x2: TensorRef<'_>, mask: &Mask<'_>, y: TensorMut<'_>) =
-        cross_attention, cross_attention_in;
+    fn forward<A>(
+        x1: TensorRef<'_, A>,
+        x2: TensorRef<'_, A>,
+        mask: &Mask<'_>,
+        y: TensorMut<'_, A>
+    ) = cross_attention, cross_attention_in;
 }
 
 /// The reference's checks, in its order, so both crates reject a call with the same error.
-fn check(
+fn check<W: Convertible, A: Convertible, Y: Convertible>(
     cfg: &MhaConfig,
-    w: &MhaWeights<'_>,
-    (x1, x1_arg): (&TensorRef<'_>, &'static str),
-    (x2, x2_arg): (&TensorRef<'_>, &'static str),
+    w: &MhaWeights<'_, W>,
+    (x1, x1_arg): (&TensorRef<'_, A>, &'static str),
+    (x2, x2_arg): (&TensorRef<'_, A>, &'static str),
     mask: &Mask<'_>,
-    y: &TensorMut<'_>,
+    y: &TensorMut<'_, Y>,
 ) -> Result<()> {
     cfg.check()?;
     w.check(cfg)?;
@@ -185,15 +210,16 @@ fn check(
     mask.check(batch, cfg.num_heads, n1, n2)
 }
 
-/// Shared body of self- (`x2 = None`: keys from `x1`) and cross-attention.
+/// Shared body of self- (`x2 = None`: keys from `x1`) and cross-attention; `y` of any type
+/// (the encoder block writes f32 into its workspace whatever its activations' type).
 #[allow(clippy::too_many_arguments)]
-fn forward(
+pub(super) fn forward<W: Convertible, A: Convertible, Y: Convertible>(
     cfg: &MhaConfig,
-    w: &MhaWeights<'_>,
-    (x1, x1_arg): (TensorRef<'_>, &'static str),
-    x2: Option<(TensorRef<'_>, &'static str)>,
+    w: &MhaWeights<'_, W>,
+    (x1, x1_arg): (TensorRef<'_, A>, &'static str),
+    x2: Option<(TensorRef<'_, A>, &'static str)>,
     mask: &Mask<'_>,
-    mut y: TensorMut<'_>,
+    y: TensorMut<'_, Y>,
     workspace: &mut [f32],
     par: Parallelism,
 ) -> Result<()> {
@@ -209,41 +235,71 @@ fn forward(
     let (qw, kw, vw, ow) = (cfg.q_width(), cfg.k_width(), cfg.v_width(), cfg.o_width());
     // The checks above bound every product below: the workspace holds them all.
     let mut ws = workspace;
-    // Projections: Q into a `[batch·n1, q_stride]` buffer at column 0, K and V into a
-    // `[batch·n2, kv_stride]` one (the same buffer for self-attention) at columns `k_col` and
-    // `k_col + kw`.
-    let (q_data, q_stride, kv_data, kv_stride, k_col): (&[f32], usize, &[f32], usize, usize);
-    if ptr::eq(x1.data, x2.data) && x1.layout == x2.layout {
-        let wid = qw + kw + vw;
-        let qkv = take(&mut ws, batch * n1 * wid);
-        let blocks = [(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv)];
-        project(x1, &blocks, as_seq(qkv, batch, n1, wid), par)?;
-        let qkv: &[f32] = qkv;
-        (q_data, q_stride, kv_data, kv_stride, k_col) = (qkv, wid, qkv, wid, qw);
-    } else {
-        let q = take(&mut ws, batch * n1 * qw);
-        project(x1, &[(w.wq, w.bq)], as_seq(q, batch, n1, qw), par)?;
-        let kv = take(&mut ws, batch * n2 * (kw + vw));
-        project(x2, &[(w.wk, w.bk), (w.wv, w.bv)], as_seq(kv, batch, n2, kw + vw), par)?;
-        (q_data, q_stride, kv_data, kv_stride, k_col) = (q, qw, kv, kw + vw, 0);
-    }
+    let proj = take(&mut ws, projections_len(cfg, batch, n1, n2));
     let heads = take(&mut ws, batch * n1 * ow);
-    // Heads side by side in a row: the [b, s, h, d] layout, strided.
-    let split = |n: usize, hs: usize, d: usize, stride: usize, col: usize| {
-        Tensor4Layout::strided([batch, hs, n, d], [n * stride, d, stride, 1], col)
-    };
-    attention(
-        TensorRef::new(q_data, split(n1, h, dk, q_stride, 0)),
-        TensorRef::new(kv_data, split(n2, hkv, dk, kv_stride, k_col)),
-        TensorRef::new(kv_data, split(n2, hkv, dv, kv_stride, k_col + kw)),
-        cfg.scale(),
-        mask,
-        &w.variants,
-        TensorMut::new(heads, Tensor4Layout::bshd(batch, n1, h, dv)),
-        par,
-    )?;
-    let heads = TensorRef::new(heads, Tensor4Layout::batch_seq(batch, n1, ow));
-    project(heads, &[(w.wo, w.bo)], y.rb(), par)
+    {
+        // Projections: Q into a `[batch·n1, q_stride]` buffer at column 0, K and V into a
+        // `[batch·n2, kv_stride]` one (the same buffer for self-attention) at columns `k_col`
+        // and `k_col + kw`.
+        let (q_data, q_stride, kv_data, kv_stride, k_col): (&[f32], usize, &[f32], usize, usize);
+        if ptr::eq(x1.data, x2.data) && x1.layout == x2.layout {
+            let wid = qw + kw + vw;
+            let qkv = &mut proj[..batch * n1 * wid];
+            let blocks = [(w.wq, w.bq), (w.wk, w.bk), (w.wv, w.bv)];
+            project(x1, &blocks, as_seq(qkv, batch, n1, wid), par)?;
+            let qkv: &[f32] = qkv;
+            (q_data, q_stride, kv_data, kv_stride, k_col) = (qkv, wid, qkv, wid, qw);
+        } else {
+            let (q, kv) = proj.split_at_mut(batch * n1 * qw);
+            project(x1, &[(w.wq, w.bq)], as_seq(q, batch, n1, qw), par)?;
+            let kv = &mut kv[..batch * n2 * (kw + vw)];
+            project(x2, &[(w.wk, w.bk), (w.wv, w.bv)], as_seq(kv, batch, n2, kw + vw), par)?;
+            (q_data, q_stride, kv_data, kv_stride, k_col) = (q, qw, kv, kw + vw, 0);
+        }
+        // Heads side by side in a row: the [b, s, h, d] layout, strided.
+        let split = |n: usize, hs: usize, d: usize, stride: usize, col: usize| {
+            Tensor4Layout::strided([batch, hs, n, d], [n * stride, d, stride, 1], col)
+        };
+        attention(
+            TensorRef::new(q_data, split(n1, h, dk, q_stride, 0)),
+            TensorRef::new(kv_data, split(n2, hkv, dk, kv_stride, k_col)),
+            TensorRef::new(kv_data, split(n2, hkv, dv, kv_stride, k_col + kw)),
+            cfg.scale(),
+            mask,
+            &w.variants,
+            TensorMut::new(&mut *heads, Tensor4Layout::bshd(batch, n1, h, dv)),
+            par,
+        )?;
+    }
+    let heads = TensorRef::new(&*heads, Tensor4Layout::batch_seq(batch, n1, ow));
+    let TensorMut { data, layout } = y;
+    match Y::as_f32_mut(data) {
+        Some(data) => project(heads, &[(w.wo, w.bo)], TensorMut::new(data, layout), par),
+        None => {
+            // Staged in f32 in the projections' region, then rounded once into `y`.
+            let stage = &mut proj[..batch * n1 * cfg.in_dim];
+            project(heads, &[(w.wo, w.bo)], as_seq(stage, batch, n1, cfg.in_dim), par)?;
+            store_rows(stage, TensorMut::new(data, layout))
+        }
+    }
+}
+
+/// `y ← src` rounded to `Y`, for a contiguous `[batch, n, dim]` `src` and a checked
+/// `[batch, 1, n, dim]` `y` (its rows converted by vectors where contiguous).
+pub(super) fn store_rows<Y: Convertible>(src: &[f32], y: TensorMut<'_, Y>) -> Result<()> {
+    let [batch, _, n, dim] = y.layout.dims;
+    for (r, row) in src.chunks_exact(dim.max(1)).take(batch * n).enumerate() {
+        let (b, s) = (r / n, r % n);
+        if y.layout.strides[3] == 1 {
+            let at = y.layout.index(b, 0, s, 0);
+            convert_slice(row, &mut y.data[at..at + dim])?;
+        } else {
+            for (d, &v) in row.iter().enumerate() {
+                y.data[y.layout.index(b, 0, s, d)] = Y::from_f32(v);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A contiguous `[batch, n, width]` buffer as a `[batch, 1, n, width]` tensor.
@@ -260,9 +316,9 @@ fn as_seq(buf: &mut [f32], batch: usize, n: usize, width: usize) -> TensorMut<'_
 /// combined view: the fused QKV projection, found from the caller's layout rather than by
 /// copying weights. Biases are written into their column ranges first (zeros for a block without
 /// one, when another in its group has one) and the GEMM accumulates with β = 1.
-fn project(
-    x: TensorRef<'_>,
-    blocks: &[(MatRef<'_>, Option<&[f32]>)],
+fn project<X: Convertible, W: Convertible>(
+    x: TensorRef<'_, X>,
+    blocks: &[(MatRef<'_, W>, Option<&[W]>)],
     y: TensorMut<'_>,
     par: Parallelism,
 ) -> Result<()> {
@@ -289,7 +345,7 @@ fn project(
                 if has_bias {
                     fill_biases(&mut ym, &blocks[i..end]);
                 }
-                sgemm(1.0, MatRef::new(x.data, xm), wmat, f32::from(has_bias), ym, par)?;
+                gemm(1.0, MatRef::new(x.data, xm), wmat, f32::from(has_bias), ym, par)?;
             }
             _ => {
                 for b in 0..batch {
@@ -297,7 +353,7 @@ fn project(
                     if has_bias {
                         fill_biases(&mut ym, &blocks[i..end]);
                     }
-                    sgemm(1.0, x.matrix(b, 0), wmat, f32::from(has_bias), ym, par)?;
+                    gemm(1.0, x.matrix(b, 0), wmat, f32::from(has_bias), ym, par)?;
                 }
             }
         }
@@ -310,7 +366,7 @@ fn project(
 /// True when `b` is the column range of `a`'s buffer right after `a`'s: both slices start at
 /// the same address (their lengths may differ: through the C ABI each view's slice ends at its
 /// own last element) and `b`'s offset is where `a`'s columns end.
-fn continues(a: &MatRef<'_>, b: &MatRef<'_>) -> bool {
+fn continues<W>(a: &MatRef<'_, W>, b: &MatRef<'_, W>) -> bool {
     let (la, lb) = (a.layout, b.layout);
     ptr::eq(a.data.as_ptr(), b.data.as_ptr())
         && la.rows == lb.rows
@@ -329,7 +385,7 @@ fn columns(t: &Tensor4Layout, col: usize, cols: usize) -> Tensor4Layout {
 }
 
 /// Writes each block's bias (or zeros) into its columns of every row of `y`.
-fn fill_biases(y: &mut MatMut<'_>, blocks: &[(MatRef<'_>, Option<&[f32]>)]) {
+fn fill_biases<W: Convertible>(y: &mut MatMut<'_>, blocks: &[(MatRef<'_, W>, Option<&[W]>)]) {
     let mut col = 0;
     for (w, b) in blocks {
         let cols = w.layout.cols;

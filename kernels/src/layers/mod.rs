@@ -1,6 +1,6 @@
 //! Layers for engines: the seed's modules built on the kernels, each taking caller-owned weights.
 //!
-//! - [`mod@linear`]: `y = x·W + b` on [`crate::gemm::sgemm`];
+//! - [`mod@linear`]: `y = x·W + b` on [`crate::gemm::gemm`];
 //! - [`norm`]: layer norm over the last dimension;
 //! - [`posenc`]: sinusoidal and learned positional encodings;
 //! - [`mha`]: `MultiHeadAttention` (self-attention, GQA/MQA) and `CrossAttention`: projections
@@ -17,6 +17,12 @@
 //! caller-owned `&mut [f32]` and allocates no activation buffer (an error if the slice is too
 //! short), and the allocating form that sizes a buffer with the former and calls the latter. The
 //! two forms run the same code on the same data, so their results are bitwise equal.
+//!
+//! Weights and activations are f32, bf16 or f16 (engines keep both in half precision): every
+//! layer widens them exactly where it reads them (mostly in the GEMM's packing), computes in
+//! f32 in the workspace, and rounds each half-precision output once. The weight descriptors
+//! take the element type as a parameter (`MhaWeights<'_, bf16>`); a layer's activations may
+//! have another type than its weights (f32 activations over bf16 weights, for one).
 
 #[macro_use]
 mod forms;

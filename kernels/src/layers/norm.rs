@@ -4,6 +4,8 @@ use attn_core::check_eps;
 use attn_core::error::expect_dim;
 use attn_core::{LayerNormWeights, MatMut, MatRef, Result};
 
+use crate::arch::convert::Convertible;
+
 /// Independent partial sums per row: breaks the add dependency chain so the sums vectorise,
 /// and (as a pairwise-ish split) shortens the rounding-error chain from `d` to `d/LANES + LANES`.
 const LANES: usize = 16;
@@ -18,12 +20,15 @@ const LANES: usize = 16;
 /// independent: `x` and `y` may be any strided views. Allocates nothing; runs on the calling
 /// thread (it is one read and one write of `n·d` elements, a small share of any layer).
 ///
+/// `x`, the weights and `y` may each be f32, bf16 or f16: inputs are widened exactly, the
+/// arithmetic is f32, and each output is rounded once to `y`'s type (to nearest even).
+///
 /// Errors: those of the reference's `layer_norm`, in the same order.
-pub fn layer_norm(
-    x: MatRef<'_>,
-    norm: &LayerNormWeights<'_>,
+pub fn layer_norm<X: Convertible, W: Convertible, Y: Convertible>(
+    x: MatRef<'_, X>,
+    norm: &LayerNormWeights<'_, W>,
     eps: f32,
-    y: MatMut<'_>,
+    y: MatMut<'_, Y>,
 ) -> Result<()> {
     check_eps(eps)?;
     let (n, d) = (x.layout.rows, x.layout.cols);
@@ -40,19 +45,31 @@ pub fn layer_norm(
         if xl.col_stride == 1 && yl.col_stride == 1 {
             let xs = &x.data[xl.index(r, 0)..][..d];
             let ys = &mut y.data[yl.index(r, 0)..][..d];
-            let (mean, inv) = row_stats(d, |j| xs[j], eps);
+            let (mean, inv) = row_stats(d, |j| xs[j].widen(), eps);
             for (j, out) in ys.iter_mut().enumerate() {
-                *out = (xs[j] - mean) * inv * norm.gamma[j] + norm.beta[j];
+                *out = Y::from_f32(normalized(xs[j].widen(), mean, inv, norm, j));
             }
         } else {
-            let get = |j| x.data[xl.index(r, j)];
+            let get = |j| x.data[xl.index(r, j)].widen();
             let (mean, inv) = row_stats(d, get, eps);
             for j in 0..d {
-                y.data[yl.index(r, j)] = (get(j) - mean) * inv * norm.gamma[j] + norm.beta[j];
+                y.data[yl.index(r, j)] = Y::from_f32(normalized(get(j), mean, inv, norm, j));
             }
         }
     }
     Ok(())
+}
+
+/// `(x − μ)·inv·γ_j + β_j` in f32.
+#[inline(always)]
+fn normalized<W: Convertible>(
+    x: f32,
+    mean: f32,
+    inv: f32,
+    norm: &LayerNormWeights<'_, W>,
+    j: usize,
+) -> f32 {
+    (x - mean) * inv * norm.gamma[j].widen() + norm.beta[j].widen()
 }
 
 /// Mean and `1/√(σ² + eps)` of a row of `d ≥ 1` elements read through `get`.

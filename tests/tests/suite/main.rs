@@ -15,6 +15,7 @@ mod gemm_dtypes;
 mod golden;
 mod hostile;
 mod layers;
+mod layers_dtypes;
 mod layers_support;
 mod math;
 mod paged;

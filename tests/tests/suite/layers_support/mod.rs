@@ -47,19 +47,76 @@ impl Gen {
 /// Owned weights of an MHA layer, generated for a config; `fused` stores `wq | wk | wv` as
 /// adjacent column blocks of one `[in, q_w + k_w + v_w]` buffer (self-attention only), so the
 /// kernel runs the fused QKV GEMM. `var` are the layer's attention variants (none by default).
-pub struct MhaParams {
+/// Generated in f32; [`map`](Self::map) makes the same weights in another element type.
+#[derive(Clone)]
+pub struct MhaParams<T = f32> {
     pub cfg: MhaConfig,
-    pub wqkv: Vec<f32>,
-    pub wq: Vec<f32>,
-    pub wk: Vec<f32>,
-    pub wv: Vec<f32>,
-    pub wo: Vec<f32>,
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub bo: Option<Vec<f32>>,
+    pub wqkv: Vec<T>,
+    pub wq: Vec<T>,
+    pub wk: Vec<T>,
+    pub wv: Vec<T>,
+    pub wo: Vec<T>,
+    pub bq: Option<Vec<T>>,
+    pub bk: Option<Vec<T>>,
+    pub bv: Option<Vec<T>>,
+    pub bo: Option<Vec<T>>,
     pub fused: bool,
     pub var: VariantSpec,
+}
+
+/// `f` applied to every element of `v`.
+fn map_vec<T: Copy, U>(v: &[T], f: impl Fn(T) -> U) -> Vec<U> {
+    v.iter().map(|&x| f(x)).collect()
+}
+
+impl<T: Copy> MhaParams<T> {
+    /// The same layer with every weight and bias mapped by `f` (e.g. rounded to bf16).
+    pub fn map<U>(&self, f: impl Fn(T) -> U + Copy) -> MhaParams<U> {
+        let opt = |b: &Option<Vec<T>>| b.as_deref().map(|b| map_vec(b, f));
+        MhaParams {
+            cfg: self.cfg,
+            wqkv: map_vec(&self.wqkv, f),
+            wq: map_vec(&self.wq, f),
+            wk: map_vec(&self.wk, f),
+            wv: map_vec(&self.wv, f),
+            wo: map_vec(&self.wo, f),
+            bq: opt(&self.bq),
+            bk: opt(&self.bk),
+            bv: opt(&self.bv),
+            bo: opt(&self.bo),
+            fused: self.fused,
+            var: self.var.clone(),
+        }
+    }
+
+    /// The weight views (column blocks of `wqkv` when fused).
+    pub fn weights(&self) -> MhaWeights<'_, T> {
+        let c = &self.cfg;
+        let (qw, kw, vw) = (c.q_width(), c.k_width(), c.v_width());
+        let (wq, wk, wv) = if self.fused {
+            let t = qw + kw + vw;
+            let blk =
+                |cols, off| MatRef::new(&self.wqkv, MatLayout::strided(c.in_dim, cols, t, 1, off));
+            (blk(qw, 0), blk(kw, qw), blk(vw, qw + kw))
+        } else {
+            (
+                MatRef::row_major(&self.wq, c.in_dim, qw),
+                MatRef::row_major(&self.wk, c.kv_in_dim, kw),
+                MatRef::row_major(&self.wv, c.kv_in_dim, vw),
+            )
+        };
+        MhaWeights {
+            wq,
+            wk,
+            wv,
+            wo: MatRef::row_major(&self.wo, c.o_width(), c.in_dim),
+            bq: self.bq.as_deref(),
+            bk: self.bk.as_deref(),
+            bv: self.bv.as_deref(),
+            bo: self.bo.as_deref(),
+            variants: self.var.variants(),
+        }
+    }
 }
 
 impl MhaParams {
@@ -91,49 +148,54 @@ impl MhaParams {
     pub fn with_variants(self, var: VariantSpec) -> Self {
         Self { var, ..self }
     }
-
-    /// The weight views (column blocks of `wqkv` when fused).
-    pub fn weights(&self) -> MhaWeights<'_> {
-        let c = &self.cfg;
-        let (qw, kw, vw) = (c.q_width(), c.k_width(), c.v_width());
-        let (wq, wk, wv) = if self.fused {
-            let t = qw + kw + vw;
-            let blk =
-                |cols, off| MatRef::new(&self.wqkv, MatLayout::strided(c.in_dim, cols, t, 1, off));
-            (blk(qw, 0), blk(kw, qw), blk(vw, qw + kw))
-        } else {
-            (
-                MatRef::row_major(&self.wq, c.in_dim, qw),
-                MatRef::row_major(&self.wk, c.kv_in_dim, kw),
-                MatRef::row_major(&self.wv, c.kv_in_dim, vw),
-            )
-        };
-        MhaWeights {
-            wq,
-            wk,
-            wv,
-            wo: MatRef::row_major(&self.wo, c.o_width(), c.in_dim),
-            bq: self.bq.as_deref(),
-            bk: self.bk.as_deref(),
-            bv: self.bv.as_deref(),
-            bo: self.bo.as_deref(),
-            variants: self.var.variants(),
-        }
-    }
 }
 
-/// Owned weights of an encoder block.
-pub struct EncoderParams {
+/// Owned weights of an encoder block (f32, or mapped to another type by [`map`](Self::map)).
+pub struct EncoderParams<T = f32> {
     pub cfg: EncoderConfig,
-    pub attn: MhaParams,
-    pub g1: Vec<f32>,
-    pub be1: Vec<f32>,
-    pub w1: Vec<f32>,
-    pub b1: Vec<f32>,
-    pub w2: Vec<f32>,
-    pub b2: Vec<f32>,
-    pub g2: Vec<f32>,
-    pub be2: Vec<f32>,
+    pub attn: MhaParams<T>,
+    pub g1: Vec<T>,
+    pub be1: Vec<T>,
+    pub w1: Vec<T>,
+    pub b1: Vec<T>,
+    pub w2: Vec<T>,
+    pub b2: Vec<T>,
+    pub g2: Vec<T>,
+    pub be2: Vec<T>,
+}
+
+impl<T: Copy> EncoderParams<T> {
+    /// The same block with every weight mapped by `f`.
+    pub fn map<U>(&self, f: impl Fn(T) -> U + Copy) -> EncoderParams<U> {
+        EncoderParams {
+            cfg: self.cfg,
+            attn: self.attn.map(f),
+            g1: map_vec(&self.g1, f),
+            be1: map_vec(&self.be1, f),
+            w1: map_vec(&self.w1, f),
+            b1: map_vec(&self.b1, f),
+            w2: map_vec(&self.w2, f),
+            b2: map_vec(&self.b2, f),
+            g2: map_vec(&self.g2, f),
+            be2: map_vec(&self.be2, f),
+        }
+    }
+
+    /// The weight views.
+    pub fn weights(&self) -> EncoderWeights<'_, T> {
+        let (d, ff) = (self.cfg.attn.in_dim, self.cfg.ff_dim);
+        EncoderWeights {
+            attn: self.attn.weights(),
+            norm1: LayerNormWeights { gamma: &self.g1, beta: &self.be1 },
+            ff: FeedForwardWeights {
+                w1: MatRef::row_major(&self.w1, d, ff),
+                b1: Some(&self.b1),
+                w2: MatRef::row_major(&self.w2, ff, d),
+                b2: Some(&self.b2),
+            },
+            norm2: LayerNormWeights { gamma: &self.g2, beta: &self.be2 },
+        }
+    }
 }
 
 impl EncoderParams {
@@ -149,22 +211,6 @@ impl EncoderParams {
         let w2 = g.vec(ff * d, 1.0 / (ff.max(1) as f32).sqrt());
         let b2 = g.vec(d, 0.5);
         Self { cfg, attn, g1, be1, w1, b1, w2, b2, g2, be2 }
-    }
-
-    /// The weight views.
-    pub fn weights(&self) -> EncoderWeights<'_> {
-        let (d, ff) = (self.cfg.attn.in_dim, self.cfg.ff_dim);
-        EncoderWeights {
-            attn: self.attn.weights(),
-            norm1: LayerNormWeights { gamma: &self.g1, beta: &self.be1 },
-            ff: FeedForwardWeights {
-                w1: MatRef::row_major(&self.w1, d, ff),
-                b1: Some(&self.b1),
-                w2: MatRef::row_major(&self.w2, ff, d),
-                b2: Some(&self.b2),
-            },
-            norm2: LayerNormWeights { gamma: &self.g2, beta: &self.be2 },
-        }
     }
 }
 
