@@ -97,7 +97,15 @@ impl<'a> From<AnyRef<'a>> for KvRef<'a> {
     }
 }
 
-impl AnyRef<'_> {
+impl<'a> AnyRef<'a> {
+    /// The same elements under another layout (a sub-view: checked later, by its user).
+    pub fn with_layout(self, layout: Tensor4Layout) -> AnyRef<'a> {
+        match self {
+            AnyRef::F32(t) => AnyRef::F32(TensorRef::new(t.data, layout)),
+            AnyRef::BF16(t) => AnyRef::BF16(TensorRef::new(t.data, layout)),
+            AnyRef::F16(t) => AnyRef::F16(TensorRef::new(t.data, layout)),
+        }
+    }
     /// The view's layout.
     pub const fn layout(&self) -> &Tensor4Layout {
         match self {
@@ -196,6 +204,15 @@ impl AnyMut<'_> {
             AnyMut::F32(t) => t.check(arg),
             AnyMut::BF16(t) => t.check(arg),
             AnyMut::F16(t) => t.check(arg),
+        }
+    }
+    /// The same elements, reborrowed, under another layout (a sub-view: checked later, by its
+    /// user).
+    pub fn with_layout(&mut self, layout: Tensor4Layout) -> AnyMut<'_> {
+        match self {
+            AnyMut::F32(t) => AnyMut::F32(TensorMut::new(t.data, layout)),
+            AnyMut::BF16(t) => AnyMut::BF16(TensorMut::new(t.data, layout)),
+            AnyMut::F16(t) => AnyMut::F16(TensorMut::new(t.data, layout)),
         }
     }
     /// Reborrows, so the output can be passed on and used again.

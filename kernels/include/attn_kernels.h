@@ -601,8 +601,8 @@ typedef struct AttnVarlenArgs {
 //
 // **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; the first
 // version, through `variants`, is 328 bytes on 64-bit targets; version 2 adds the pools'
-// element types). Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every
-// available core, no variants, f32 pools.
+// element types, version 3 those of `q` and `o`). Fields left zero give: no mask, scale
+// `1/√dk`, no logsumexp, every available core, no variants, f32 pools, f32 `q` and `o`.
 typedef struct AttnPagedArgs {
   // `sizeof(AttnPagedArgs)` in the caller's header.
   size_t struct_size;
@@ -672,6 +672,10 @@ typedef struct AttnPagedArgs {
   const float *v_scales;
   // Floats at `v_scales`.
   size_t v_scales_len;
+  // The element type of `q` (`ATTN_DTYPE_F32`, `_BF16` or `_F16`; read as an `int32_t`).
+  int32_t q_dtype;
+  // The element type of `o`, as `q_dtype`: each value the f32 result rounded once to it.
+  int32_t o_dtype;
 } AttnPagedArgs;
 
 // The operands of one [`attn_append_kv`] call: new K/V rows of a packed batch appended to a
@@ -1095,7 +1099,8 @@ enum AttnStatus attn_varlen_attention(const struct AttnVarlenArgs *args);
 //
 // Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
 // `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
-// `args.has_scale`, `args.k_dtype`, `args.v_dtype`, `mask.kind`, `mask.causal_default_offset`,
+// `args.has_scale`, `args.k_dtype`, `args.v_dtype`, `args.q_dtype`, `args.o_dtype` (int8 for
+// `q` or `o`: `ATTN_STATUS_UNSUPPORTED_DTYPE`), `mask.kind`, `mask.causal_default_offset`,
 // `variants.struct_size` or `variants.has_window` for a value it may not take; then the null,
 // bounds and overlap checks (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `k_scales` and
 // `v_scales` for int8 pools, `block_table`, `seq_lens`, `sinks`, `alibi`, `lse`); then those

@@ -36,7 +36,7 @@ use rayon::prelude::*;
 
 use attn_core::batch::{packed_seq, PagePool, PagedKv};
 use attn_core::quant::q8_blocks;
-use attn_core::{AnyMut, Element, Mask, Result, TensorMut, TensorRef, Variants};
+use attn_core::{AnyMut, AnyRef, Element, Mask, Result, TensorMut, Variants};
 
 use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK, DECODE_PREFETCH_KEYS};
 use super::blocks::{
@@ -91,26 +91,27 @@ pub(crate) struct PagedPiece<'a> {
 
 /// The decode path over a paged cache: each piece is a problem of one batch whose keys and
 /// values are read in place from the pages of its sequence ([`Pages`]), and all pieces' chunk
-/// tasks share one parallel loop. `q: [1, hq, total_q, dk]`, `o: [1, hq, total_q, dv]` and
+/// tasks share one parallel loop. `q: [1, hq, total_q, dk]`, `o: [1, hq, total_q, dv]` (each of
+/// any floating type) and
 /// `lse` (`[hq, total_q]`) were checked against `cache` (already [`PagedKv::check`]ed) by the
 /// caller; `hkv` divides `hq`, and `variants` were checked for `hq` heads.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_paged(
     isa: Isa,
-    q: TensorRef<'_>,
+    q: AnyRef<'_>,
     cache: &PagedKv<'_>,
     pieces: &[PagedPiece<'_>],
     scale: f32,
     variants: Variants<'_>,
-    o: TensorMut<'_>,
+    mut o: AnyMut<'_>,
     mut lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
-    let total_q = q.layout.dims[2];
+    let total_q = q.layout().dims[2];
     let problems: Vec<_> = pieces
         .iter()
         .map(|pc| {
-            let qv = TensorRef::new(q.data, packed_seq(&q.layout, pc.rows.clone()));
+            let qv = q.with_layout(packed_seq(q.layout(), pc.rows.clone()));
             let nk = cache.seq_lens[pc.seq];
             let p =
                 Problem::piece(qv, cache.kv_heads, nk, cache.dv, scale, &pc.mask, pc.off, variants);
@@ -120,10 +121,10 @@ pub(crate) fn run_paged(
     let jobs: Vec<_> = problems.iter().map(|(p, src)| (p, *src)).collect();
     let partials = run_tasks(isa, &jobs, par)?;
     for ((p, _), (pc, parts)) in problems.iter().zip(pieces.iter().zip(&partials)) {
-        let out = TensorMut::new(&mut *o.data, packed_seq(&o.layout, pc.rows.clone()));
+        let layout = packed_seq(o.layout(), pc.rows.clone());
         let lse =
             lse.as_deref_mut().map(|out| LseOut { out, base: pc.rows.start, head_stride: total_q });
-        merge(isa, p, parts, AnyMut::F32(out), lse)?;
+        merge(isa, p, parts, o.with_layout(layout), lse)?;
     }
     Ok(())
 }

@@ -445,7 +445,7 @@ impl<'a> Problem<'a> {
     /// data): nothing may read them. Unchecked: the caller checked the batch they come from.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn piece(
-        q: TensorRef<'a>,
+        q: AnyRef<'a>,
         hkv: usize,
         nk: usize,
         dv: usize,
@@ -454,10 +454,10 @@ impl<'a> Problem<'a> {
         off: isize,
         variants: Variants<'a>,
     ) -> Self {
-        let [_, hq, nq, dk] = q.layout.dims;
+        let [_, hq, nq, dk] = q.layout().dims;
         let shape = |d| KvRef::F32(TensorRef::new(&[], Tensor4Layout::bhsd(1, hkv, nk, d)));
         Problem {
-            q: AnyRef::F32(q),
+            q,
             k: shape(dk),
             v: shape(dv),
             mask,

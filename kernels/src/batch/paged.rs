@@ -4,8 +4,8 @@
 
 use attn_core::batch::{PagedKv, SeqOffsets};
 use attn_core::{
-    check_attention, default_scale, expect_dim, Error, Mask, Result, Tensor4Layout, TensorMut,
-    TensorRef, Variants,
+    check_attention_any, default_scale, expect_dim, AnyMut, AnyRef, Error, KvRef, Mask, Result,
+    Tensor4Layout, TensorRef, Variants,
 };
 
 use crate::arch::{self, Isa};
@@ -25,7 +25,9 @@ pub const PAGED_Q_PIECE: usize = 16;
 /// [`append_kv`](super::append_kv)).
 ///
 /// Operands: `q: [1, hq, total_q, cache.dk]` and the output `o: [1, hq, total_q, cache.dv]`,
-/// packed views of any strides (see [`attn_core::batch`]); the cache's pools
+/// packed views of any strides (see [`attn_core::batch`]), each f32, bf16 or f16 (an
+/// [`AnyRef`] / [`AnyMut`]: `q` widened exactly, each output value the f32 result rounded once
+/// to nearest even, as dense attention does); the cache's pools
 /// `[num_pages, page_size, kv_heads, d]` and block table ([`PagedKv`]), each pool f32, bf16,
 /// f16 or int8 with block scales ([`PagePool`](attn_core::batch::PagePool); keys and values
 /// may differ); GQA when `kv_heads < hq`. The semantics are those of dense attention on the
@@ -82,7 +84,7 @@ pub const PAGED_Q_PIECE: usize = 16;
 #[derive(Debug)]
 #[must_use = "an attention problem computes nothing until `run`"]
 pub struct PagedAttention<'a> {
-    q: TensorRef<'a>,
+    q: AnyRef<'a>,
     cu_q: &'a [usize],
     cache: PagedKv<'a>,
     scale: Option<f32>,
@@ -96,9 +98,9 @@ pub struct PagedAttention<'a> {
 impl<'a> PagedAttention<'a> {
     /// The problem over packed queries, their cumulative offsets `cu_q` (`cu_seqlens_q`) and
     /// the cache, every setting at its default. Nothing is checked until [`run`](Self::run).
-    pub fn new(q: TensorRef<'a>, cu_q: &'a [usize], cache: PagedKv<'a>) -> Self {
+    pub fn new(q: impl Into<AnyRef<'a>>, cu_q: &'a [usize], cache: PagedKv<'a>) -> Self {
         PagedAttention {
-            q,
+            q: q.into(),
             cu_q,
             cache,
             scale: None,
@@ -148,22 +150,24 @@ impl<'a> PagedAttention<'a> {
 
     /// Checks the problem against the output `o: [1, hq, total_q, dv]` and computes it (see
     /// [`PagedAttention`] for the errors). Nothing is written when a check fails.
-    pub fn run(mut self, o: TensorMut<'_>) -> Result<()> {
+    pub fn run<'o>(mut self, o: impl Into<AnyMut<'o>>) -> Result<()> {
+        let o = o.into();
         let isa = self.isa.unwrap_or_else(arch::selected).require()?;
         let cache = self.cache;
         cache.check()?;
-        let scale = self.scale.unwrap_or_else(|| default_scale(self.q.layout.dims[3]));
+        let scale = self.scale.unwrap_or_else(|| default_scale(self.q.layout().dims[3]));
         if !matches!(self.mask, Mask::None | Mask::Causal { .. }) {
             return Err(Error::InvalidParameter {
                 arg: "mask",
                 requirement: "packed and paged batches take no mask, or a causal one",
             });
         }
-        expect_dim("q", "batch", 1, self.q.layout.dims[0])?;
+        expect_dim("q", "batch", 1, self.q.layout().dims[0])?;
         // The packed views checked against a cache of no keys: shapes, heads, bounds, output.
-        let none = |d| TensorRef::new(&[], Tensor4Layout::bhsd(1, cache.kv_heads, 0, d));
+        let none =
+            |d| KvRef::F32(TensorRef::new(&[], Tensor4Layout::bhsd(1, cache.kv_heads, 0, d)));
         let lse = self.lse.take();
-        let [_, hq, _, total_q, _, _, _] = check_attention(
+        let [_, hq, _, total_q, _, _, _] = check_attention_any(
             &self.q,
             &none(cache.dk),
             &none(cache.dv),

@@ -180,8 +180,8 @@ unsafe fn varlen_call(a: &AttnVarlenArgs) -> Result<(), Failure> {
 ///
 /// **Versioning** as `AttnAttentionArgs` (`struct_size` first, growing at the end; the first
 /// version, through `variants`, is 328 bytes on 64-bit targets; version 2 adds the pools'
-/// element types). Fields left zero give: no mask, scale `1/√dk`, no logsumexp, every
-/// available core, no variants, f32 pools.
+/// element types, version 3 those of `q` and `o`). Fields left zero give: no mask, scale
+/// `1/√dk`, no logsumexp, every available core, no variants, f32 pools, f32 `q` and `o`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnPagedArgs {
@@ -254,12 +254,22 @@ pub struct AttnPagedArgs {
     pub v_scales: *const f32,
     /// Floats at `v_scales`.
     pub v_scales_len: usize,
+    // Version 3: the element types of the queries and the output. Zero: f32, as before.
+    /// The element type of `q` (`ATTN_DTYPE_F32`, `_BF16` or `_F16`; read as an `int32_t`).
+    pub q_dtype: i32,
+    /// The element type of `o`, as `q_dtype`: each value the f32 result rounded once to it.
+    pub o_dtype: i32,
 }
 
 /// The smallest `struct_size` [`attn_paged_attention`] accepts: the first version of
 /// [`AttnPagedArgs`], through `variants` (f32 pools). Fixed for good.
 const PAGED_ARGS_MIN_SIZE: usize =
     std::mem::offset_of!(AttnPagedArgs, variants) + std::mem::size_of::<*const AttnVariants>();
+
+/// The sizes of the earlier versions of [`AttnPagedArgs`]: the first, and version 2 (through
+/// `v_scales_len`: the pools' element types).
+const PAGED_ARGS_VERSIONS: [usize; 2] =
+    [PAGED_ARGS_MIN_SIZE, std::mem::offset_of!(AttnPagedArgs, q_dtype)];
 
 /// A pool of a paged cache as a C struct gives it: `len` elements of type `t` at `ptr`, and
 /// for [`AttnDtype::Q8`] `scales_len` f32 scales at `scales`; `names` are the pool's and the
@@ -337,7 +347,8 @@ impl CPool {
 ///
 /// Statuses: `ATTN_STATUS_NULL_POINTER` naming `args` for a NULL `args`;
 /// `ATTN_STATUS_INVALID_PARAMETER` naming `args` (misaligned), `args.struct_size`,
-/// `args.has_scale`, `args.k_dtype`, `args.v_dtype`, `mask.kind`, `mask.causal_default_offset`,
+/// `args.has_scale`, `args.k_dtype`, `args.v_dtype`, `args.q_dtype`, `args.o_dtype` (int8 for
+/// `q` or `o`: `ATTN_STATUS_UNSUPPORTED_DTYPE`), `mask.kind`, `mask.causal_default_offset`,
 /// `variants.struct_size` or `variants.has_window` for a value it may not take; then the null,
 /// bounds and overlap checks (`q`, `o`, `cu_seqlens_q`, `k_pool`, `v_pool`, `k_scales` and
 /// `v_scales` for int8 pools, `block_table`, `seq_lens`, `sinks`, `alibi`, `lse`); then those
@@ -358,7 +369,7 @@ pub unsafe extern "C" fn attn_paged_attention(args: *const AttnPagedArgs) -> Att
         // SAFETY: the caller's contract; `AttnPagedArgs` is `repr(C)`, starts with its
         // `size_t struct_size`, and is valid when all-zero (integers, floats, raw pointers).
         let args =
-            unsafe { raw::read_sized(("args", "args.struct_size"), args, &[PAGED_ARGS_MIN_SIZE])? };
+            unsafe { raw::read_sized(("args", "args.struct_size"), args, &PAGED_ARGS_VERSIONS)? };
         // SAFETY: forwarded from the caller.
         unsafe { paged_call(&args) }
     })
@@ -401,12 +412,16 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
             names: ["v_pool", "v_scales"],
         },
     ];
+    let (qt, ot) = (
+        AttnDtype::floating("args.q_dtype", a.q_dtype)?,
+        AttnDtype::floating("args.o_dtype", a.o_dtype)?,
+    );
     let hq = a.q.dims[1];
     let cu_len = a
         .batch
         .checked_add(1)
         .ok_or(Failure::Api(attn_core::Error::IndexOverflow { arg: "cu_seqlens_q" }))?;
-    let mut inputs = vec![a.q.span("q")?, span("cu_seqlens_q", a.cu_seqlens_q, cu_len)?];
+    let mut inputs = vec![a.q.typed_span("q", qt)?, span("cu_seqlens_q", a.cu_seqlens_q, cu_len)?];
     for pool in &pools {
         inputs.extend(pool.spans()?);
     }
@@ -415,9 +430,10 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
     inputs.extend(variants.spans(hq)?);
     // SAFETY: forwarded from the caller.
     inputs.extend(unsafe { mask_span(a.mask)? });
-    disjoint(&[a.o.span("o")?, span("lse", a.lse, a.lse_len)?], &inputs)?;
+    disjoint(&[a.o.typed_span("o", ot)?, span("lse", a.lse, a.lse_len)?], &inputs)?;
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
-    let (q, mask, o) = unsafe { (a.q.view("q")?, mask_view(a.mask)?, a.o.view("o")?) };
+    let (q, mask, o) =
+        unsafe { (a.q.any_view("q", qt)?, mask_view(a.mask)?, a.o.any_view("o", ot)?) };
     // SAFETY: as above (inputs, and the one output `lse`).
     let (cu_q, k, v, block_table, seq_lens, lse) = unsafe {
         (
@@ -751,8 +767,10 @@ mod tests {
         #[cfg(target_pointer_width = "64")]
         assert_eq!(
             (std::mem::size_of::<AttnAppendKvArgs>(), std::mem::size_of::<AttnPagedArgs>()),
-            (280 + 48, 328 + 40)
+            (280 + 48, 328 + 40 + 8)
         );
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(PAGED_ARGS_VERSIONS, [328, 368]);
     }
 
     #[test]
@@ -982,6 +1000,8 @@ mod tests {
                 k_scales_len: 0,
                 v_scales: null(),
                 v_scales_len: 0,
+                q_dtype: 0,
+                o_dtype: 0,
             }
         }
 
@@ -1139,6 +1159,67 @@ mod tests {
             assert_eq!(run_paged(&a), status, "case {i}: {}", last_error());
             assert!(last_error().contains(arg), "case {i}: {}", last_error());
             assert!(b.o.iter().all(|x| x.is_nan()), "case {i}: wrote on error");
+        }
+    }
+
+    /// Version 3 of `AttnPagedArgs`: bf16 queries and an f16 output, the same bits as the
+    /// Rust call; a version-2 struct reads them as f32; int8 queries are
+    /// `ATTN_STATUS_UNSUPPORTED_DTYPE`, an unknown type an invalid parameter.
+    #[test]
+    fn typed_queries_and_output_paged_is_the_rust_api() {
+        let mut b = Paged::new();
+        let qb: Vec<bf16> = b.q.iter().map(|&x| bf16::from_f32(x)).collect();
+        let mut oh = vec![f16::NAN; b.o.len()];
+        let lo = packed(HQ, 5, D);
+        let base = AttnPagedArgs {
+            q: AttnTensor { data: qb.as_ptr().cast(), ..tensor(&b.q, lo) },
+            o: AttnTensorMut {
+                data: oh.as_mut_ptr().cast(),
+                dims: lo.dims,
+                strides: lo.strides,
+                offset: 0,
+            },
+            q_dtype: AttnDtype::Bf16 as i32,
+            o_dtype: AttnDtype::F16 as i32,
+            ..b.args(null())
+        };
+        assert_eq!(run_paged(&base), AttnStatus::Ok, "{}", last_error());
+        let cache = PagedKv {
+            k: PagePool::F32(&b.k),
+            v: PagePool::F32(&b.v),
+            page_size: 16,
+            kv_heads: 1,
+            dk: D,
+            dv: D,
+            block_table: &PAGED_TABLE,
+            max_pages: 2,
+            seq_lens: &PAGED_LENS,
+        };
+        let (mut want, mut lse) = (vec![f16::NAN; oh.len()], vec![f32::NAN; HQ * 5]);
+        PagedAttention::new(TensorRef::new(&qb, lo), &PAGED_CU, cache)
+            .lse(&mut lse)
+            .run(TensorMut::new(&mut want, lo))
+            .unwrap();
+        let hbits = |x: &[f16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!((hbits(&oh), bits(&b.lse)), (hbits(&want), bits(&lse)));
+        // Version 2 (through `v_scales_len`): q and o are f32, whatever follows.
+        let v2 = std::mem::offset_of!(AttnPagedArgs, q_dtype);
+        b.o.fill(f32::NAN);
+        let old = AttnPagedArgs { struct_size: v2, ..b.args(null()) };
+        assert_eq!(run_paged(&old), AttnStatus::Ok, "{}", last_error());
+        assert_eq!(bits(&b.o), bits(&b.rust(Mask::None).0));
+        oh.fill(f16::NAN);
+        for (a, status, arg) in [
+            (
+                AttnPagedArgs { q_dtype: AttnDtype::Q8 as i32, ..base },
+                AttnStatus::UnsupportedDtype,
+                "args.q_dtype",
+            ),
+            (AttnPagedArgs { o_dtype: 9, ..base }, AttnStatus::InvalidParameter, "args.o_dtype"),
+        ] {
+            assert_eq!(run_paged(&a), status, "{}", last_error());
+            assert!(last_error().contains(arg), "{}", last_error());
+            assert!(oh.iter().all(|x| x.is_nan()), "wrote on error");
         }
     }
 

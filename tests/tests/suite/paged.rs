@@ -31,8 +31,8 @@
 
 use attn_kernels::batch::{append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut};
 use attn_kernels::{
-    alibi_slopes, bf16, f16, quantize_q8, DType, Error, Isa, Mask, Q8Mut, Tensor4Layout, TensorMut,
-    TensorRef,
+    alibi_slopes, bf16, f16, quantize_q8, AnyMut, AnyRef, DType, Element, Error, Isa, Mask, Q8Mut,
+    Tensor4Layout, TensorMut, TensorRef,
 };
 use attn_tests::attention_support::{Case, MaskKind, Rng};
 use attn_tests::fuzz_decode::VariantSpec;
@@ -391,12 +391,27 @@ impl Batch {
 
     /// The kernel's output and logsumexps.
     fn kernel(&self, isa: Isa, threads: usize) -> (Vec<f32>, Vec<f32>) {
+        self.kernel_typed(isa, threads, &self.q)
+    }
+
+    /// The kernel's output in `O` and logsumexps, for the queries `q` (in `Q`, the batch's
+    /// query layout).
+    fn kernel_typed<Q: Element, O: Element>(
+        &self,
+        isa: Isa,
+        threads: usize,
+        q: &[Q],
+    ) -> (Vec<O>, Vec<f32>)
+    where
+        for<'a> TensorRef<'a, Q>: Into<AnyRef<'a>>,
+        for<'a> TensorMut<'a, O>: Into<AnyMut<'a>>,
+    {
         let (tq, l) = (self.total_q(), packed(self.hq, self.total_q(), self.dv));
-        let mut o = vec![f32::NAN; l.required_len().unwrap_or(0) + 3];
+        let mut o = vec![O::from_f32(f32::NAN); l.required_len().unwrap_or(0) + 3];
         let mut lse = vec![f32::NAN; self.hq * tq];
         let var = self.cases.first().map(|c| c.variants()).unwrap_or_default();
         PagedAttention::new(
-            TensorRef::new(&self.q, packed(self.hq, tq, self.dk)),
+            TensorRef::new(q, packed(self.hq, tq, self.dk)),
             &self.cu_q,
             self.cache(),
         )
@@ -540,8 +555,37 @@ proptest! {
             let two = batch.kernel(isa, 2);
             prop_assert_eq!(bits(&one.0), bits(&two.0), "threads: {}", isa);
             prop_assert_eq!(bits(&one.1), bits(&two.1), "threads: {}", isa);
+            typed_queries_and_output::<bf16>(&batch, isa)?;
+            typed_queries_and_output::<f16>(&batch, isa)?;
         }
     }
+}
+
+/// Queries and output in the half type `T`: bit for bit the f32 call on the widened queries
+/// with each output value rounded once to `T` (and the same logsumexps), which the f32 call's
+/// check against the reference covers. Q in `T` with an f32 output, and f32 Q with an output
+/// in `T`, likewise.
+fn typed_queries_and_output<T: Element>(batch: &Batch, isa: Isa) -> Result<(), TestCaseError>
+where
+    for<'a> TensorRef<'a, T>: Into<AnyRef<'a>>,
+    for<'a> TensorMut<'a, T>: Into<AnyMut<'a>>,
+{
+    let qt: Vec<T> = batch.q.iter().map(|&x| T::from_f32(x)).collect();
+    let qw: Vec<f32> = qt.iter().map(|x| x.to_f32()).collect();
+    let (o32, lse32) = batch.kernel_typed::<f32, f32>(isa, 1, &qw);
+    let rounded: Vec<u32> = o32.iter().map(|&x| T::from_f32(x).to_f32().to_bits()).collect();
+    let widen = |o: &[T]| o.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<_>>();
+    let what = format!("{isa} {:?}: {}", T::DTYPE, batch.describe());
+    let (ot, lt) = batch.kernel_typed::<T, T>(isa, 2, &qt);
+    prop_assert!(widen(&ot) == rounded, "typed Q and O: {}", what);
+    prop_assert_eq!(bits(&lt), bits(&lse32), "typed Q and O, lse: {}", what);
+    let (of, _) = batch.kernel_typed::<T, f32>(isa, 1, &qt);
+    prop_assert_eq!(bits(&of), bits(&o32), "typed Q, f32 O: {}", what);
+    let (ot, _) = batch.kernel_typed::<f32, T>(isa, 1, &batch.q);
+    let (of, _) = batch.kernel_typed::<f32, f32>(isa, 1, &batch.q);
+    let rounded: Vec<u32> = of.iter().map(|&x| T::from_f32(x).to_f32().to_bits()).collect();
+    prop_assert!(widen(&ot) == rounded, "f32 Q, typed O: {}", what);
+    Ok(())
 }
 
 /// Long sequences (several key chunks, so the split and its merge run) in pages of every size,
