@@ -1005,9 +1005,9 @@ mod tests {
             }
         }
 
-        fn rust(&self, mask: Mask<'_>) -> (Vec<f32>, Vec<f32>) {
-            let (mut o, mut lse) = (vec![f32::NAN; self.o.len()], vec![f32::NAN; HQ * 5]);
-            let cache = PagedKv {
+        /// The cache over the f32 pools.
+        fn cache(&self) -> PagedKv<'_> {
+            PagedKv {
                 k: PagePool::F32(&self.k),
                 v: PagePool::F32(&self.v),
                 page_size: 16,
@@ -1017,8 +1017,12 @@ mod tests {
                 block_table: &PAGED_TABLE,
                 max_pages: 2,
                 seq_lens: &PAGED_LENS,
-            };
-            PagedAttention::new(TensorRef::new(&self.q, packed(HQ, 5, D)), &PAGED_CU, cache)
+            }
+        }
+
+        fn rust(&self, mask: Mask<'_>) -> (Vec<f32>, Vec<f32>) {
+            let (mut o, mut lse) = (vec![f32::NAN; self.o.len()], vec![f32::NAN; HQ * 5]);
+            PagedAttention::new(TensorRef::new(&self.q, packed(HQ, 5, D)), &PAGED_CU, self.cache())
                 .mask(mask)
                 .lse(&mut lse)
                 .run(TensorMut::new(&mut o, packed(HQ, 5, D)))
@@ -1184,19 +1188,8 @@ mod tests {
             ..b.args(null())
         };
         assert_eq!(run_paged(&base), AttnStatus::Ok, "{}", last_error());
-        let cache = PagedKv {
-            k: PagePool::F32(&b.k),
-            v: PagePool::F32(&b.v),
-            page_size: 16,
-            kv_heads: 1,
-            dk: D,
-            dv: D,
-            block_table: &PAGED_TABLE,
-            max_pages: 2,
-            seq_lens: &PAGED_LENS,
-        };
         let (mut want, mut lse) = (vec![f16::NAN; oh.len()], vec![f32::NAN; HQ * 5]);
-        PagedAttention::new(TensorRef::new(&qb, lo), &PAGED_CU, cache)
+        PagedAttention::new(TensorRef::new(&qb, lo), &PAGED_CU, b.cache())
             .lse(&mut lse)
             .run(TensorMut::new(&mut want, lo))
             .unwrap();
