@@ -74,32 +74,17 @@ struct Weights<T> {
     ff: [Vec<T>; 4],
 }
 
-impl Weights<bf16> {
-    /// The exact f32 values of the weights.
-    fn to_f32(&self) -> Weights<f32> {
-        let r = |v: &Vec<bf16>| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+impl<T: Copy> Weights<T> {
+    /// Every weight mapped by `f` (rounded to bf16, or widened back).
+    fn map<U>(&self, f: impl Fn(T) -> U + Copy) -> Weights<U> {
+        let m = |v: &Vec<T>| v.iter().map(|&x| f(x)).collect::<Vec<_>>();
         Weights {
-            wqkv: r(&self.wqkv),
-            bqkv: r(&self.bqkv),
-            wo: r(&self.wo),
-            bo: r(&self.bo),
-            norms: self.norms.each_ref().map(r),
-            ff: self.ff.each_ref().map(r),
-        }
-    }
-}
-
-impl Weights<f32> {
-    /// The same weights rounded to bf16.
-    fn to_bf16(&self) -> Weights<bf16> {
-        let r = |v: &Vec<f32>| v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>();
-        Weights {
-            wqkv: r(&self.wqkv),
-            bqkv: r(&self.bqkv),
-            wo: r(&self.wo),
-            bo: r(&self.bo),
-            norms: self.norms.each_ref().map(r),
-            ff: self.ff.each_ref().map(r),
+            wqkv: m(&self.wqkv),
+            bqkv: m(&self.bqkv),
+            wo: m(&self.wo),
+            bo: m(&self.bo),
+            norms: self.norms.each_ref().map(m),
+            ff: self.ff.each_ref().map(m),
         }
     }
 }
@@ -161,11 +146,11 @@ impl Problem {
         };
         // Rounded to bf16, so that the f32 and the bf16 rows compute on the same values (which
         // the f32 row holds exactly), and the bf16 row is checked against the same reference.
-        let wb = w32.to_bf16();
+        let wb = w32.map(bf16::from_f32);
         let xb: Vec<bf16> =
             uniform(batch * n * d, 1.0, 0.0).into_iter().map(bf16::from_f32).collect();
         Ok(Problem {
-            w: wb.to_f32(),
+            w: wb.map(|x| x.to_f32()),
             x: xb.iter().map(|v| v.to_f32()).collect(),
             wb,
             xb,
