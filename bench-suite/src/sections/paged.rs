@@ -1,7 +1,7 @@
 //! Paged decode: one query per sequence for 32 sequences of a fixed mix of lengths (1..8192),
 //! 16 query heads over 2 K/V heads (GQA), d = 128, their K/V in a paged pool (shuffled pages
 //! of 16 and of 128 slots) read in place by `PagedAttention`. Bandwidth-bound, so the figure
-//! is GB/s of K/V.
+//! is GB/s of the K/V bytes read (`DType::row_bytes`: values, plus the scales of int8).
 //!
 //! Beside it, in alternating calls, the same K/V bytes stored dense (each sequence's keys
 //! contiguous, `[len, kv_heads, d]`) run by the existing decode path, one `Attention` call per
@@ -10,11 +10,22 @@
 //! (a batch padded to the longest sequence would read 4× the bytes of this mix and flatter the
 //! paged call). Target: paged ≥ 0.9× of dense. With several threads the dense calls each
 //! split their own keys, while the paged call shares all sequences' chunks in one loop.
+//!
+//! Each page type is a pair of rows: f32 (`attn-kernels` beside `dense`), bf16
+//! (`attn-kernels-bf16` beside `dense-bf16`) and int8 with f32 block scales
+//! (`attn-kernels-q8` beside `dense-q8`: `PagePool::Q8` against `KvRef::Q8` on the same bytes).
+//!
+//! Checks: both rows of each type on a small mix (lengths 0, 1 and across pages) against the
+//! reference's paged attention on the values the stored elements represent (widened, or
+//! `fl(q·scale)`), each sequence within the bound of its dense problem on those values.
+
+use std::ops::Range;
 
 use attn_kernels::attention::{Attention, Path};
 use attn_kernels::batch::{packed_seq, PagePool, PagedAttention, PagedKv};
-use attn_kernels::Parallelism;
+use attn_kernels::{bf16, quantize_q8, DType, KvRef, Parallelism, Q8Mut, Q8Ref};
 use attn_reference::attention::default_scale;
+use attn_reference::quant::q8_blocks;
 use attn_reference::{Mask, Tensor4Layout, TensorMut, TensorRef};
 
 use super::{Call, Ctx, Work};
@@ -43,9 +54,112 @@ fn cumulative(lens: &[usize]) -> Vec<usize> {
     cu
 }
 
+/// An element type of the pages (and of the dense K/V beside them): f32, bf16, or int8 with one
+/// f32 scale per block of 32 values along `d` (`Scales` holds them; empty for the others).
+trait Elem: Copy + Default {
+    /// The element type.
+    const DTYPE: DType;
+    /// The names of its rows: the paged call and the dense one.
+    const IMPS: [&'static str; 2];
+    /// Rows of `d` values stored: the elements, and their scales (int8 only).
+    fn store(x: &[f32], d: usize) -> Stored<Self>;
+    /// The value element `i` represents (rows of `d`), as the kernels compute on it.
+    fn value(s: &Stored<Self>, i: usize, d: usize) -> f32;
+    /// A pool of pages of these elements.
+    fn pool(s: &Stored<Self>) -> PagePool<'_>;
+    /// A dense K/V view: `values`, and `scales` (int8 only).
+    fn kv<'a>(values: TensorRef<'a, Self>, scales: TensorRef<'a, f32>) -> KvRef<'a>;
+}
+
+/// Scales per token row of `d` values: `⌈d/32⌉` for int8, none for the float types.
+fn scale_width<T: Elem>(d: usize) -> usize {
+    if T::DTYPE == DType::Q8 {
+        q8_blocks(d)
+    } else {
+        0
+    }
+}
+
+/// Elements in one storage type, and their int8 block scales (empty for the float types).
+struct Stored<T> {
+    values: Vec<T>,
+    scales: Vec<f32>,
+}
+
+impl<T: Elem> Stored<T> {
+    /// The K/V view of `tokens` of dense rows laid out as `values` (and `scales`, int8 only).
+    fn tokens(
+        &self,
+        values: &Tensor4Layout,
+        scales: &Tensor4Layout,
+        tokens: Range<usize>,
+    ) -> KvRef<'_> {
+        T::kv(
+            TensorRef::new(&self.values, packed_seq(values, tokens.clone())),
+            TensorRef::new(&self.scales, packed_seq(scales, tokens)),
+        )
+    }
+}
+
+impl Elem for f32 {
+    const DTYPE: DType = DType::F32;
+    const IMPS: [&'static str; 2] = ["attn-kernels", "dense"];
+    fn store(x: &[f32], _: usize) -> Stored<f32> {
+        Stored { values: x.to_vec(), scales: Vec::new() }
+    }
+    fn value(s: &Stored<f32>, i: usize, _: usize) -> f32 {
+        s.values[i]
+    }
+    fn pool(s: &Stored<f32>) -> PagePool<'_> {
+        PagePool::F32(&s.values)
+    }
+    fn kv<'a>(values: TensorRef<'a, f32>, _: TensorRef<'a, f32>) -> KvRef<'a> {
+        values.into()
+    }
+}
+
+impl Elem for bf16 {
+    const DTYPE: DType = DType::BF16;
+    const IMPS: [&'static str; 2] = ["attn-kernels-bf16", "dense-bf16"];
+    fn store(x: &[f32], _: usize) -> Stored<bf16> {
+        Stored { values: x.iter().map(|&v| bf16::from_f32(v)).collect(), scales: Vec::new() }
+    }
+    fn value(s: &Stored<bf16>, i: usize, _: usize) -> f32 {
+        s.values[i].to_f32()
+    }
+    fn pool(s: &Stored<bf16>) -> PagePool<'_> {
+        PagePool::BF16(&s.values)
+    }
+    fn kv<'a>(values: TensorRef<'a, bf16>, _: TensorRef<'a, f32>) -> KvRef<'a> {
+        values.into()
+    }
+}
+
+impl Elem for i8 {
+    const DTYPE: DType = DType::Q8;
+    const IMPS: [&'static str; 2] = ["attn-kernels-q8", "dense-q8"];
+    fn store(x: &[f32], d: usize) -> Stored<i8> {
+        let rows = x.len() / d;
+        let mut s = Stored { values: vec![0; x.len()], scales: vec![0.0; rows * q8_blocks(d)] };
+        let dst = Q8Mut::bhsd(&mut s.values, &mut s.scales, 1, 1, rows, d);
+        quantize_q8(TensorRef::new(x, Tensor4Layout::bhsd(1, 1, rows, d)), dst)
+            .expect("finite inputs quantise");
+        s
+    }
+    fn value(s: &Stored<i8>, i: usize, d: usize) -> f32 {
+        f32::from(s.values[i]) * s.scales[(i / d) * q8_blocks(d) + (i % d) / 32]
+    }
+    fn pool(s: &Stored<i8>) -> PagePool<'_> {
+        PagePool::Q8 { values: &s.values, scales: &s.scales }
+    }
+    fn kv<'a>(values: TensorRef<'a, i8>, scales: TensorRef<'a, f32>) -> KvRef<'a> {
+        Q8Ref::new(values, scales).into()
+    }
+}
+
 /// One decode step of a batch: the dense K/V (sequences packed `[total, hkv, d]`), the same
-/// rows in a paged pool with shuffled pages, and one query per sequence.
-struct Batch {
+/// elements in a paged pool with shuffled pages, and one query per sequence.
+struct Batch<T> {
     lens: Vec<usize>,
     cu_k: Vec<usize>,
     cu_q: Vec<usize>,
@@ -53,17 +167,18 @@ struct Batch {
     hkv: usize,
     d: usize,
     q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Stored<T>,
+    v: Stored<T>,
     page_size: usize,
-    pool_k: Vec<f32>,
-    pool_v: Vec<f32>,
+    pages: usize,
+    pool_k: Stored<T>,
+    pool_v: Stored<T>,
     table: Vec<u32>,
     max_pages: usize,
 }
 
-impl Batch {
-    fn new(lens: &[usize], hq: usize, hkv: usize, d: usize, page_size: usize, seed: u64) -> Batch {
+impl<T: Elem> Batch<T> {
+    fn new(lens: &[usize], hq: usize, hkv: usize, d: usize, page_size: usize, seed: u64) -> Self {
         let cu_k = cumulative(lens);
         let total = cu_k[lens.len()];
         let mut rng = Rng::new(seed);
@@ -80,42 +195,61 @@ impl Batch {
         }
         let mut table = vec![0u32; lens.len() * max_pages];
         let mut next = order.into_iter();
-        let slot = page_size * hkv * d;
-        let (mut pool_k, mut pool_v) = (vec![0.0f32; pages * slot], vec![0.0f32; pages * slot]);
         for (b, &n) in need.iter().enumerate() {
             for p in 0..n {
-                let page = next.next().unwrap_or(0);
-                table[b * max_pages + p] = page;
-                let rows = (lens[b] - p * page_size).min(page_size) * hkv * d;
-                let src = (cu_k[b] + p * page_size) * hkv * d;
-                let dst = page as usize * slot;
-                pool_k[dst..dst + rows].copy_from_slice(&k[src..src + rows]);
-                pool_v[dst..dst + rows].copy_from_slice(&v[src..src + rows]);
+                table[b * max_pages + p] = next.next().unwrap_or(0);
             }
         }
-        let cu_q = (0..=lens.len()).collect();
-        Batch {
+        let empty = || Stored { values: Vec::new(), scales: Vec::new() };
+        let mut batch = Batch {
             lens: lens.to_vec(),
             cu_k,
-            cu_q,
+            cu_q: (0..=lens.len()).collect(),
             hq,
             hkv,
             d,
             q,
-            k,
-            v,
+            k: T::store(&k, d),
+            v: T::store(&v, d),
             page_size,
-            pool_k,
-            pool_v,
+            pages,
+            pool_k: empty(),
+            pool_v: empty(),
             table,
             max_pages,
+        };
+        batch.pool_k = batch.paginate(&batch.k);
+        batch.pool_v = batch.paginate(&batch.v);
+        batch
+    }
+
+    /// The pages of the dense `x` (values and scales), as the block table places them.
+    fn paginate<E: Elem>(&self, x: &Stored<E>) -> Stored<E> {
+        Stored {
+            values: self.pages_of(&x.values, self.hkv * self.d),
+            scales: self.pages_of(&x.scales, self.hkv * scale_width::<E>(self.d)),
         }
     }
 
-    fn cache(&self) -> PagedKv<'_> {
+    /// The pages of dense rows of `width` elements per token.
+    fn pages_of<E: Copy + Default>(&self, x: &[E], width: usize) -> Vec<E> {
+        let slot = self.page_size * width;
+        let mut pool = vec![E::default(); self.pages * slot];
+        for (b, &n) in self.lens.iter().enumerate() {
+            for p in 0..n.div_ceil(self.page_size) {
+                let rows = (n - p * self.page_size).min(self.page_size) * width;
+                let src = (self.cu_k[b] + p * self.page_size) * width;
+                let dst = self.table[b * self.max_pages + p] as usize * slot;
+                pool[dst..dst + rows].copy_from_slice(&x[src..src + rows]);
+            }
+        }
+        pool
+    }
+
+    fn cache<'a>(&'a self, k: PagePool<'a>, v: PagePool<'a>) -> PagedKv<'a> {
         PagedKv {
-            k: PagePool::F32(&self.pool_k),
-            v: PagePool::F32(&self.pool_v),
+            k,
+            v,
             page_size: self.page_size,
             kv_heads: self.hkv,
             dk: self.d,
@@ -127,7 +261,7 @@ impl Batch {
     }
 
     fn kv_bytes(&self) -> f64 {
-        2.0 * (self.cu_k[self.lens.len()] * self.hkv * self.d * 4) as f64
+        2.0 * (self.cu_k[self.lens.len()] * self.hkv * T::DTYPE.row_bytes(self.d)) as f64
     }
 
     fn shape(&self) -> Shape {
@@ -148,7 +282,8 @@ impl Batch {
     }
 
     fn paged(&self, o: &mut [f32], threads: usize) -> attn_kernels::Result<()> {
-        PagedAttention::new(TensorRef::new(&self.q, self.q_layout()), &self.cu_q, self.cache())
+        let cache = self.cache(T::pool(&self.pool_k), T::pool(&self.pool_v));
+        PagedAttention::new(TensorRef::new(&self.q, self.q_layout()), &self.cu_q, cache)
             .mask(Mask::CAUSAL)
             .parallelism(Parallelism::threads(threads))
             .run(TensorMut::new(o, self.q_layout()))
@@ -156,13 +291,15 @@ impl Batch {
 
     /// The existing decode path, one call per sequence over its dense K/V.
     fn dense(&self, o: &mut [f32], threads: usize) -> attn_kernels::Result<()> {
-        let (ql, kl) = (self.q_layout(), packed(self.hkv, self.cu_k[self.lens.len()], self.d));
+        let total = self.cu_k[self.lens.len()];
+        let (ql, kl) = (self.q_layout(), packed(self.hkv, total, self.d));
+        let sl = packed(self.hkv, total, scale_width::<T>(self.d));
         for b in 0..self.lens.len() {
             let kv = self.cu_k[b]..self.cu_k[b + 1];
             Attention::new(
                 TensorRef::new(&self.q, packed_seq(&ql, b..b + 1)),
-                TensorRef::new(&self.k, packed_seq(&kl, kv.clone())),
-                TensorRef::new(&self.v, packed_seq(&kl, kv)),
+                self.k.tokens(&kl, &sl, kv.clone()),
+                self.v.tokens(&kl, &sl, kv),
             )
             .mask(Mask::CAUSAL)
             .path(Path::Decode)
@@ -171,18 +308,27 @@ impl Batch {
         }
         Ok(())
     }
+
+    /// The values the dense K or V elements represent, as f32.
+    fn exact(&self, x: &Stored<T>) -> Stored<f32> {
+        let values = (0..x.values.len()).map(|i| T::value(x, i, self.d)).collect();
+        Stored { values, scales: Vec::new() }
+    }
 }
 
-/// Checks the paged call against the reference's paged attention on a small mix (lengths 0, 1
-/// and across pages), each sequence within the bound of its dense problem.
-fn check(ctx: &mut Ctx) {
-    let p = Batch::new(&[37, 0, 1, 300, 16, 129], 8, 2, 64, 16, 0x9a6e);
+/// Checks both rows of type `T` (the paged call and the dense calls) against the reference's
+/// paged attention on a small mix (lengths 0, 1 and across pages), run on the values the
+/// stored elements represent; each sequence within the bound of its dense problem on them.
+fn check<T: Elem>(ctx: &mut Ctx) {
+    let p = Batch::<T>::new(&[37, 0, 1, 300, 16, 129], 8, 2, 64, 16, 0x9a6e);
     let (sh, ql, scale) = (p.shape(), p.q_layout(), default_scale(p.d));
+    let (k, v) = (p.exact(&p.k), p.exact(&p.v));
+    let (pool_k, pool_v) = (p.paginate(&k), p.paginate(&v));
     let mut want = vec![0.0f32; p.q.len()];
     let reference = attn_reference::batch::attention_paged(
         TensorRef::new(&p.q, ql),
         &p.cu_q,
-        &p.cache(),
+        &p.cache(PagePool::F32(&pool_k.values), PagePool::F32(&pool_v.values)),
         scale,
         &Mask::CAUSAL,
         &attn_reference::attention::Variants::NONE,
@@ -195,13 +341,13 @@ fn check(ctx: &mut Ctx) {
     }
     // Per sequence: the bound of its dense problem (weights from |V|), at its packed rows.
     let kl = packed(p.hkv, p.cu_k[p.lens.len()], p.d);
-    let abs_v: Vec<f32> = p.v.iter().map(|x| x.abs()).collect();
+    let abs_v: Vec<f32> = v.values.iter().map(|x| x.abs()).collect();
     let mut bound = vec![0.0f64; p.q.len()];
     for b in 0..p.lens.len() {
         let (qs, ks) = (packed_seq(&ql, b..b + 1), packed_seq(&kl, p.cu_k[b]..p.cu_k[b + 1]));
         let dense = Tensor4Layout::bhsd(1, p.hq, 1, p.d);
         let mut w = vec![0.0f32; p.hq * p.d];
-        let (q, k) = (TensorRef::new(&p.q, qs), TensorRef::new(&p.k, ks));
+        let (q, k) = (TensorRef::new(&p.q, qs), TensorRef::new(&k.values, ks));
         let r = attn_reference::attention::attention(
             q,
             k,
@@ -223,33 +369,48 @@ fn check(ctx: &mut Ctx) {
         }
     }
     for &t in &ctx.threads.clone() {
-        let mut got = vec![f32::NAN; p.q.len()];
-        let verdict: Result<Verdict, String> =
-            p.paged(&mut got, t).map(|()| compare(&got, &want, &bound)).map_err(|e| e.to_string());
-        ctx.check(OP, "attn-kernels", sh.clone(), t, verdict);
+        for (imp, dense) in T::IMPS.into_iter().zip([false, true]) {
+            let mut got = vec![f32::NAN; p.q.len()];
+            let r = if dense { p.dense(&mut got, t) } else { p.paged(&mut got, t) };
+            let verdict: Result<Verdict, String> =
+                r.map(|()| compare(&got, &want, &bound)).map_err(|e| e.to_string());
+            ctx.check(OP, imp, sh.clone(), t, verdict);
+        }
     }
 }
 
-/// Runs the section.
-pub fn run(ctx: &mut Ctx) {
-    check(ctx);
+/// Times the rows of type `T`: the paged call beside the dense calls on the same bytes, in
+/// alternating calls, for each page size and thread count.
+fn bench<T: Elem>(ctx: &mut Ctx) {
     let threads = ctx.threads.clone();
     let mix: &[usize] = if ctx.quick { &MIX_QUICK } else { &MIX };
+    let [paged, dense] = T::IMPS;
     for page_size in [16, 128] {
-        let p = Batch::new(mix, 16, 2, 128, page_size, 0x7a6e);
+        let p = Batch::<T>::new(mix, 16, 2, 128, page_size, 0x7a6e);
         ctx.progress.log(&format!(
-            "{OP}: {} sequences, {:.0} MiB of K/V, pages of {page_size}",
+            "{OP}: {} sequences, {:.0} MiB of {} K/V, pages of {page_size}",
             mix.len(),
-            p.kv_bytes() / (1u64 << 20) as f64
+            p.kv_bytes() / (1u64 << 20) as f64,
+            T::DTYPE,
         ));
         let work = Work::Bytes(p.kv_bytes());
         let (mut o1, mut o2) = (vec![0.0f32; p.q.len()], vec![0.0f32; p.q.len()]);
         for &t in &threads {
             let mut ours = || p.paged(&mut o1, t).map_err(|e| e.to_string());
-            let mut dense = || p.dense(&mut o2, t).map_err(|e| e.to_string());
+            let mut plain = || p.dense(&mut o2, t).map_err(|e| e.to_string());
             let imps: &mut [(&'static str, Call<'_>)] =
-                &mut [("attn-kernels", &mut ours), ("dense", &mut dense)];
+                &mut [(paged, &mut ours), (dense, &mut plain)];
             ctx.bench_alternating(OP, p.shape(), t, work, None, imps);
         }
     }
+}
+
+/// Runs the section.
+pub fn run(ctx: &mut Ctx) {
+    check::<f32>(ctx);
+    check::<bf16>(ctx);
+    check::<i8>(ctx);
+    bench::<f32>(ctx);
+    bench::<bf16>(ctx);
+    bench::<i8>(ctx);
 }
