@@ -137,7 +137,8 @@ typedef enum AttnPath {
   ATTN_PATH_UNFUSED = 3,
 } AttnPath;
 
-// The values of the `*_dtype` fields of [`AttnAttentionArgs`]: the element type of an
+// The values of the `*_dtype` fields of [`AttnAttentionArgs`] (and of the other argument
+// structs: paged, varlen, cache writes, [`AttnLayerOptions`]): the element type of an
 // operand. The fields are `int32_t`: any other value is `ATTN_STATUS_INVALID_PARAMETER`
 // naming the field. Accumulation and the softmax are f32 whatever the operands' types.
 typedef enum AttnDtype {
@@ -374,11 +375,12 @@ typedef struct AttnMhaConfig {
 // Caller-owned MHA weights, each `[in, out]` (`y = x·W + b`): `wq: [in_dim, heads·k_dim]`,
 // `wk: [kv_in_dim, kv_heads·k_dim]`, `wv: [kv_in_dim, kv_heads·v_dim]`,
 // `wo: [heads·v_dim, in_dim]`. Biases may be null (none); otherwise they hold the matching
-// output width.
+// output width. The elements are `float`s, or of the type [`AttnLayerOptions::weights_dtype`]
+// names for the `_with_options` entry points (all of one type).
 //
 // `wq`, `wk`, `wv` that are adjacent column blocks of one buffer run as one GEMM (self-
 // attention; `wk`, `wv` alone for cross-attention): same `rows`, `row_stride`, `col_stride`,
-// each block's first element (`data + offset`) exactly `cols·col_stride` floats after the
+// each block's first element (`data + offset`) exactly `cols·col_stride` elements after the
 // previous block's, and either the same `data` pointer (offsets selecting the blocks: e.g. a
 // row-major `[in, 3·w]` weight with offsets 0, w, 2w, or PyTorch's `in_proj_weight [3·w, in]`
 // read column-major with offsets 0, w·in, 2·w·in) or byte ranges that overlap (e.g. `data`
@@ -447,6 +449,37 @@ typedef struct AttnVariants {
   // (else `ATTN_STATUS_NON_FINITE` naming `alibi`).
   const float *alibi;
 } AttnVariants;
+
+// The options of a layer call that are not attention variants, for
+// [`attn_mha_forward_with_options`], [`attn_cross_attention_forward_with_options`] and
+// [`attn_encoder_forward_with_options`]; so far the element types. A NULL
+// `const AttnLayerOptions*` means the defaults (f32 weights and activations, as the entry
+// points without `_with_options`).
+//
+// **Versioning** as [`AttnVariants`]: `struct_size` first, the struct only grows at its end.
+// Zero-initialise it, set `struct_size = sizeof(AttnLayerOptions)`, then the fields you need.
+// The first version is the whole struct (16 bytes on 64-bit targets). A wrong `struct_size`
+// is `ATTN_STATUS_INVALID_PARAMETER` naming `options.struct_size`.
+//
+// **Element types.** A typed layer computes what the f32 layer computes on the exact values
+// its operands hold (every weight and input widened to f32 exactly), and rounds each output
+// element once to the activations' type, to nearest even (an f16 output beyond ±65504 rounds
+// to ±infinity). Accumulation, the workspace (still `float`, of the length the
+// `*_workspace_len` functions give whatever the types) and the attention inside are f32.
+typedef struct AttnLayerOptions {
+  // `sizeof(AttnLayerOptions)` in the caller's header (see the versioning rule above).
+  size_t struct_size;
+  // The element type of every weight matrix, bias and layer-norm vector of the layer: an
+  // [`AttnDtype`] value, `ATTN_DTYPE_F32` (0, the default), `ATTN_DTYPE_BF16` or
+  // `ATTN_DTYPE_F16`; the pointers of the weights struct then address elements of that
+  // type (`uint16_t` bits for the half types; cast them to the declared `float*`).
+  // `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, an unknown value
+  // `ATTN_STATUS_INVALID_PARAMETER`, both naming `options.weights_dtype`.
+  int32_t weights_dtype;
+  // The element type of the inputs (`x`, `x1`, `x2`) and of the output `y`, as
+  // `weights_dtype` (errors name `options.activations_dtype`).
+  int32_t activations_dtype;
+} AttnLayerOptions;
 
 // The shape of a post-norm encoder block.
 typedef struct AttnEncoderConfig {
@@ -965,6 +998,29 @@ enum AttnStatus attn_mha_forward_with_variants(const struct AttnMhaConfig *cfg,
                                                size_t workspace_len,
                                                size_t threads);
 
+// [`attn_mha_forward_with_variants`] with the options `options` (NULL: the defaults): the
+// element types of the weights and of `x` and `y` (see [`AttnLayerOptions`]; the workspace
+// stays `float`). Statuses: those of [`attn_mha_forward_with_variants`], with
+// `options.struct_size` and the dtype fields checked after the variants' struct; spans (for
+// the overlap checks) count the bytes of each operand's type.
+//
+// # Safety
+//
+// As [`attn_mha_forward_with_variants`], with every weight and vector of the weights struct
+// addressing elements of `options->weights_dtype` and `x`, `y` of
+// `options->activations_dtype`; `options` is null or addresses `options->struct_size`
+// readable, initialised bytes.
+enum AttnStatus attn_mha_forward_with_options(const struct AttnMhaConfig *cfg,
+                                              const struct AttnMhaWeights *weights,
+                                              const struct AttnVariants *variants,
+                                              const struct AttnLayerOptions *options,
+                                              struct AttnTensor x,
+                                              const struct AttnMask *mask,
+                                              struct AttnTensorMut y,
+                                              float *workspace,
+                                              size_t workspace_len,
+                                              size_t threads);
+
 // Cross-attention `y = CrossAttention(x1, x2)` (`x1`, `y`: `[batch, 1, n1, in_dim]`, `x2`:
 // `[batch, 1, n2, kv_in_dim]`, mask over `[batch, heads, n1, n2]` or null); workspace,
 // weights and `threads` as [`attn_mha_forward`] (adjacent `wk`/`wv` blocks run as one GEMM).
@@ -1000,6 +1056,25 @@ enum AttnStatus attn_cross_attention_forward_with_variants(const struct AttnMhaC
                                                            float *workspace,
                                                            size_t workspace_len,
                                                            size_t threads);
+
+// [`attn_cross_attention_forward_with_variants`] with the options `options` (NULL: the
+// defaults), as [`attn_mha_forward_with_options`] (`x1`, `x2` and `y` of
+// `options->activations_dtype`).
+//
+// # Safety
+//
+// As [`attn_mha_forward_with_options`], `x2` included.
+enum AttnStatus attn_cross_attention_forward_with_options(const struct AttnMhaConfig *cfg,
+                                                          const struct AttnMhaWeights *weights,
+                                                          const struct AttnVariants *variants,
+                                                          const struct AttnLayerOptions *options,
+                                                          struct AttnTensor x1,
+                                                          struct AttnTensor x2,
+                                                          const struct AttnMask *mask,
+                                                          struct AttnTensorMut y,
+                                                          float *workspace,
+                                                          size_t workspace_len,
+                                                          size_t threads);
 
 // Writes the workspace size (in floats) of [`attn_encoder_forward`] into `*out` (sizes
 // saturate at `SIZE_MAX`; `cfg->activation` is validated).
@@ -1045,6 +1120,24 @@ enum AttnStatus attn_encoder_forward_with_variants(const struct AttnEncoderConfi
                                                    float *workspace,
                                                    size_t workspace_len,
                                                    size_t threads);
+
+// [`attn_encoder_forward_with_variants`] with the options `options` (NULL: the defaults), as
+// [`attn_mha_forward_with_options`]: every weight, bias and layer-norm vector of `weights` of
+// `options->weights_dtype`, `x` and `y` of `options->activations_dtype`.
+//
+// # Safety
+//
+// As [`attn_mha_forward_with_options`].
+enum AttnStatus attn_encoder_forward_with_options(const struct AttnEncoderConfig *cfg,
+                                                  const struct AttnEncoderWeights *weights,
+                                                  const struct AttnVariants *variants,
+                                                  const struct AttnLayerOptions *options,
+                                                  struct AttnTensor x,
+                                                  const struct AttnMask *mask,
+                                                  struct AttnTensorMut y,
+                                                  float *workspace,
+                                                  size_t workspace_len,
+                                                  size_t threads);
 
 // Additive attention `O = softmax(wᵀ·tanh(Q·Wq + K·Wk) + mask)·V` over `[batch, heads]`,
 // every operand and setting in one [`AttnAdditiveArgs`].

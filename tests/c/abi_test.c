@@ -4,7 +4,8 @@
  *
  * DATA_DIR holds cases written by the Rust test: inputs, the reference's result and the
  * per-element error bound derived for it. This program calls the ABI (sgemm, attention and
- * decode, positional and through AttnAttentionArgs, layer norm, multi-head attention with and without a caller workspace), checks each
+ * decode, positional and through AttnAttentionArgs, layer norm, multi-head attention with and without a caller workspace
+ * and with bf16 weights and activations through AttnLayerOptions), checks each
  * result against the reference within its bound, then checks that bad arguments return the
  * right status codes. Exit status: the number of failed checks.
  */
@@ -278,6 +279,24 @@ static void test_attention(const char *dir, const char *file, int decode) {
 
 /* mha.bin: dims (batch, n, in_dim, k_dim, v_dim, heads, kv_heads), wq, wk, wv, wo, bq, bk,
  * bv, bo, x, expected y, bound. Self-attention, no mask. */
+/* The bf16 bits of a finite f32, rounded to nearest even. */
+static uint16_t bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* `n` floats rounded to bf16 in place (each becomes the value of its bf16); their bits. */
+static uint16_t *round_to_bf16(float *v, size_t n) {
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = bf16_bits(v[i]);
+        uint32_t u = (uint32_t)h[i] << 16;
+        memcpy(&v[i], &u, sizeof u);
+    }
+    return h;
+}
+
 static void test_mha(const char *dir) {
     Reader r = open_case(dir, "mha.bin");
     uint64_t c;
@@ -375,6 +394,42 @@ static void test_mha(const char *dir) {
     EXPECT_STATUS(attn_softmax(tl, NAN, NULL, tp, NULL, 0, 1), ATTN_STATUS_NON_FINITE);
     float lse2[2];
     EXPECT_STATUS(attn_softmax(tl, 1.0f, NULL, tp, lse2, 2, 1), ATTN_STATUS_SHAPE_MISMATCH);
+
+    /* bf16 weights and activations through AttnLayerOptions: the f32 layer on the same
+     * (rounded) values with its output rounded once to bf16, bit for bit. The f32 arrays
+     * become their bf16 values here. */
+    float *arrays[9] = {wq, wk, wv, wo, bq, bk, bv, bo, x};
+    size_t lens[9] = {d * qw, d * kw, d * vw, ow * d, qw, kw, vw, d, ny};
+    uint16_t *h[9];
+    for (int i = 0; i < 9; i++) h[i] = round_to_bf16(arrays[i], lens[i]);
+    AttnMhaWeights wb = {mat((const float *)h[0], d, qw, qw, 1),
+                         mat((const float *)h[1], d, kw, kw, 1),
+                         mat((const float *)h[2], d, vw, vw, 1),
+                         mat((const float *)h[3], ow, d, d, 1),
+                         (const float *)h[4],
+                         (const float *)h[5],
+                         (const float *)h[6],
+                         (const float *)h[7]};
+    AttnLayerOptions opt = {0};
+    opt.struct_size = sizeof opt;
+    opt.weights_dtype = ATTN_DTYPE_BF16;
+    opt.activations_dtype = ATTN_DTYPE_BF16;
+    uint16_t *yb = calloc(ny, sizeof *yb);
+    AttnTensor txb = bshd((const float *)h[8], b, n, 1, d);
+    AttnTensorMut tyb = bshd_mut((float *)yb, b, n, 1, d);
+    EXPECT_STATUS(attn_mha_forward(&cfg, &w, tx, NULL, bshd_mut(y, b, n, 1, d), NULL, 0, 1),
+                  ATTN_STATUS_OK);
+    EXPECT_STATUS(attn_mha_forward_with_options(&cfg, &wb, NULL, &opt, txb, NULL, tyb, NULL, 0, 1),
+                  ATTN_STATUS_OK);
+    size_t differ = 0;
+    for (size_t i = 0; i < ny; i++) differ += yb[i] != bf16_bits(y[i]);
+    CHECK(differ == 0, "bf16 mha: %zu of %zu outputs are not the f32 layer's, rounded", differ,
+          (size_t)ny);
+    opt.weights_dtype = ATTN_DTYPE_Q8;
+    EXPECT_STATUS(attn_mha_forward_with_options(&cfg, &wb, NULL, &opt, txb, NULL, tyb, NULL, 0, 1),
+                  ATTN_STATUS_UNSUPPORTED_DTYPE);
+    for (int i = 0; i < 9; i++) free(h[i]);
+    free(yb);
 
     free(dims), free(wq), free(wk), free(wv), free(wo), free(bq), free(bk), free(bv), free(bo);
     free(x), free(want), free(tol), free(y), free(y2), free(ws);

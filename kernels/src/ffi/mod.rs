@@ -451,7 +451,8 @@ impl AttnHalfPath {
     }
 }
 
-/// The values of the `*_dtype` fields of [`AttnAttentionArgs`]: the element type of an
+/// The values of the `*_dtype` fields of [`AttnAttentionArgs`] (and of the other argument
+/// structs: paged, varlen, cache writes, [`AttnLayerOptions`]): the element type of an
 /// operand. The fields are `int32_t`: any other value is `ATTN_STATUS_INVALID_PARAMETER`
 /// naming the field. Accumulation and the softmax are f32 whatever the operands' types.
 #[repr(C)]
@@ -489,12 +490,16 @@ impl AttnDtype {
 
     /// The type of a query or output operand (`arg`), which cannot be int8.
     fn floating(arg: &'static str, v: i32) -> Result<Self, Failure> {
+        let what = "ATTN_DTYPE_Q8: the queries and the output of attention are f32, bf16 or f16 \
+                    (only K and V may be int8-quantised)";
+        Self::not_q8(arg, v, what)
+    }
+
+    /// The value of the field `arg`, with [`AttnDtype::Q8`] refused as unsupported (`what`
+    /// says why).
+    fn not_q8(arg: &'static str, v: i32, what: &'static str) -> Result<Self, Failure> {
         match Self::from_c(arg, v)? {
-            AttnDtype::Q8 => Err(Failure::Unsupported {
-                arg,
-                what: "ATTN_DTYPE_Q8: the queries and the output of attention are f32, bf16 or \
-                       f16 (only K and V may be int8-quantised)",
-            }),
+            AttnDtype::Q8 => Err(Failure::Unsupported { arg, what }),
             t => Ok(t),
         }
     }
@@ -584,14 +589,52 @@ pub struct AttnVariants {
 /// version, the whole struct. Fixed for good.
 const VARIANTS_MIN_SIZE: usize = std::mem::size_of::<AttnVariants>();
 
+/// The options of a layer call that are not attention variants, for
+/// [`attn_mha_forward_with_options`], [`attn_cross_attention_forward_with_options`] and
+/// [`attn_encoder_forward_with_options`]; so far the element types. A NULL
+/// `const AttnLayerOptions*` means the defaults (f32 weights and activations, as the entry
+/// points without `_with_options`).
+///
+/// **Versioning** as [`AttnVariants`]: `struct_size` first, the struct only grows at its end.
+/// Zero-initialise it, set `struct_size = sizeof(AttnLayerOptions)`, then the fields you need.
+/// The first version is the whole struct (16 bytes on 64-bit targets). A wrong `struct_size`
+/// is `ATTN_STATUS_INVALID_PARAMETER` naming `options.struct_size`.
+///
+/// **Element types.** A typed layer computes what the f32 layer computes on the exact values
+/// its operands hold (every weight and input widened to f32 exactly), and rounds each output
+/// element once to the activations' type, to nearest even (an f16 output beyond ±65504 rounds
+/// to ±infinity). Accumulation, the workspace (still `float`, of the length the
+/// `*_workspace_len` functions give whatever the types) and the attention inside are f32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AttnLayerOptions {
+    /// `sizeof(AttnLayerOptions)` in the caller's header (see the versioning rule above).
+    pub struct_size: usize,
+    /// The element type of every weight matrix, bias and layer-norm vector of the layer: an
+    /// [`AttnDtype`] value, `ATTN_DTYPE_F32` (0, the default), `ATTN_DTYPE_BF16` or
+    /// `ATTN_DTYPE_F16`; the pointers of the weights struct then address elements of that
+    /// type (`uint16_t` bits for the half types; cast them to the declared `float*`).
+    /// `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, an unknown value
+    /// `ATTN_STATUS_INVALID_PARAMETER`, both naming `options.weights_dtype`.
+    pub weights_dtype: i32,
+    /// The element type of the inputs (`x`, `x1`, `x2`) and of the output `y`, as
+    /// `weights_dtype` (errors name `options.activations_dtype`).
+    pub activations_dtype: i32,
+}
+
+/// The smallest `struct_size` the layer entry points accept for [`AttnLayerOptions`]: its first
+/// version, the whole struct. Fixed for good.
+const LAYER_OPTIONS_MIN_SIZE: usize = std::mem::size_of::<AttnLayerOptions>();
+
 /// Caller-owned MHA weights, each `[in, out]` (`y = x·W + b`): `wq: [in_dim, heads·k_dim]`,
 /// `wk: [kv_in_dim, kv_heads·k_dim]`, `wv: [kv_in_dim, kv_heads·v_dim]`,
 /// `wo: [heads·v_dim, in_dim]`. Biases may be null (none); otherwise they hold the matching
-/// output width.
+/// output width. The elements are `float`s, or of the type [`AttnLayerOptions::weights_dtype`]
+/// names for the `_with_options` entry points (all of one type).
 ///
 /// `wq`, `wk`, `wv` that are adjacent column blocks of one buffer run as one GEMM (self-
 /// attention; `wk`, `wv` alone for cross-attention): same `rows`, `row_stride`, `col_stride`,
-/// each block's first element (`data + offset`) exactly `cols·col_stride` floats after the
+/// each block's first element (`data + offset`) exactly `cols·col_stride` elements after the
 /// previous block's, and either the same `data` pointer (offsets selecting the blocks: e.g. a
 /// row-major `[in, 3·w]` weight with offsets 0, w, 2w, or PyTorch's `in_proj_weight [3·w, in]`
 /// read column-major with offsets 0, w·in, 2·w·in) or byte ranges that overlap (e.g. `data`
@@ -722,16 +765,33 @@ macro_rules! c_views {
                 let $s = self;
                 $layout
             }
-            /// The span and, after the overlap check, the view.
+            /// The span of f32 elements and, after the overlap check, the view.
             fn span(&self, arg: &'static str) -> Result<Span, Failure> {
-                span(arg, self.data, $len(arg, &self.layout())?)
+                self.span_as::<f32>(arg)
+            }
+            /// The byte span of the view when its elements are `T`s (`data` then addresses
+            /// elements of that type, whatever its declared pointee).
+            fn span_as<T>(&self, arg: &'static str) -> Result<Span, Failure> {
+                span(arg, self.data.cast::<T>(), $len(arg, &self.layout())?)
             }
             /// # Safety
             #[doc = $safety]
             unsafe fn view<'a>(&self, arg: &'static str) -> Result<$View<'a>, Failure> {
+                // SAFETY: forwarded from the caller.
+                unsafe { self.view_as(arg) }
+            }
+            /// The view over elements of type `T` at `data`.
+            ///
+            /// # Safety
+            #[doc = $safety]
+            /// The elements are of type `T`.
+            unsafe fn view_as<'a, T: Copy>(
+                &self,
+                arg: &'static str,
+            ) -> Result<$View<'a, T>, Failure> {
                 let l = self.layout();
                 // SAFETY: forwarded from the caller.
-                Ok($View::new(unsafe { $slice(arg, self.data, $len(arg, &l)?)? }, l))
+                Ok($View::new(unsafe { $slice(arg, self.data.cast::<T>(), $len(arg, &l)?)? }, l))
             }
         }
     )+};
@@ -768,16 +828,6 @@ impl AttnTensor {
             AttnDtype::Bf16 | AttnDtype::F16 => span(arg, p.cast::<u16>(), n),
             AttnDtype::Q8 => span(arg, p.cast::<i8>(), n),
         }
-    }
-
-    /// The view over elements of type `T` at `data`.
-    ///
-    /// # Safety
-    /// `data` addresses the view's elements, of type `T`, unwritten during the call.
-    unsafe fn view_as<'a, T: Copy>(&self, arg: &'static str) -> Result<TensorRef<'a, T>, Failure> {
-        let l = self.layout();
-        // SAFETY: forwarded from the caller.
-        Ok(TensorRef::new(unsafe { slice(arg, self.data.cast::<T>(), tensor_len(arg, &l)?)? }, l))
     }
 
     /// The query operand of floating type `t` (never [`AttnDtype::Q8`]: see
@@ -827,17 +877,6 @@ impl AttnTensorMut {
     fn typed_span(&self, arg: &'static str, t: AttnDtype) -> Result<Span, Failure> {
         let AttnTensorMut { data, dims, strides, offset } = *self;
         AttnTensor { data: data.cast_const(), dims, strides, offset }.typed_span(arg, t)
-    }
-
-    /// The view over elements of type `T` at `data`.
-    ///
-    /// # Safety
-    /// `data` addresses the view's elements, of type `T`, used by nothing else during the call.
-    unsafe fn view_as<'a, T: Copy>(&self, arg: &'static str) -> Result<TensorMut<'a, T>, Failure> {
-        let l = self.layout();
-        // SAFETY: forwarded from the caller.
-        let data = unsafe { slice_mut(arg, self.data.cast::<T>(), tensor_len(arg, &l)?)? };
-        Ok(TensorMut::new(data, l))
     }
 
     /// The output of floating type `t` (never [`AttnDtype::Q8`]: see [`AttnDtype::floating`]).
@@ -942,62 +981,65 @@ trait CWeights {
     type CConfig: Copy;
     /// The Rust config.
     type Config;
-    /// The Rust weights.
-    type Weights<'a>;
+    /// The Rust weights, of element type `T`.
+    type Weights<'a, T: 'a>;
     /// The Rust config of `c`, checked (the lengths of the weights' vectors are products of its
     /// sizes that must not overflow).
     fn config(c: Self::CConfig) -> Result<Self::Config, Failure>;
-    /// Spans of the weights and vectors (lengths from `cfg`).
-    fn spans(&self, cfg: &Self::Config) -> Result<Vec<Span>, Failure>;
+    /// Spans of the weights and vectors, of elements `T` (lengths from `cfg`).
+    fn spans<T>(&self, cfg: &Self::Config) -> Result<Vec<Span>, Failure>;
     /// # Safety
-    /// Every non-null pointer addresses its view (vectors: the width `cfg` implies).
-    unsafe fn view<'a>(&self, cfg: &Self::Config) -> Result<Self::Weights<'a>, Failure>;
+    /// Every non-null pointer addresses its view (vectors: the width `cfg` implies) of
+    /// elements `T`.
+    unsafe fn view<'a, T: Copy>(&self, cfg: &Self::Config)
+        -> Result<Self::Weights<'a, T>, Failure>;
     /// Query heads of the layer's attention (the length of its sinks and slopes).
     fn heads(cfg: &Self::Config) -> usize;
     /// Sets the attention variants of the weights.
-    fn set_variants<'a>(w: &mut Self::Weights<'a>, v: Variants<'a>);
+    fn set_variants<'a, T>(w: &mut Self::Weights<'a, T>, v: Variants<'a>);
 }
 
 impl CWeights for AttnMhaWeights {
     type CConfig = AttnMhaConfig;
     type Config = MhaConfig;
-    type Weights<'a> = MhaWeights<'a>;
+    type Weights<'a, T: 'a> = MhaWeights<'a, T>;
     fn config(c: AttnMhaConfig) -> Result<MhaConfig, Failure> {
         let c = c.to_rust();
         c.check()?;
         Ok(c)
     }
     /// Spans of the weights and biases (bias lengths from `cfg`, checked first).
-    fn spans(&self, cfg: &MhaConfig) -> Result<Vec<Span>, Failure> {
-        let [wq, wk, wv] = self.qkv();
+    fn spans<T>(&self, cfg: &MhaConfig) -> Result<Vec<Span>, Failure> {
+        let [wq, wk, wv] = self.qkv::<T>();
         Ok(vec![
-            wq.span("wq")?,
-            wk.span("wk")?,
-            wv.span("wv")?,
-            self.wo.span("wo")?,
-            span("bq", self.bq, cfg.q_width())?,
-            span("bk", self.bk, cfg.k_width())?,
-            span("bv", self.bv, cfg.v_width())?,
-            span("bo", self.bo, cfg.in_dim)?,
+            wq.span_as::<T>("wq")?,
+            wk.span_as::<T>("wk")?,
+            wv.span_as::<T>("wv")?,
+            self.wo.span_as::<T>("wo")?,
+            span("bq", self.bq.cast::<T>(), cfg.q_width())?,
+            span("bk", self.bk.cast::<T>(), cfg.k_width())?,
+            span("bv", self.bv.cast::<T>(), cfg.v_width())?,
+            span("bo", self.bo.cast::<T>(), cfg.in_dim)?,
         ])
     }
     /// # Safety
-    /// Every non-null pointer addresses its view (biases: the width `cfg` implies).
-    unsafe fn view<'a>(&self, cfg: &MhaConfig) -> Result<MhaWeights<'a>, Failure> {
+    /// Every non-null pointer addresses its view (biases: the width `cfg` implies) of
+    /// elements `T`.
+    unsafe fn view<'a, T: Copy>(&self, cfg: &MhaConfig) -> Result<MhaWeights<'a, T>, Failure> {
         // The bias lengths below are products that must not overflow.
         cfg.check()?;
-        let [wq, wk, wv] = self.qkv();
+        let [wq, wk, wv] = self.qkv::<T>();
         // SAFETY: forwarded from the caller (`qkv` only rebases views inside one buffer).
         unsafe {
             Ok(MhaWeights {
-                wq: wq.view("wq")?,
-                wk: wk.view("wk")?,
-                wv: wv.view("wv")?,
-                wo: self.wo.view("wo")?,
-                bq: opt("bq", self.bq, cfg.q_width())?,
-                bk: opt("bk", self.bk, cfg.k_width())?,
-                bv: opt("bv", self.bv, cfg.v_width())?,
-                bo: opt("bo", self.bo, cfg.in_dim)?,
+                wq: wq.view_as("wq")?,
+                wk: wk.view_as("wk")?,
+                wv: wv.view_as("wv")?,
+                wo: self.wo.view_as("wo")?,
+                bq: opt("bq", self.bq.cast::<T>(), cfg.q_width())?,
+                bk: opt("bk", self.bk.cast::<T>(), cfg.k_width())?,
+                bv: opt("bv", self.bv.cast::<T>(), cfg.v_width())?,
+                bo: opt("bo", self.bo.cast::<T>(), cfg.in_dim)?,
                 variants: Variants::NONE,
             })
         }
@@ -1005,7 +1047,7 @@ impl CWeights for AttnMhaWeights {
     fn heads(cfg: &MhaConfig) -> usize {
         cfg.num_heads
     }
-    fn set_variants<'a>(w: &mut MhaWeights<'a>, v: Variants<'a>) {
+    fn set_variants<'a, T>(w: &mut MhaWeights<'a, T>, v: Variants<'a>) {
         w.variants = v;
     }
 }
@@ -1020,12 +1062,13 @@ impl AttnMhaWeights {
     /// overlap (two valid ranges that overlap belong to one allocation). Views merely next to
     /// each other in memory with different `data` pointers are left alone (three GEMMs, same
     /// results): C cannot say they are one buffer.
-    fn qkv(&self) -> [AttnMat; 3] {
+    /// `T` is the type of the elements the views address.
+    fn qkv<T>(&self) -> [AttnMat; 3] {
         let mut w = [self.wq, self.wk, self.wv];
         let mut start = 0;
         for end in 1..=w.len() {
-            if end == w.len() || !joins(&w[end - 1], &w[end]) {
-                rebase(&mut w[start..end]);
+            if end == w.len() || !joins::<T>(&w[end - 1], &w[end]) {
+                rebase::<T>(&mut w[start..end]);
                 start = end;
             }
         }
@@ -1033,14 +1076,14 @@ impl AttnMhaWeights {
     }
 }
 
-/// Byte address of element `(0, 0)` of a non-empty view, if it does not overflow.
-fn first_addr(m: &AttnMat) -> Option<usize> {
-    (m.data as usize).checked_add(m.offset.checked_mul(std::mem::size_of::<f32>())?)
+/// Byte address of element `(0, 0)` of a non-empty view of `T`s, if it does not overflow.
+fn first_addr<T>(m: &AttnMat) -> Option<usize> {
+    (m.data as usize).checked_add(m.offset.checked_mul(std::mem::size_of::<T>())?)
 }
 
-/// True when `b` is the column block right after `a`'s, in the same buffer (see
+/// True when `b` is the column block right after `a`'s, in the same buffer of `T`s (see
 /// [`AttnMhaWeights::qkv`]).
-fn joins(a: &AttnMat, b: &AttnMat) -> bool {
+fn joins<T>(a: &AttnMat, b: &AttnMat) -> bool {
     let non_empty = |m: &AttnMat| !m.data.is_null() && m.rows > 0 && m.cols > 0;
     if !(non_empty(a) && non_empty(b))
         || (a.rows, a.row_stride, a.col_stride) != (b.rows, b.row_stride, b.col_stride)
@@ -1050,23 +1093,23 @@ fn joins(a: &AttnMat, b: &AttnMat) -> bool {
     let next = a
         .cols
         .checked_mul(a.col_stride)
-        .and_then(|e| e.checked_mul(std::mem::size_of::<f32>()))
-        .and_then(|bytes| first_addr(a)?.checked_add(bytes));
-    if next.is_none() || next != first_addr(b) {
+        .and_then(|e| e.checked_mul(std::mem::size_of::<T>()))
+        .and_then(|bytes| first_addr::<T>(a)?.checked_add(bytes));
+    if next.is_none() || next != first_addr::<T>(b) {
         return false;
     }
-    match (a.span("a"), b.span("b")) {
+    match (a.span_as::<T>("a"), b.span_as::<T>("b")) {
         (Ok(sa), Ok(sb)) => std::ptr::eq(a.data, b.data) || raw::overlap(&sa, &sb),
         _ => false,
     }
 }
 
-/// Rebases the views of `run` onto the lowest `data` pointer among them, keeping every
-/// element's address; leaves them as they are when that is not exact (a pointer not aligned for
-/// `f32`, an offset that overflows).
-fn rebase(run: &mut [AttnMat]) {
+/// Rebases the views of `run` (of `T`s) onto the lowest `data` pointer among them, keeping
+/// every element's address; leaves them as they are when that is not exact (a pointer not
+/// aligned for `T`, an offset that overflows).
+fn rebase<T>(run: &mut [AttnMat]) {
     let Some(base) = run.iter().map(|m| m.data).min_by_key(|p| *p as usize) else { return };
-    let size = std::mem::size_of::<f32>();
+    let size = std::mem::size_of::<T>();
     let moved: Option<Vec<usize>> = run
         .iter()
         .map(|m| {
@@ -1087,11 +1130,11 @@ fn rebase(run: &mut [AttnMat]) {
 ///
 /// # Safety
 /// A non-null `p` addresses `len` elements.
-unsafe fn opt<'a>(
+unsafe fn opt<'a, T>(
     arg: &'static str,
-    p: *const f32,
+    p: *const T,
     len: usize,
-) -> Result<Option<&'a [f32]>, Failure> {
+) -> Result<Option<&'a [T]>, Failure> {
     if p.is_null() {
         return Ok(None);
     }
@@ -1141,48 +1184,52 @@ impl AttnEncoderConfig {
 impl CWeights for AttnEncoderWeights {
     type CConfig = AttnEncoderConfig;
     type Config = EncoderConfig;
-    type Weights<'a> = EncoderWeights<'a>;
+    type Weights<'a, T: 'a> = EncoderWeights<'a, T>;
     fn config(c: AttnEncoderConfig) -> Result<EncoderConfig, Failure> {
         let c = c.to_rust()?;
         c.check()?;
         Ok(c)
     }
-    fn spans(&self, cfg: &EncoderConfig) -> Result<Vec<Span>, Failure> {
+    fn spans<T>(&self, cfg: &EncoderConfig) -> Result<Vec<Span>, Failure> {
         let d = cfg.attn.in_dim;
-        let mut s = self.attn.spans(&cfg.attn)?;
+        let mut s = self.attn.spans::<T>(&cfg.attn)?;
         s.extend([
-            span("norm1.gamma", self.norm1_gamma, d)?,
-            span("norm1.beta", self.norm1_beta, d)?,
-            self.w1.span("w1")?,
-            span("b1", self.b1, cfg.ff_dim)?,
-            self.w2.span("w2")?,
-            span("b2", self.b2, d)?,
-            span("norm2.gamma", self.norm2_gamma, d)?,
-            span("norm2.beta", self.norm2_beta, d)?,
+            span("norm1.gamma", self.norm1_gamma.cast::<T>(), d)?,
+            span("norm1.beta", self.norm1_beta.cast::<T>(), d)?,
+            self.w1.span_as::<T>("w1")?,
+            span("b1", self.b1.cast::<T>(), cfg.ff_dim)?,
+            self.w2.span_as::<T>("w2")?,
+            span("b2", self.b2.cast::<T>(), d)?,
+            span("norm2.gamma", self.norm2_gamma.cast::<T>(), d)?,
+            span("norm2.beta", self.norm2_beta.cast::<T>(), d)?,
         ]);
         Ok(s)
     }
     /// # Safety
-    /// Every non-null pointer addresses its view (vectors: the width `cfg` implies).
-    unsafe fn view<'a>(&self, cfg: &EncoderConfig) -> Result<EncoderWeights<'a>, Failure> {
+    /// Every non-null pointer addresses its view (vectors: the width `cfg` implies) of
+    /// elements `T`.
+    unsafe fn view<'a, T: Copy>(
+        &self,
+        cfg: &EncoderConfig,
+    ) -> Result<EncoderWeights<'a, T>, Failure> {
         let d = cfg.attn.in_dim;
         // SAFETY: forwarded from the caller.
         unsafe {
             Ok(EncoderWeights {
                 attn: self.attn.view(&cfg.attn)?,
                 norm1: LayerNormWeights {
-                    gamma: slice("norm1.gamma", self.norm1_gamma, d)?,
-                    beta: slice("norm1.beta", self.norm1_beta, d)?,
+                    gamma: slice("norm1.gamma", self.norm1_gamma.cast::<T>(), d)?,
+                    beta: slice("norm1.beta", self.norm1_beta.cast::<T>(), d)?,
                 },
                 ff: FeedForwardWeights {
-                    w1: self.w1.view("w1")?,
-                    b1: opt("b1", self.b1, cfg.ff_dim)?,
-                    w2: self.w2.view("w2")?,
-                    b2: opt("b2", self.b2, d)?,
+                    w1: self.w1.view_as("w1")?,
+                    b1: opt("b1", self.b1.cast::<T>(), cfg.ff_dim)?,
+                    w2: self.w2.view_as("w2")?,
+                    b2: opt("b2", self.b2.cast::<T>(), d)?,
                 },
                 norm2: LayerNormWeights {
-                    gamma: slice("norm2.gamma", self.norm2_gamma, d)?,
-                    beta: slice("norm2.beta", self.norm2_beta, d)?,
+                    gamma: slice("norm2.gamma", self.norm2_gamma.cast::<T>(), d)?,
+                    beta: slice("norm2.beta", self.norm2_beta.cast::<T>(), d)?,
                 },
             })
         }
@@ -1190,7 +1237,7 @@ impl CWeights for AttnEncoderWeights {
     fn heads(cfg: &EncoderConfig) -> usize {
         cfg.attn.num_heads
     }
-    fn set_variants<'a>(w: &mut EncoderWeights<'a>, v: Variants<'a>) {
+    fn set_variants<'a, T>(w: &mut EncoderWeights<'a, T>, v: Variants<'a>) {
         w.attn.variants = v;
     }
 }
@@ -1761,7 +1808,7 @@ pub unsafe extern "C" fn attn_mha_forward(
 ) -> AttnStatus {
     let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { mha_call(cfg, weights, null(), x, None, mask, y, ws, threads) })
+    guard(|| unsafe { mha_call(cfg, weights, null(), null(), x, None, mask, y, ws, threads) })
 }
 
 /// [`attn_mha_forward`] with the attention variants `variants` (sliding window, softcap,
@@ -1790,7 +1837,38 @@ pub unsafe extern "C" fn attn_mha_forward_with_variants(
 ) -> AttnStatus {
     let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { mha_call(cfg, weights, variants, x, None, mask, y, ws, threads) })
+    guard(|| unsafe { mha_call(cfg, weights, variants, null(), x, None, mask, y, ws, threads) })
+}
+
+/// [`attn_mha_forward_with_variants`] with the options `options` (NULL: the defaults): the
+/// element types of the weights and of `x` and `y` (see [`AttnLayerOptions`]; the workspace
+/// stays `float`). Statuses: those of [`attn_mha_forward_with_variants`], with
+/// `options.struct_size` and the dtype fields checked after the variants' struct; spans (for
+/// the overlap checks) count the bytes of each operand's type.
+///
+/// # Safety
+///
+/// As [`attn_mha_forward_with_variants`], with every weight and vector of the weights struct
+/// addressing elements of `options->weights_dtype` and `x`, `y` of
+/// `options->activations_dtype`; `options` is null or addresses `options->struct_size`
+/// readable, initialised bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attn_mha_forward_with_options(
+    cfg: *const AttnMhaConfig,
+    weights: *const AttnMhaWeights,
+    variants: *const AttnVariants,
+    options: *const AttnLayerOptions,
+    x: AttnTensor,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    workspace: *mut f32,
+    workspace_len: usize,
+    threads: usize,
+) -> AttnStatus {
+    let ws = (workspace, workspace_len);
+    // SAFETY: forwarded from the caller.
+    guard(|| unsafe { mha_call(cfg, weights, variants, options, x, None, mask, y, ws, threads) })
 }
 
 /// Cross-attention `y = CrossAttention(x1, x2)` (`x1`, `y`: `[batch, 1, n1, in_dim]`, `x2`:
@@ -1816,7 +1894,7 @@ pub unsafe extern "C" fn attn_cross_attention_forward(
 ) -> AttnStatus {
     let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { mha_call(cfg, weights, null(), x1, Some(x2), mask, y, ws, threads) })
+    guard(|| unsafe { mha_call(cfg, weights, null(), null(), x1, Some(x2), mask, y, ws, threads) })
 }
 
 /// [`attn_cross_attention_forward`] with the attention variants `variants` on every head (NULL
@@ -1842,16 +1920,69 @@ pub unsafe extern "C" fn attn_cross_attention_forward_with_variants(
 ) -> AttnStatus {
     let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { mha_call(cfg, weights, variants, x1, Some(x2), mask, y, ws, threads) })
+    guard(|| unsafe {
+        mha_call(cfg, weights, variants, null(), x1, Some(x2), mask, y, ws, threads)
+    })
+}
+
+/// [`attn_cross_attention_forward_with_variants`] with the options `options` (NULL: the
+/// defaults), as [`attn_mha_forward_with_options`] (`x1`, `x2` and `y` of
+/// `options->activations_dtype`).
+///
+/// # Safety
+///
+/// As [`attn_mha_forward_with_options`], `x2` included.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attn_cross_attention_forward_with_options(
+    cfg: *const AttnMhaConfig,
+    weights: *const AttnMhaWeights,
+    variants: *const AttnVariants,
+    options: *const AttnLayerOptions,
+    x1: AttnTensor,
+    x2: AttnTensor,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    workspace: *mut f32,
+    workspace_len: usize,
+    threads: usize,
+) -> AttnStatus {
+    let ws = (workspace, workspace_len);
+    let x2 = Some(x2);
+    // SAFETY: forwarded from the caller.
+    guard(|| unsafe { mha_call(cfg, weights, variants, options, x1, x2, mask, y, ws, threads) })
+}
+
+/// Runs `$body` with the type alias `$T` naming the Rust element type of `$t`, a floating
+/// [`AttnDtype`] (`AttnDtype::Q8` was refused before, as [`AttnDtype::floating`] does; it maps
+/// to `f32` here as in [`AttnTensor::any_view`]).
+macro_rules! with_dtype {
+    ($t:expr, $T:ident => $body:expr) => {
+        match $t {
+            AttnDtype::Bf16 => {
+                type $T = half::bf16;
+                $body
+            }
+            AttnDtype::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            AttnDtype::F32 | AttnDtype::Q8 => {
+                type $T = f32;
+                $body
+            }
+        }
+    };
 }
 
 /// # Safety
-/// As [`attn_mha_forward_with_variants`].
+/// As [`attn_mha_forward_with_options`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn mha_call(
     cfg: *const AttnMhaConfig,
     weights: *const AttnMhaWeights,
     variants: *const AttnVariants,
+    options: *const AttnLayerOptions,
     x1: AttnTensor,
     x2: Option<AttnTensor>,
     mask: *const AttnMask,
@@ -1860,81 +1991,125 @@ unsafe fn mha_call(
     threads: usize,
 ) -> Result<(), Failure> {
     // SAFETY: forwarded from the caller.
-    let LayerOperands { cfg, w, x1, x2, mask, y, ws, par } =
-        unsafe { layer_operands(cfg, weights, variants, (x1, "x1"), x2, mask, y, ws, threads)? };
-    use crate::layers::mha::*;
-    Ok(match (x2, ws) {
-        (None, None) => multi_head_attention(&cfg, &w, x1, &mask, y, par),
-        (None, Some(ws)) => multi_head_attention_in(&cfg, &w, x1, &mask, y, ws, par),
-        (Some(x2), None) => cross_attention(&cfg, &w, x1, x2, &mask, y, par),
-        (Some(x2), Some(ws)) => cross_attention_in(&cfg, &w, x1, x2, &mask, y, ws, par),
-    }?)
+    let call = unsafe { layer_call(cfg, weights, variants, options)? };
+    let [wt, at] = call.types;
+    with_dtype!(wt, T => with_dtype!(at, A => {
+        // SAFETY: forwarded from the caller; `T` and `A` are the types the options name.
+        let LayerOperands { cfg, w, x1, x2, mask, y, ws, par } = unsafe {
+            layer_operands::<_, T, A>(call, (x1, "x1"), x2, mask, y, ws, threads)?
+        };
+        use crate::layers::mha::*;
+        Ok(match (x2, ws) {
+            (None, None) => multi_head_attention(&cfg, &w, x1, &mask, y, par),
+            (None, Some(ws)) => multi_head_attention_in(&cfg, &w, x1, &mask, y, ws, par),
+            (Some(x2), None) => cross_attention(&cfg, &w, x1, x2, &mask, y, par),
+            (Some(x2), Some(ws)) => cross_attention_in(&cfg, &w, x1, x2, &mask, y, ws, par),
+        }?)
+    }))
 }
 
-/// The Rust operands of a layer call, checked: config and weights not null, no output (`y`,
-/// the workspace) overlapping another operand, every view within reach. `ws` is `None` when the
-/// caller passed a null workspace of length 0 (the call allocates its own).
-struct LayerOperands<'a, W: CWeights> {
+/// The settings of a layer call, checked, before its operands: the config, the weights struct,
+/// the variants and the element types `[weights, activations]`.
+struct LayerCall<'w, W: CWeights> {
     cfg: W::Config,
-    w: W::Weights<'a>,
-    x1: TensorRef<'a>,
-    x2: Option<TensorRef<'a>>,
-    mask: Mask<'a>,
-    y: TensorMut<'a>,
-    ws: Option<&'a mut [f32]>,
-    par: Parallelism,
+    weights: &'w W,
+    variants: CVariants,
+    types: [AttnDtype; 2],
 }
 
-/// The marshalling shared by the layer entry points: null checks on `cfg` and `weights`, the
-/// config's check, the variants' `struct_size` and `has_window` (NULL `variants`: none), the
-/// overlap check of the outputs (`y`, the workspace) against every input (sinks and slopes
-/// included), then the Rust views, in that order (so a call fails with the same error
-/// whichever entry point it came through). `x1` comes with the name its span reports in an
-/// error; its view is named `x`.
+/// The first checks of every layer entry point, in this order: null `cfg` and `weights`, the
+/// config, the variants' `struct_size` and `has_window` (NULL `variants`: none), the options'
+/// `struct_size` and element types (NULL `options`: f32 everywhere).
 ///
 /// # Safety
-/// As [`attn_mha_forward_with_variants`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn layer_operands<'a, W: CWeights>(
+/// `cfg` and `weights` are null or valid; `variants` and `options` are null or address
+/// `struct_size` readable, initialised bytes.
+unsafe fn layer_call<'w, W: CWeights>(
     cfg: *const W::CConfig,
     weights: *const W,
     variants: *const AttnVariants,
-    (x1, x1_span): (AttnTensor, &'static str),
-    x2: Option<AttnTensor>,
-    mask: *const AttnMask,
-    y: AttnTensorMut,
-    (workspace, workspace_len): (*mut f32, usize),
-    threads: usize,
-) -> Result<LayerOperands<'a, W>, Failure> {
+    options: *const AttnLayerOptions,
+) -> Result<LayerCall<'w, W>, Failure> {
     // SAFETY: forwarded from the caller.
     let (cfg, weights) = unsafe { (*deref("cfg", cfg)?, deref("weights", weights)?) };
     let cfg = W::config(cfg)?;
     // SAFETY: forwarded from the caller.
     let variants = unsafe { CVariants::of_layer(variants)? };
     variants.window()?;
+    let types = if options.is_null() {
+        [AttnDtype::F32; 2]
+    } else {
+        // SAFETY: the caller's contract; `AttnLayerOptions` is `repr(C)`, starts with its
+        // `size_t struct_size`, and is valid when all-zero.
+        let o: AttnLayerOptions = unsafe {
+            raw::read_sized(("options", "options.struct_size"), options, &[LAYER_OPTIONS_MIN_SIZE])?
+        };
+        let layer = "ATTN_DTYPE_Q8: the weights and activations of a layer are f32, bf16 or f16";
+        [
+            AttnDtype::not_q8("options.weights_dtype", o.weights_dtype, layer)?,
+            AttnDtype::not_q8("options.activations_dtype", o.activations_dtype, layer)?,
+        ]
+    };
+    Ok(LayerCall { cfg, weights, variants, types })
+}
+
+/// The Rust operands of a layer call, checked: no output (`y`, the workspace) overlapping
+/// another operand, every view within reach. Weights of type `T`, activations of type `A`.
+/// `ws` is `None` when the caller passed a null workspace of length 0 (the call allocates its
+/// own).
+struct LayerOperands<'a, W: CWeights, T: 'a, A> {
+    cfg: W::Config,
+    w: W::Weights<'a, T>,
+    x1: TensorRef<'a, A>,
+    x2: Option<TensorRef<'a, A>>,
+    mask: Mask<'a>,
+    y: TensorMut<'a, A>,
+    ws: Option<&'a mut [f32]>,
+    par: Parallelism,
+}
+
+/// The marshalling shared by the layer entry points after [`layer_call`]: the overlap check of
+/// the outputs (`y`, the workspace) against every input (sinks and slopes included; spans in
+/// bytes of the operands' types), then the Rust views, in that order (so a call fails with the
+/// same error whichever entry point it came through). `x1` comes with the name its span
+/// reports in an error; its view is named `x`.
+///
+/// # Safety
+/// As [`attn_mha_forward_with_options`], for weights of type `T` and activations of type `A`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn layer_operands<'a, W: CWeights, T: Copy + 'a, A: Copy>(
+    call: LayerCall<'_, W>,
+    (x1, x1_span): (AttnTensor, &'static str),
+    x2: Option<AttnTensor>,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    (workspace, workspace_len): (*mut f32, usize),
+    threads: usize,
+) -> Result<LayerOperands<'a, W, T, A>, Failure> {
+    let LayerCall { cfg, weights, variants, .. } = call;
     let heads = W::heads(&cfg);
-    let mut inputs = weights.spans(&cfg)?;
+    let mut inputs = weights.spans::<T>(&cfg)?;
     inputs.extend(variants.spans(heads)?);
-    inputs.push(x1.span(x1_span)?);
+    inputs.push(x1.span_as::<A>(x1_span)?);
     if let Some(x2) = &x2 {
-        inputs.push(x2.span("x2")?);
+        inputs.push(x2.span_as::<A>("x2")?);
     }
     // SAFETY: forwarded from the caller.
     inputs.extend(unsafe { mask_span(mask)? });
-    disjoint(&[y.span("y")?, span("workspace", workspace, workspace_len)?], &inputs)?;
+    disjoint(&[y.span_as::<A>("y")?, span("workspace", workspace, workspace_len)?], &inputs)?;
     // SAFETY: the caller's contract; outputs checked disjoint from everything else.
     let (mut w, x1, mask, y, ws) = unsafe {
         (
-            weights.view(&cfg)?,
-            x1.view("x")?,
+            weights.view::<T>(&cfg)?,
+            x1.view_as::<A>("x")?,
             mask_view(mask)?,
-            y.view("y")?,
+            y.view_as::<A>("y")?,
             slice_mut("workspace", workspace, workspace_len)?,
         )
     };
     // SAFETY: as above.
     let x2 = match x2 {
-        Some(x2) => Some(unsafe { x2.view("x2")? }),
+        Some(x2) => Some(unsafe { x2.view_as::<A>("x2")? }),
         None => None,
     };
     // SAFETY: as above (`heads` floats at each non-null pointer).
@@ -1987,7 +2162,7 @@ pub unsafe extern "C" fn attn_encoder_forward(
 ) -> AttnStatus {
     let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { encoder_call(cfg, weights, null(), x, mask, y, ws, threads) })
+    guard(|| unsafe { encoder_call(cfg, weights, null(), null(), x, mask, y, ws, threads) })
 }
 
 /// [`attn_encoder_forward`] with the attention variants `variants` on every head of the
@@ -2012,16 +2187,43 @@ pub unsafe extern "C" fn attn_encoder_forward_with_variants(
 ) -> AttnStatus {
     let ws = (workspace, workspace_len);
     // SAFETY: forwarded from the caller.
-    guard(|| unsafe { encoder_call(cfg, weights, variants, x, mask, y, ws, threads) })
+    guard(|| unsafe { encoder_call(cfg, weights, variants, null(), x, mask, y, ws, threads) })
+}
+
+/// [`attn_encoder_forward_with_variants`] with the options `options` (NULL: the defaults), as
+/// [`attn_mha_forward_with_options`]: every weight, bias and layer-norm vector of `weights` of
+/// `options->weights_dtype`, `x` and `y` of `options->activations_dtype`.
+///
+/// # Safety
+///
+/// As [`attn_mha_forward_with_options`].
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attn_encoder_forward_with_options(
+    cfg: *const AttnEncoderConfig,
+    weights: *const AttnEncoderWeights,
+    variants: *const AttnVariants,
+    options: *const AttnLayerOptions,
+    x: AttnTensor,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    workspace: *mut f32,
+    workspace_len: usize,
+    threads: usize,
+) -> AttnStatus {
+    let ws = (workspace, workspace_len);
+    // SAFETY: forwarded from the caller.
+    guard(|| unsafe { encoder_call(cfg, weights, variants, options, x, mask, y, ws, threads) })
 }
 
 /// # Safety
-/// As [`attn_mha_forward_with_variants`].
+/// As [`attn_encoder_forward_with_options`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn encoder_call(
     cfg: *const AttnEncoderConfig,
     weights: *const AttnEncoderWeights,
     variants: *const AttnVariants,
+    options: *const AttnLayerOptions,
     x: AttnTensor,
     mask: *const AttnMask,
     y: AttnTensorMut,
@@ -2029,12 +2231,18 @@ unsafe fn encoder_call(
     threads: usize,
 ) -> Result<(), Failure> {
     // SAFETY: forwarded from the caller.
-    let LayerOperands { cfg, w, x1: x, mask, y, ws, par, .. } =
-        unsafe { layer_operands(cfg, weights, variants, (x, "x"), None, mask, y, ws, threads)? };
-    Ok(match ws {
-        None => crate::layers::encoder_block(&cfg, &w, x, &mask, y, par),
-        Some(ws) => crate::layers::encoder_block_in(&cfg, &w, x, &mask, y, ws, par),
-    }?)
+    let call = unsafe { layer_call(cfg, weights, variants, options)? };
+    let [wt, at] = call.types;
+    with_dtype!(wt, T => with_dtype!(at, A => {
+        // SAFETY: forwarded from the caller; `T` and `A` are the types the options name.
+        let LayerOperands { cfg, w, x1: x, mask, y, ws, par, .. } = unsafe {
+            layer_operands::<_, T, A>(call, (x, "x"), None, mask, y, ws, threads)?
+        };
+        Ok(match ws {
+            None => crate::layers::encoder_block(&cfg, &w, x, &mask, y, par),
+            Some(ws) => crate::layers::encoder_block_in(&cfg, &w, x, &mask, y, ws, par),
+        }?)
+    }))
 }
 
 #[cfg(test)]

@@ -758,11 +758,12 @@ fn variants_struct_first_version_size() {
 }
 
 /// Owned operands of the layer tests: a `CFG` self-attention layer (also an encoder block of
-/// feed-forward width 12, and cross-attention from a width-8 `x2` of 4 rows) on 5 rows.
-struct LayerData {
-    w: Vec<Vec<f32>>,
-    x: Vec<f32>,
-    x2: Vec<f32>,
+/// feed-forward width 12, and cross-attention from a width-8 `x2` of 4 rows) on 5 rows, of
+/// elements `T`.
+struct LayerData<T = f32> {
+    w: Vec<Vec<T>>,
+    x: Vec<T>,
+    x2: Vec<T>,
 }
 
 impl LayerData {
@@ -771,32 +772,51 @@ impl LayerData {
         let w = sizes.iter().enumerate().map(|(i, &n)| vals(n, 20 + i as u32)).collect();
         LayerData { w, x: vals(5 * 8, 40), x2: vals(4 * 8, 41) }
     }
+
+    /// The same data rounded to `T`.
+    fn to<T: attn_core::Element>(&self) -> LayerData<T> {
+        let v = |x: &[f32]| x.iter().map(|&e| T::from_f32(e)).collect::<Vec<T>>();
+        LayerData { w: self.w.iter().map(|w| v(w)).collect(), x: v(&self.x), x2: v(&self.x2) }
+    }
+}
+
+/// A contiguous `[rows, cols]` view of `data`, its pointer cast as C callers cast it.
+fn cmat<T>(data: &[T], rows: usize, cols: usize) -> AttnMat {
+    AttnMat { data: data.as_ptr().cast(), rows, cols, row_stride: cols, col_stride: 1, offset: 0 }
+}
+
+impl<T> LayerData<T> {
     fn mha(&self) -> AttnMhaWeights {
         let w = &self.w;
         AttnMhaWeights {
-            wq: mat(&w[0], 8, 8, 8, 1, 0),
-            wk: mat(&w[1], 8, 8, 8, 1, 0),
-            wv: mat(&w[2], 8, 8, 8, 1, 0),
-            wo: mat(&w[3], 8, 8, 8, 1, 0),
-            bq: w[4].as_ptr(),
-            bk: w[5].as_ptr(),
-            bv: w[6].as_ptr(),
-            bo: w[7].as_ptr(),
+            wq: cmat(&w[0], 8, 8),
+            wk: cmat(&w[1], 8, 8),
+            wv: cmat(&w[2], 8, 8),
+            wo: cmat(&w[3], 8, 8),
+            bq: w[4].as_ptr().cast(),
+            bk: w[5].as_ptr().cast(),
+            bv: w[6].as_ptr().cast(),
+            bo: w[7].as_ptr().cast(),
         }
     }
     fn encoder(&self) -> AttnEncoderWeights {
         let w = &self.w;
         AttnEncoderWeights {
             attn: self.mha(),
-            norm1_gamma: w[12].as_ptr(),
-            norm1_beta: w[13].as_ptr(),
-            w1: mat(&w[8], 8, 12, 12, 1, 0),
-            b1: w[9].as_ptr(),
-            w2: mat(&w[10], 12, 8, 8, 1, 0),
-            b2: w[11].as_ptr(),
-            norm2_gamma: w[14].as_ptr(),
-            norm2_beta: w[15].as_ptr(),
+            norm1_gamma: w[12].as_ptr().cast(),
+            norm1_beta: w[13].as_ptr().cast(),
+            w1: cmat(&w[8], 8, 12),
+            b1: w[9].as_ptr().cast(),
+            w2: cmat(&w[10], 12, 8),
+            b2: w[11].as_ptr().cast(),
+            norm2_gamma: w[14].as_ptr().cast(),
+            norm2_beta: w[15].as_ptr().cast(),
         }
+    }
+    /// `x` (`[1, 1, 5, 8]`) and `x2` (`[1, 1, 4, 8]`) as C views.
+    fn inputs(&self) -> (AttnTensor, AttnTensor) {
+        let t = |x: &[T], dims| AttnTensor { data: x.as_ptr().cast(), ..tensor(&[], dims) };
+        (t(&self.x, [1, 1, 5, 8]), t(&self.x2, [1, 1, 4, 8]))
     }
 }
 
@@ -805,26 +825,41 @@ const ENC: AttnEncoderConfig =
 
 /// The three layers through C with `variants` (and a causal mask), as bits; the status too.
 fn c_layers(d: &LayerData, variants: *const AttnVariants) -> [(AttnStatus, Vec<u32>); 3] {
+    c_layers_typed(d, d, variants, null())
+}
+
+/// The three layers through the `_with_options` entry points with weights from `dw`, inputs
+/// from `dx`, `variants` and `options` (and a causal mask): each status and output (of type
+/// `A`, as the bits of its f32 widening, which is exact).
+fn c_layers_typed<T, A: attn_core::Element>(
+    dw: &LayerData<T>,
+    dx: &LayerData<A>,
+    variants: *const AttnVariants,
+    options: *const AttnLayerOptions,
+) -> [(AttnStatus, Vec<u32>); 3] {
     let causal =
         AttnMask { kind: AttnMaskKind::Causal as i32, causal_default_offset: 1, ..no_mask() };
     let run = |f: &dyn Fn(AttnTensorMut) -> AttnStatus| {
-        let mut y = vec![f32::NAN; 5 * 8];
-        let s = f(tensor_mut(&mut y, [1, 1, 5, 8]));
-        (s, y.iter().map(|v| v.to_bits()).collect())
+        let mut y = vec![A::from_f32(f32::NAN); 5 * 8];
+        let ty = AttnTensorMut { data: y.as_mut_ptr().cast(), ..tensor_mut(&mut [], [1, 1, 5, 8]) };
+        let s = f(ty);
+        (s, y.iter().map(|v| v.to_f32().to_bits()).collect())
     };
-    let (mw, ew) = (d.mha(), d.encoder());
-    let (x, x2) = (tensor(&d.x, [1, 1, 5, 8]), tensor(&d.x2, [1, 1, 4, 8]));
-    // SAFETY (all three): views and vectors address their buffers; `variants` is null or whole
-    // with 2 floats at each non-null per-head pointer.
+    let (mw, ew) = (dw.mha(), dw.encoder());
+    let (x, x2) = dx.inputs();
+    let (v, o) = (variants, options);
+    // SAFETY (all three): views and vectors address their buffers, of the types `options`
+    // names; `variants` is null or whole with 2 floats at each non-null per-head pointer.
     [
         run(&|y| unsafe {
-            attn_mha_forward_with_variants(&CFG, &mw, variants, x, &causal, y, null_mut(), 0, 1)
+            attn_mha_forward_with_options(&CFG, &mw, v, o, x, &causal, y, null_mut(), 0, 1)
         }),
         run(&|y| unsafe {
-            attn_cross_attention_forward_with_variants(
+            attn_cross_attention_forward_with_options(
                 &CFG,
                 &mw,
-                variants,
+                v,
+                o,
                 x,
                 x2,
                 &causal,
@@ -835,26 +870,40 @@ fn c_layers(d: &LayerData, variants: *const AttnVariants) -> [(AttnStatus, Vec<u
             )
         }),
         run(&|y| unsafe {
-            attn_encoder_forward_with_variants(&ENC, &ew, variants, x, &causal, y, null_mut(), 0, 1)
+            attn_encoder_forward_with_options(&ENC, &ew, v, o, x, &causal, y, null_mut(), 0, 1)
         }),
     ]
 }
 
 /// The same three layers through the Rust API with `variants`.
 fn rust_layers(d: &LayerData, variants: Variants<'_>) -> [Vec<u32>; 3] {
-    let (mw, ew) = (d.mha(), d.encoder());
+    rust_layers_typed(d, d, variants)
+}
+
+/// The same three layers through the Rust API with weights from `dw`, inputs from `dx` and
+/// `variants`, as [`c_layers_typed`] gives them.
+fn rust_layers_typed<T, A>(
+    dw: &LayerData<T>,
+    dx: &LayerData<A>,
+    variants: Variants<'_>,
+) -> [Vec<u32>; 3]
+where
+    T: crate::arch::convert::Convertible,
+    A: crate::arch::convert::Convertible + attn_core::Element,
+{
+    let (mw, ew) = (dw.mha(), dw.encoder());
     let (cfg, ecfg) = (CFG.to_rust(), ENC.to_rust().ok().expect("a valid config"));
-    // SAFETY: the views address their buffers.
-    let (mut w, mut e) = unsafe { (mw.view(&cfg).ok(), ew.view(&ecfg).ok()) };
+    // SAFETY: the views address their buffers, of `T`s.
+    let (mut w, mut e) = unsafe { (mw.view::<T>(&cfg).ok(), ew.view::<T>(&ecfg).ok()) };
     let (w, e) = (w.as_mut().expect("valid weights"), e.as_mut().expect("valid weights"));
     w.variants = variants;
     e.attn.variants = variants;
-    let x = TensorRef::new(&d.x, Tensor4Layout::batch_seq(1, 5, 8));
-    let x2 = TensorRef::new(&d.x2, Tensor4Layout::batch_seq(1, 4, 8));
-    let run = |f: &dyn Fn(TensorMut<'_>) -> attn_core::Result<()>| {
-        let mut y = vec![f32::NAN; 5 * 8];
+    let x = TensorRef::new(&dx.x, Tensor4Layout::batch_seq(1, 5, 8));
+    let x2 = TensorRef::new(&dx.x2, Tensor4Layout::batch_seq(1, 4, 8));
+    let run = |f: &dyn Fn(TensorMut<'_, A>) -> attn_core::Result<()>| {
+        let mut y = vec![A::from_f32(f32::NAN); 5 * 8];
         f(TensorMut::new(&mut y, Tensor4Layout::batch_seq(1, 5, 8))).unwrap();
-        y.iter().map(|v| v.to_bits()).collect()
+        y.iter().map(|v| v.to_f32().to_bits()).collect()
     };
     let (m, par) = (Mask::CAUSAL, Parallelism::threads(1));
     [
@@ -988,6 +1037,132 @@ fn layer_variants_are_checked() {
     };
     assert_eq!(s, AttnStatus::AliasedOutput);
     assert!(last_error().contains("`y`") && last_error().contains("`sinks`"), "{}", last_error());
+}
+
+#[test]
+fn layer_options_first_version_size() {
+    // Fixed for good: a caller built against this header passes at least this much.
+    assert_eq!(LAYER_OPTIONS_MIN_SIZE, std::mem::size_of::<AttnLayerOptions>());
+    #[cfg(target_pointer_width = "64")]
+    assert_eq!(LAYER_OPTIONS_MIN_SIZE, 16);
+}
+
+/// The `_with_options` entry points: bf16/f16 weights and activations give the bits of the
+/// Rust layers on the same typed views (mixed pairs too, with variants); NULL options, f32
+/// options and the `_with_variants` entry points agree; the options are checked by name (size,
+/// int8, unknown values); an activation's span counts the bytes of its type.
+#[test]
+fn layer_options_element_types() {
+    use attn_core::{bf16, f16};
+    use AttnDtype::{Bf16, F16, F32};
+    let d = LayerData::new();
+    let (sinks, slopes) = ([0.5f32, -1.0], [0.25f32, 0.125]);
+    let v = c_variants(&sinks, &slopes);
+    let rv = Variants::NONE.window(2, 0).softcap(3.0).sinks(&sinks).alibi(&slopes);
+    let opts = |w: AttnDtype, a: AttnDtype| AttnLayerOptions {
+        struct_size: LAYER_OPTIONS_MIN_SIZE,
+        weights_dtype: w as i32,
+        activations_dtype: a as i32,
+    };
+    let (db, dh) = (d.to::<bf16>(), d.to::<f16>());
+    let same = |got: [(AttnStatus, Vec<u32>); 3], want: [Vec<u32>; 3], what: &str| {
+        for (i, ((s, g), w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(*s, AttnStatus::Ok, "{what} (layer {i}): {}", last_error());
+            assert!(g == w, "{what} (layer {i}): C and Rust differ");
+        }
+    };
+    let o = opts(Bf16, F16);
+    same(c_layers_typed(&db, &dh, &v, &o), rust_layers_typed(&db, &dh, rv), "bf16 w, f16 x");
+    let o = opts(F16, Bf16);
+    same(c_layers_typed(&dh, &db, &v, &o), rust_layers_typed(&dh, &db, rv), "f16 w, bf16 x");
+    let o = opts(Bf16, F32);
+    same(c_layers_typed(&db, &d, &v, &o), rust_layers_typed(&db, &d, rv), "bf16 w, f32 x");
+    let o = opts(F32, F16);
+    same(c_layers_typed(&d, &dh, &v, &o), rust_layers_typed(&d, &dh, rv), "f32 w, f16 x");
+    let o = opts(Bf16, Bf16);
+    same(c_layers_typed(&db, &db, null(), &o), rust_layers_typed(&db, &db, Variants::NONE), "bf16");
+
+    // The defaults: NULL options, f32 options and the entry points without options.
+    let plain = c_layers(&d, &v);
+    assert!(c_layers_typed(&d, &d, &v, &opts(F32, F32)) == plain, "f32 options");
+    let (mw, ew) = (d.mha(), d.encoder());
+    let (x, x2) = d.inputs();
+    let causal =
+        AttnMask { kind: AttnMaskKind::Causal as i32, causal_default_offset: 1, ..no_mask() };
+    let mut y = vec![f32::NAN; 5 * 8];
+    let bits = |y: &[f32]| y.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+    let ty = tensor_mut(&mut y, [1, 1, 5, 8]);
+    // SAFETY: views address their f32 buffers; `v` is whole with 2 floats per pointer.
+    let s =
+        unsafe { attn_mha_forward_with_variants(&CFG, &mw, &v, x, &causal, ty, null_mut(), 0, 1) };
+    assert!(s == AttnStatus::Ok && bits(&y) == plain[0].1, "mha with variants");
+    let ty = tensor_mut(&mut y, [1, 1, 5, 8]);
+    // SAFETY: as above.
+    let s = unsafe {
+        attn_cross_attention_forward_with_variants(
+            &CFG,
+            &mw,
+            &v,
+            x,
+            x2,
+            &causal,
+            ty,
+            null_mut(),
+            0,
+            1,
+        )
+    };
+    assert!(s == AttnStatus::Ok && bits(&y) == plain[1].1, "cross with variants");
+    let ty = tensor_mut(&mut y, [1, 1, 5, 8]);
+    // SAFETY: as above.
+    let s = unsafe {
+        attn_encoder_forward_with_variants(&ENC, &ew, &v, x, &causal, ty, null_mut(), 0, 1)
+    };
+    assert!(s == AttnStatus::Ok && bits(&y) == plain[2].1, "encoder with variants");
+
+    // Checked options, every entry point with the same status naming the field.
+    let expect = |o: &AttnLayerOptions, status: AttnStatus, name: &str| {
+        for (i, (s, _)) in c_layers_typed(&db, &db, &v, o).iter().enumerate() {
+            assert_eq!(*s, status, "{name} (layer {i}): {}", last_error());
+        }
+        assert!(last_error().contains(name), "{name}: {}", last_error());
+    };
+    let b = opts(Bf16, Bf16);
+    for size in [0, 8, LAYER_OPTIONS_MIN_SIZE - 1, raw::MAX_STRUCT_SIZE + 1] {
+        let o = AttnLayerOptions { struct_size: size, ..b };
+        expect(&o, AttnStatus::InvalidParameter, "options.struct_size");
+    }
+    let q8 = AttnDtype::Q8 as i32;
+    let wq8 = AttnLayerOptions { weights_dtype: q8, ..b };
+    expect(&wq8, AttnStatus::UnsupportedDtype, "options.weights_dtype");
+    let aq8 = AttnLayerOptions { activations_dtype: q8, ..b };
+    expect(&aq8, AttnStatus::UnsupportedDtype, "options.activations_dtype");
+    let unknown = AttnLayerOptions { activations_dtype: -1, ..b };
+    expect(&unknown, AttnStatus::InvalidParameter, "options.activations_dtype");
+    let unknown = AttnLayerOptions { weights_dtype: 4, ..b };
+    expect(&unknown, AttnStatus::InvalidParameter, "options.weights_dtype");
+
+    // Spans in the activations' type: `x` (40 bf16s) then `y` in one buffer. Right after `x`
+    // is fine for bf16; one element earlier overlaps; as f32s the same `x` reaches into `y`.
+    let (mbw, mut buf) = (db.mha(), vec![0u16; 81]);
+    buf[..40].copy_from_slice(&db.x.iter().map(|e| e.to_bits()).collect::<Vec<_>>());
+    let p = buf.as_mut_ptr();
+    let xt = AttnTensor { data: p.cast_const().cast(), ..tensor(&[], [1, 1, 5, 8]) };
+    let call = |start: usize, o: &AttnLayerOptions| {
+        let yt = AttnTensorMut {
+            data: p.wrapping_add(start).cast(),
+            ..tensor_mut(&mut [], [1, 1, 5, 8])
+        };
+        // SAFETY: `x` and `y` address `buf` (81 u16s: 40 + 40 after `start` ≤ 41); an overlap
+        // is refused before anything is read or written.
+        unsafe {
+            attn_mha_forward_with_options(&CFG, &mbw, null(), o, xt, null(), yt, null_mut(), 0, 1)
+        }
+    };
+    assert_eq!(call(40, &b), AttnStatus::Ok, "{}", last_error());
+    assert_eq!(call(39, &b), AttnStatus::AliasedOutput);
+    assert!(last_error().contains("`y`") && last_error().contains("`x1`"), "{}", last_error());
+    assert_eq!(call(40, &opts(Bf16, F32)), AttnStatus::AliasedOutput, "f32 spans");
 }
 
 /// Version 3 of `AttnAttentionArgs`, the element types: every dtype of each operand gives the
