@@ -51,7 +51,9 @@ const MAX_SLICE: usize = 1 << 18;
 /// the f64 reference stays fast.
 const MAX_WORK: usize = 1 << 18;
 
-use crate::numerics::{flushed_weight, softcap_error, EXP_REL, GAMMA, SUBNORMAL_ULP as TINY};
+use crate::numerics::{
+    flushed_weight, softcap_error, BF16_U, EXP_REL, GAMMA, SUBNORMAL_ULP as TINY,
+};
 
 /// Magnitude above which an f32 intermediate may overflow (half of `f32::MAX`, leaving room for
 /// the rounding of the value itself and one more addition).
@@ -1186,17 +1188,19 @@ impl AttentionCase {
         let q = TensorRef::new(&self.q.data, self.q.layout);
         let k = TensorRef::new(&self.k.data, self.k.layout);
         let v = TensorRef::new(&self.v.data, self.v.layout);
-        self.check_views(q.into(), k.into(), v.into(), kernel)
+        self.check_views(q.into(), k.into(), v.into(), false, kernel)
     }
 
     /// [`check`](Self::check) with the kernel reading `qv`, `kv`, `vv`: views of the case's
     /// layouts over storage whose elements represent exactly the case's f32 data (which the
-    /// reference reads), e.g. bf16 copies of data that bf16 holds exactly.
+    /// reference reads), e.g. bf16 copies of data that bf16 holds exactly. `dot`: the kernel
+    /// runs the flash path on `vdpbf16ps`, held to that path's bound ([`Rows::dot`]).
     pub fn check_views(
         &self,
         qv: AnyRef<'_>,
         kv: KvRef<'_>,
         vv: KvRef<'_>,
+        dot: bool,
         kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
     ) -> Result<(), String> {
         let mask = self.mask.mask();
@@ -1235,6 +1239,7 @@ impl AttentionCase {
             variants: &var,
             o: self.o.layout,
             lse_at: &|b, h, i| (b * hq + h) * nq + i,
+            dot,
         };
         let describe = || {
             format!(
@@ -1268,6 +1273,9 @@ pub struct Rows<'a> {
     pub o: Tensor4Layout,
     /// The index in the lse slices of row `(b, h, i)`.
     pub lse_at: &'a dyn Fn(usize, usize, usize) -> usize,
+    /// The kernel ran the flash path on `vdpbf16ps` (`HalfPath::Dot`): the bound adds that
+    /// path's terms (its derivation is in `attn_kernels::attention::Attention`'s docs).
+    pub dot: bool,
 }
 
 impl Rows<'_> {
@@ -1282,7 +1290,8 @@ impl Rows<'_> {
         describe: &dyn Fn() -> String,
     ) -> Result<(), String> {
         let (q, k, v, mask, var) = (self.q, self.k, self.v, self.mask, self.variants);
-        let lo = self.o;
+        let (lo, vdp) = (self.o, self.dot);
+        let subnormal = |x: f64| x != 0.0 && x.abs() < MIN_NORMAL;
         let [batch, hq, nq, dk] = q.layout.dims;
         let [_, hkv, nk, _] = k.layout.dims;
         let dv = v.layout.dims[3];
@@ -1298,10 +1307,15 @@ impl Rows<'_> {
                 let kh = h / group;
                 let slope = var.alibi.map_or(0.0, |a| f64::from(a[h]));
                 for i in 0..nq {
-                    let mut qmax = 0.0f64;
+                    let (mut qmax, mut qsum) = (0.0f64, 0.0f64);
                     for d in 0..dk {
                         qmax = qmax.max(f64::from(q.at(b, h, i, d)).abs());
+                        qsum += finite_abs(f64::from(q.at(b, h, i, d)));
                     }
+                    // `vdpbf16ps` reads a subnormal input as 0: met with an infinite one, its
+                    // product is NaN where the exact one is infinite. Such a row is not
+                    // constrained (documented).
+                    let mut dot_nan = false;
                     let mut logits: Vec<Logit> = (0..nk)
                         .map(|j| {
                             let in_window = var.window.is_none_or(|w| w.contains(i, j, off));
@@ -1313,6 +1327,9 @@ impl Rows<'_> {
                                     dot += x * y;
                                     mag += finite_abs(x * y);
                                     ksum += finite_abs(y);
+                                    dot_nan |= vdp
+                                        && ((subnormal(x) && y.is_infinite())
+                                            || (subnormal(y) && x.is_infinite()));
                                 }
                                 let t = f64::from(t);
                                 // The kernel may scale Q first, or the dot product after, so
@@ -1332,6 +1349,15 @@ impl Rows<'_> {
                                     + finite_abs(alibi)
                                     + cap_mag;
                                 let fits = fits && alibi.abs() <= OVERFLOW;
+                                // `vdpbf16ps` flushes subnormal inputs and results below
+                                // 2⁻¹²⁶: scale·2⁻¹²⁶·(dk + 1 + Σ(|q| + |k|)) on the score.
+                                let a = if vdp {
+                                    let flush = sc.abs() * MIN_NORMAL * (dk as f64 + 1.0);
+                                    a + (flush + sc.abs() * MIN_NORMAL * (qsum + ksum))
+                                        / (GAMMA * U)
+                                } else {
+                                    a
+                                };
                                 let value = saturate_logit(cap(sc * dot) + t + alibi);
                                 (value, if fits { a } else { f64::INFINITY })
                             })
@@ -1365,9 +1391,15 @@ impl Rows<'_> {
                             }
                         }
                         let want = want_o[idx];
-                        let bound = GAMMA * (werr + rb.rel_sum * w)
+                        let mut bound = GAMMA * (werr + rb.rel_sum * w)
                             + 2.0 * U * f64::from(want).abs()
                             + GAMMA * nkf * ((MIN_NORMAL + flushed_weight()) * vmax + TINY);
+                        if vdp {
+                            // The weights rounded to bf16 (2⁻⁸ of Σ p|v|, the other terms on
+                            // weights up to 1 + 2⁻⁸ times as large) and results below 2⁻¹²⁶
+                            // flushed in P·V.
+                            bound = bound * (1.0 + BF16_U) + BF16_U * w + MIN_NORMAL * (nkf + 2.0);
+                        }
                         let safe = rb.safe && vsum <= OVERFLOW;
                         let at = || format!("o({b},{h},{i},{d}) of {}", describe());
                         let got = got_o[idx];
@@ -1379,14 +1411,20 @@ impl Rows<'_> {
                         // reference's whole row NaN) must still.
                         let value_nan_unresolved =
                             !rb.safe && want.is_nan() && !rb.p.iter().any(|p| p.is_nan());
-                        if !(tiny_weight_nonfinite || pos_inf_nan || value_nan_unresolved) {
+                        if !(tiny_weight_nonfinite
+                            || pos_inf_nan
+                            || value_nan_unresolved
+                            || dot_nan)
+                        {
                             check_value("attention", &at, got, want, safe, bound)?;
                         }
                     }
                     if let Some((lr, lk)) = lse {
                         let at = || format!("lse({b},{h},{i})");
                         let want = lr[lse_at];
-                        if !(POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && lk[lse_at].is_nan()) {
+                        let pos_inf_nan =
+                            POS_INF_ROWS_MAY_BE_NAN && rb.has_pos_inf && lk[lse_at].is_nan();
+                        if !(pos_inf_nan || dot_nan) {
                             check_value(
                                 "attention lse",
                                 &at,
@@ -1588,6 +1626,7 @@ impl VarlenCase {
                 variants: &var,
                 o: packed_seq(&a.o.layout, rq),
                 lse_at: &lse_at,
+                dot: false,
             };
             let describe = || format!("sequence {s} of cu_q {cu_q:?} cu_k {cu_k:?}");
             rows.check(&out_ref, out.slice(), lse, &describe)?;
@@ -1615,6 +1654,9 @@ pub struct DtypeAttentionCase {
     pub types: [DType; 3],
     /// Q, K and V as stored.
     stored: [Stored; 3],
+    /// Made by [`decode_dot`](Self::decode_dot): checked with the bound of the flash path on
+    /// `vdpbf16ps`.
+    pub dot: bool,
 }
 
 /// One operand's storage: a slice as long as the case's f32 one.
@@ -1695,20 +1737,34 @@ impl DtypeAttentionCase {
     /// Decodes the types (one byte: Q's, K's and V's), a Q8 scale (one byte), then an
     /// [`AttentionCase`] from the rest of the bytes.
     pub fn decode(data: &[u8]) -> Self {
+        Self::decode_with(data, false)
+    }
+
+    /// [`decode`](Self::decode) with Q, K and V all bf16 (the type byte is read and ignored),
+    /// for the flash path on `vdpbf16ps` (`HalfPath::Dot`): [`check`](Self::check) then holds
+    /// the kernel to that path's bound.
+    pub fn decode_dot(data: &[u8]) -> Self {
+        Self::decode_with(data, true)
+    }
+
+    fn decode_with(data: &[u8], dot: bool) -> Self {
         let mut bytes = Bytes::new(data);
         let t = bytes.u8();
         let q8_scale = Q8_SCALES[usize::from(bytes.u8()) % Q8_SCALES.len()];
         let half = [DType::F32, DType::BF16, DType::F16];
         let kv = [DType::F32, DType::BF16, DType::F16, DType::Q8];
-        let types =
-            [half[usize::from(t) % 3], kv[usize::from(t / 3) % 4], kv[usize::from(t / 12) % 4]];
+        let types = if dot {
+            [DType::BF16; 3]
+        } else {
+            [half[usize::from(t) % 3], kv[usize::from(t / 3) % 4], kv[usize::from(t / 12) % 4]]
+        };
         let mut attention = AttentionCase::decode(data.get(2..).unwrap_or(&[]));
         let stored = [
             Stored::new(&mut attention.q, types[0], q8_scale),
             Stored::new(&mut attention.k, types[1], q8_scale),
             Stored::new(&mut attention.v, types[2], q8_scale),
         ];
-        DtypeAttentionCase { attention, types, stored }
+        DtypeAttentionCase { attention, types, stored, dot }
     }
 
     /// [`AttentionCase::check`] with the kernel reading the typed operands.
@@ -1718,7 +1774,7 @@ impl DtypeAttentionCase {
     ) -> Result<(), String> {
         let a = &self.attention;
         let [q, k, v] = &self.stored;
-        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), kernel);
+        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), self.dot, kernel);
         r.map_err(|e| format!("{e} (Q, K, V stored as {:?})", self.types))
     }
 }
@@ -2010,6 +2066,7 @@ impl PagedCase {
                 variants: &var,
                 o: packed_seq(&a.o.layout, rq),
                 lse_at: &lse_at,
+                dot: false,
             };
             let describe = || {
                 format!(

@@ -10,7 +10,7 @@
 //! view, or accepts a call the reference rejects must be caught.
 
 use attn_kernels::attention::Path;
-use attn_kernels::gemm::sgemm;
+use attn_kernels::gemm::{bf16_dot_available, sgemm, HalfPath};
 use attn_reference::{Mask, MatMut, TensorMut, TensorRef};
 use attn_tests::fuzz_decode::{
     AttentionCase, DtypeAttentionCase, GemmCase, PagedCase, SoftmaxCase, VarlenCase,
@@ -292,6 +292,31 @@ fn fuzz_attention_dtypes_flash() {
     run(512, |b| {
         DtypeAttentionCase::decode(b).check(|a, o| a.isa(selected_isa()).path(Path::Flash).run(o))
     });
+}
+
+/// The flash path on `vdpbf16ps` (`HalfPath::Dot`: bf16 Q, K and V, the `avx512` ISA and
+/// AVX512_BF16), held to its own bound; named as skipped on a CPU without it.
+#[test]
+fn fuzz_attention_dtypes_dot() {
+    if !bf16_dot_available() {
+        eprintln!(
+            "fuzz_attention_dtypes_dot: the flash path on vdpbf16ps (HalfPath::Dot) needs \
+             AVX-512F and AVX512_BF16, which this CPU lacks; skipped"
+        );
+        return;
+    }
+    // Calls the kernel ran (not refused): the fuzzing must reach the products, not only the
+    // argument checks.
+    let ran = std::cell::Cell::new(0u32);
+    run(512, |b| {
+        DtypeAttentionCase::decode_dot(b).check(|a, o| {
+            let r =
+                a.isa(attn_kernels::Isa::Avx512).path(Path::Flash).half_path(HalfPath::Dot).run(o);
+            ran.set(ran.get() + u32::from(r.is_ok()));
+            r
+        })
+    });
+    assert!(ran.get() > cases() / 8, "{} of {} calls ran", ran.get(), cases());
 }
 
 #[test]
