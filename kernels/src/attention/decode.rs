@@ -38,13 +38,16 @@ use attn_core::batch::{packed_seq, PagePool, PagedKv};
 use attn_core::quant::q8_blocks;
 use attn_core::{AnyMut, AnyRef, Element, Mask, Result, TensorMut, Variants};
 
-use super::blocking::{DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MIN_CHUNK, DECODE_PREFETCH_KEYS};
+use super::blocking::{
+    DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MAX_Q, DECODE_MIN_CHUNK, DECODE_PREFETCH_KEYS,
+};
 use super::blocks::{
     axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat, Q8Mat,
     Strided,
 };
+use super::sink::Sink;
 use super::variants::softcap;
-use super::{zeros, Problem};
+use super::{flash, zeros, Problem};
 use crate::arch::{vectorize, Isa, Kernel, Simd};
 use crate::math::exp::exp_rr2_p7_scalar;
 use crate::par::Parallelism;
@@ -89,12 +92,14 @@ pub(crate) struct PagedPiece<'a> {
     pub off: isize,
 }
 
-/// The decode path over a paged cache: each piece is a problem of one batch whose keys and
-/// values are read in place from the pages of its sequence ([`Pages`]), and all pieces' chunk
-/// tasks share one parallel loop. `q: [1, hq, total_q, dk]`, `o: [1, hq, total_q, dv]` (each of
-/// any floating type) and
-/// `lse` (`[hq, total_q]`) were checked against `cache` (already [`PagedKv::check`]ed) by the
-/// caller; `hkv` divides `hq`, and `variants` were checked for `hq` heads.
+/// A paged batch: each piece is a problem of one batch whose keys and values are read in
+/// place from the pages of its sequence. Pieces of at most [`DECODE_MAX_Q`] queries run on the
+/// decode path ([`Pages`]), all their chunk tasks in one parallel loop; longer ones (chunked
+/// prefill) on the flash path ([`flash::Source::Pages`]), one after another. `q: [1, hq,
+/// total_q, dk]`, `o: [1, hq, total_q, dv]` (each of any floating type) and `lse`
+/// (`[hq, total_q]`) were checked against `cache` (already [`PagedKv::check`]ed) by the
+/// caller; `hkv` divides `hq`, and `variants` were checked for `hq` heads. Fails only when
+/// scratch cannot be allocated.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_paged(
     isa: Isa,
@@ -108,19 +113,33 @@ pub(crate) fn run_paged(
     par: Parallelism,
 ) -> Result<()> {
     let total_q = q.layout().dims[2];
-    let problems: Vec<_> = pieces
+    fn problem<'p>(
+        q: AnyRef<'p>,
+        cache: &PagedKv<'_>,
+        pc: &'p PagedPiece<'p>,
+        scale: f32,
+        variants: Variants<'p>,
+    ) -> Problem<'p> {
+        let qv = q.with_layout(packed_seq(q.layout(), pc.rows.clone()));
+        let nk = cache.seq_lens[pc.seq];
+        Problem::piece(qv, cache.kv_heads, nk, cache.dv, scale, &pc.mask, pc.off, variants)
+    }
+    let (short, long): (Vec<_>, Vec<_>) =
+        pieces.iter().partition(|pc| pc.rows.len() <= DECODE_MAX_Q);
+    for pc in long {
+        let p = problem(q, cache, pc, scale, variants);
+        let layout = packed_seq(o.layout(), pc.rows.clone());
+        let l = lse.as_deref_mut().map(|out| &mut out[pc.rows.start..]);
+        let sink = Sink::new_any(o.with_layout(layout), l).lse_head_stride(total_q);
+        flash::run_from(isa, &p, &sink, par, flash::Source::Pages { cache, seq: pc.seq })?;
+    }
+    let problems: Vec<_> = short
         .iter()
-        .map(|pc| {
-            let qv = q.with_layout(packed_seq(q.layout(), pc.rows.clone()));
-            let nk = cache.seq_lens[pc.seq];
-            let p =
-                Problem::piece(qv, cache.kv_heads, nk, cache.dv, scale, &pc.mask, pc.off, variants);
-            (p, Pages { cache, seq: pc.seq })
-        })
+        .map(|pc| (problem(q, cache, pc, scale, variants), Pages { cache, seq: pc.seq }))
         .collect();
     let jobs: Vec<_> = problems.iter().map(|(p, src)| (p, *src)).collect();
     let partials = run_tasks(isa, &jobs, par)?;
-    for ((p, _), (pc, parts)) in problems.iter().zip(pieces.iter().zip(&partials)) {
+    for ((p, _), (pc, parts)) in problems.iter().zip(short.iter().zip(&partials)) {
         let layout = packed_seq(o.layout(), pc.rows.clone());
         let lse =
             lse.as_deref_mut().map(|out| LseOut { out, base: pc.rows.start, head_stride: total_q });
@@ -161,13 +180,23 @@ struct Pages<'r, 'a> {
 impl Source for Pages<'_, '_> {
     const ALIGN: usize = DECODE_BC;
     fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
-        let (cache, kh) = (self.cache, c.kh);
-        let pages = cache.seq_lens[self.seq].div_ceil(cache.page_size);
-        let table = &cache.block_table[self.seq * cache.max_pages..][..pages];
-        let keys = pool_matrix(cache.k, cache.kv_heads, kh, cache.dk);
-        let values = pool_matrix(cache.v, cache.kv_heads, kh, cache.dv);
-        chunk(isa, c, keys, values, RowMap::Paged { table, ps: cache.page_size })
+        let (keys, values, rows) = paged_head(self.cache, self.seq, c.kh);
+        chunk(isa, c, keys, values, rows)
     }
+}
+
+/// K/V head `kh` of sequence `seq` of a checked paged cache: the key and value pool matrices
+/// ([`pool_matrix`]) and the map from the sequence's key index to their rows.
+pub(super) fn paged_head<'r>(
+    cache: &'r PagedKv<'_>,
+    seq: usize,
+    kh: usize,
+) -> (KvAny<'r>, KvAny<'r>, RowMap<'r>) {
+    let pages = cache.seq_lens[seq].div_ceil(cache.page_size);
+    let table = &cache.block_table[seq * cache.max_pages..][..pages];
+    let keys = pool_matrix(cache.k, cache.kv_heads, kh, cache.dk);
+    let values = pool_matrix(cache.v, cache.kv_heads, kh, cache.dv);
+    (keys, values, RowMap::Paged { table, ps: cache.page_size })
 }
 
 /// Head `kh` of a pool of `hkv` heads of width `d` as a matrix whose row `r` is slot
@@ -192,7 +221,7 @@ fn pool_matrix(pool: PagePool<'_>, hkv: usize, kh: usize, d: usize) -> KvAny<'_>
 /// ([`pool_matrix`]). Rows of one 16-aligned block of 16 stay consecutive (`ps` is a power of
 /// two ≥ 16).
 #[derive(Clone, Copy)]
-enum RowMap<'t> {
+pub(super) enum RowMap<'t> {
     Dense,
     Paged { table: &'t [u32], ps: usize },
 }
@@ -211,7 +240,7 @@ impl RowMap<'_> {
     /// The row of the first key of a block that a chunk reads (within the sequence's keys, so
     /// always mapped; past every row otherwise, which the tiles' bounds checks refuse).
     #[inline(always)]
-    fn block_row(self, j0: usize) -> usize {
+    pub(super) fn block_row(self, j0: usize) -> usize {
         let row = self.row(j0);
         debug_assert!(row.is_some(), "block {j0} past the sequence's pages");
         row.unwrap_or(usize::MAX / 2)

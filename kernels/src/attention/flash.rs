@@ -27,6 +27,11 @@
 //! per-thread scratch, once per task and block (the block then serves the task's QT query
 //! tiles), with the same values the decode tiles read; the output is rounded at the write.
 //!
+//! The keys and values come from the problem's views, or ([`run_from`] with [`Source::Pages`])
+//! from the pages of one sequence of a paged cache: a block inside one page of an f32 pool is
+//! read in place, any other block is gathered page by page into the scratch (converted as
+//! above), once per task and block.
+//!
 //! With [`HalfPath::Dot`](crate::gemm::HalfPath) (bf16 Q, K and V) both products run on the
 //! `vdpbf16ps` micro-kernel instead, on bf16 pairs: the query tile is packed as pairs along
 //! `d` (unscaled: the score product's α is the scale), each key block's K rows as pairs along
@@ -38,6 +43,7 @@
 
 use rayon::prelude::*;
 
+use attn_core::batch::PagedKv;
 use attn_core::{AnyRef, Error, Result};
 
 use super::blocking::{FlashBlocking, QV};
@@ -45,6 +51,7 @@ use super::blocks::{
     key_pairs, pos_inf_weights, prob_pairs, pv_block, pv_update, qk_block, query_pairs, scores,
     tile_rows, value_pair_at, value_pairs, weights, KvAny, Product, Strided,
 };
+use super::decode::{paged_head, RowMap};
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{matrix, scale_query, zeros, Problem, FLUSH_WEIGHTS_BELOW};
@@ -88,10 +95,11 @@ pub(super) struct Scratch {
 impl Scratch {
     /// The scratch of one thread, or an error when `dk` or `dv` (which a zero-stride operand
     /// can make huge) asks for more than can be allocated.
-    fn new(p: &Problem<'_>, fb: FlashBlocking) -> Result<Self> {
+    /// `gather`: the blocks come from pages, so the f32 blocks need room too.
+    fn new(p: &Problem<'_>, fb: FlashBlocking, gather: bool) -> Result<Self> {
         let (dk, dv) = (p.dk, p.dv);
         let convert = |kv: &attn_core::KvRef<'_>, d: usize, arg| match kv {
-            attn_core::KvRef::F32(_) => Ok(Vec::new()),
+            attn_core::KvRef::F32(_) if !gather => Ok(Vec::new()),
             _ => zeros(arg, fb.bc.checked_mul(d)),
         };
         let tiles = |d: usize, n: usize| d.checked_mul(n).and_then(|x| x.checked_mul(MAX_QR));
@@ -122,9 +130,35 @@ impl Scratch {
     }
 }
 
+/// Where a task's key and value blocks come from.
+#[derive(Clone, Copy)]
+pub(crate) enum Source<'r, 'a> {
+    /// The problem's own K/V views.
+    Views,
+    /// The pages of sequence `seq` of a checked paged cache: the problem is a piece of a paged
+    /// batch ([`Problem::piece`], whose K/V views carry the shapes only).
+    Pages {
+        /// The cache.
+        cache: &'r PagedKv<'a>,
+        /// The sequence.
+        seq: usize,
+    },
+}
+
 /// Runs the flash loop over all tasks, writing through `sink`. Fails only when a thread's
 /// scratch cannot be allocated ([`Scratch::new`]); rows written before that are unspecified.
 pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) -> Result<()> {
+    run_from(isa, p, sink, par, Source::Views)
+}
+
+/// [`run`] with the key and value blocks from `src`.
+pub(crate) fn run_from(
+    isa: Isa,
+    p: &Problem<'_>,
+    sink: &Sink<'_>,
+    par: Parallelism,
+    src: Source<'_, '_>,
+) -> Result<()> {
     // dk = 0 or dv = 0 still has logsumexps (and dk = 0 still has outputs) to write.
     if p.nq == 0 {
         return Ok(());
@@ -133,15 +167,17 @@ pub(super) fn run(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, par: Parallelism) 
     let groups = p.nq.div_ceil(fb.qt * tile_rows(isa));
     // Bounded by the rows of the output or lse slice (see `Problem::trivial`).
     let tasks = p.batch.saturating_mul(p.hq).saturating_mul(groups);
-    let task = |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups, fb });
+    let task =
+        |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups, fb, src });
+    let gather = matches!(src, Source::Pages { .. });
     if par.count() == 1 || tasks == 1 {
-        let mut scr = Scratch::new(p, fb)?;
+        let mut scr = Scratch::new(p, fb, gather)?;
         (0..tasks).for_each(|t| task(&mut scr, t));
         Ok(())
     } else {
         par.install(|| {
             (0..tasks).into_par_iter().with_min_len(1).try_for_each_init(
-                || Scratch::new(p, fb),
+                || Scratch::new(p, fb, gather),
                 |scr, t| {
                     task(scr.as_mut().map_err(|e| e.clone())?, t);
                     Ok(())
@@ -159,6 +195,7 @@ struct Task<'r, 'p, 'a> {
     t: usize,
     groups: usize,
     fb: FlashBlocking,
+    src: Source<'r, 'a>,
 }
 
 impl Kernel for Task<'_, '_, '_> {
@@ -166,7 +203,7 @@ impl Kernel for Task<'_, '_, '_> {
 
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        let Task { p, sink, scr, t, groups, fb } = self;
+        let Task { p, sink, scr, t, groups, fb, src } = self;
         let (qt, bc) = (fb.qt, fb.bc);
         let qr = QV * S::LANES;
         debug_assert!(qr <= MAX_QR);
@@ -181,7 +218,10 @@ impl Kernel for Task<'_, '_, '_> {
         let tile = |u: usize| (g0 + u * qr, (p.nq - g0 - u * qr).min(qr));
 
         let kh = h / p.group;
-        let (keys, values) = (p.keys(b, kh), p.values(b, kh));
+        let (keys, values, map) = match src {
+            Source::Views => (p.keys(b, kh), p.values(b, kh), RowMap::Dense),
+            Source::Pages { cache, seq } => paged_head(cache, seq, kh),
+        };
         // The `vdpbf16ps` products: the kernel and the bf16 operands (`Problem::dot` is only set
         // when all three are bf16).
         let dot = match (p.dot, p.q, keys, values) {
@@ -227,8 +267,8 @@ impl Kernel for Task<'_, '_, '_> {
                     Block::Pairs { kern, k: kp, v: &scr.vb }
                 }
                 None => Block::F32(
-                    block_f32(s, keys, j0, nb_task, dk, &mut scr.kb),
-                    block_f32(s, values, j0, nb_task, dv, &mut scr.vb),
+                    block_f32(s, keys, map, j0, nb_task, dk, &mut scr.kb),
+                    block_f32(s, values, map, j0, nb_task, dv, &mut scr.vb),
                 ),
             };
             for u in 0..tiles {
@@ -335,24 +375,43 @@ fn pack_tile<T: SimdElement>(
     }
 }
 
-/// Rows `j0..j0 + nb` (`n` columns) of a K or V matrix as an f32 operand of the block
-/// products, and the key whose row is its row 0 (subtract it from key indices): an f32 matrix
-/// itself (any strides, key 0), any other type converted into `buf` (sized `BC·n` by
-/// [`Scratch::new`], key `j0`).
+/// Keys `j0..j0 + nb` (`n` columns) of a K or V matrix whose rows `map` maps as an f32
+/// operand of the block products, and the key whose row is its row 0 (subtract it from key
+/// indices): an f32 view matrix itself (any strides, key 0), or the block's rows of an f32
+/// pool when they lie in one page (key `j0`); otherwise the rows converted into `buf` (sized
+/// `BC·n` by [`Scratch::new`], key `j0`), page by page for a pool.
 #[inline(always)]
 fn block_f32<'t, S: Simd>(
     s: S,
     m: KvAny<'t>,
+    map: RowMap<'_>,
     j0: usize,
     nb: usize,
     n: usize,
     buf: &'t mut [f32],
 ) -> (Strided<'t>, usize) {
-    match m {
-        KvAny::F32(m) => (m, 0),
-        _ => {
+    let gathered =
+        |buf: &'t mut [f32]| (Strided { data: &buf[..nb * n], offset: 0, rs: n, cs: 1 }, j0);
+    match (m, map) {
+        (KvAny::F32(m), RowMap::Dense) => (m, 0),
+        (m, RowMap::Dense) => {
             m.gather(s, j0, nb, n, buf);
-            (Strided { data: &buf[..nb * n], offset: 0, rs: n, cs: 1 }, j0)
+            gathered(buf)
+        }
+        (m, RowMap::Paged { ps, .. }) => {
+            if let KvAny::F32(f) = m {
+                if j0 / ps == (j0 + nb - 1) / ps {
+                    // The pool holds the page's rows (checked): no overflow.
+                    return (Strided { offset: f.offset + map.block_row(j0) * f.rs, ..f }, j0);
+                }
+            }
+            let mut j = j0;
+            while j < j0 + nb {
+                let seg = (ps - j % ps).min(j0 + nb - j);
+                m.gather(s, map.block_row(j), seg, n, &mut buf[(j - j0) * n..]);
+                j += seg;
+            }
+            gathered(buf)
         }
     }
 }

@@ -56,6 +56,7 @@
 
 mod additive;
 mod blocking;
+pub(crate) use blocking::DECODE_MAX_Q;
 mod blocks;
 mod decode;
 mod flash;

@@ -31,6 +31,9 @@ pub(crate) struct Sink<'a> {
     lse: *mut f32,
     lse_len: usize,
     rows: [usize; 2],
+    /// Entries between the logsumexps of consecutive heads: `nq` unless
+    /// [`lse_head_stride`](Self::lse_head_stride) says otherwise.
+    lse_stride: usize,
     /// `written[(b·heads + h)·nq + i]`: row `(b, h, i)` has been claimed by a writer.
     written: Vec<AtomicBool>,
     _borrow: PhantomData<&'a mut [f32]>,
@@ -78,6 +81,7 @@ impl<'a> Sink<'a> {
             lse,
             lse_len,
             rows: [layout.dims[1], layout.dims[2]],
+            lse_stride: layout.dims[2],
             // One flag per row. The callers return early when there is nothing to write, so
             // the rows are bounded by the output view (injective, with elements) or by the
             // logsumexp slice; saturating, so a product past usize::MAX cannot wrap.
@@ -88,6 +92,15 @@ impl<'a> Sink<'a> {
                 .collect(),
             _borrow: PhantomData,
         }
+    }
+
+    /// The sink with row `(b, h, i)`'s logsumexp at `(b·heads + h)·stride + i` of the slice
+    /// (`stride ≥ nq`): the pieces of a packed batch write their queries' columns of an
+    /// `[hq, total_q]` logsumexp matrix, given from the piece's first column on.
+    pub(crate) fn lse_head_stride(mut self, stride: usize) -> Self {
+        assert!(stride >= self.rows[1], "logsumexp rows overlap");
+        self.lse_stride = stride;
+        self
     }
 
     /// Writes output row `(b, h, i)`: element `d` gets `value(d)` for `d < dv`, and the
@@ -115,6 +128,8 @@ impl<'a> Sink<'a> {
             Out::F16(o) => self.put(o, b, h, i, dv, value),
         }
         if !self.lse.is_null() {
+            // Distinct rows, distinct entries: `i < nq ≤ lse_stride`.
+            let row = (b * self.rows[0] + h).saturating_mul(self.lse_stride).saturating_add(i);
             assert!(row < self.lse_len);
             // SAFETY: in bounds; entry (b, h, i) belongs to this row only, claimed above.
             unsafe { *self.lse.add(row) = lse };

@@ -1,6 +1,6 @@
 //! Attention over a paged K/V cache: the problem value [`PagedAttention`] and its work plan
-//! (pieces of at most [`PAGED_Q_PIECE`] queries of one sequence), run by the decode path
-//! reading the pages in place.
+//! (one piece per sequence with queries), run by the decode path (up to [`PAGED_Q_PIECE`]
+//! queries) or the flash path (chunked prefill), both reading the pages in place.
 
 use attn_core::batch::{PagedKv, SeqOffsets};
 use attn_core::{
@@ -12,11 +12,11 @@ use crate::arch::{self, Isa};
 use crate::attention::{run_paged, PagedPiece};
 use crate::par::Parallelism;
 
-/// Queries per piece: a sequence with more new queries than this (chunked prefill) is cut into
-/// pieces of this many, each run by the decode path against the keys it may see. 16 is where
+/// Most queries of a sequence that the decode path runs: a sequence with more new queries
+/// (chunked prefill) runs on the flash path. 16 is where
 /// [`Path::Auto`](crate::attention::Path::Auto) leaves the decode path for the flash one. The
-/// cut depends only on the sequence, never on the thread count.
-pub const PAGED_Q_PIECE: usize = 16;
+/// choice depends only on the sequence, never on the thread count.
+pub const PAGED_Q_PIECE: usize = crate::attention::DECODE_MAX_Q;
 
 /// Attention of packed queries against a paged K/V cache (vLLM's PagedAttention): sequence `b`
 /// is queries `cu_q[b]..cu_q[b + 1]` of `q` against the `cache.seq_lens[b]` keys and values
@@ -41,14 +41,18 @@ pub const PAGED_Q_PIECE: usize = 16;
 /// - variants (window, softcap, sinks, ALiBi) measure from each sequence's offset;
 /// - the logsumexps, when asked for, are `[hq, total_q]` row-major.
 ///
-/// Work: the pages are read in place in their type (when keys and values share it; of two
-/// types, each 16-key block of a page is converted into f32 as it is read), never gathered.
-/// Each sequence's queries are cut into pieces of [`PAGED_Q_PIECE`]; a piece's rows (its
-/// queries times the query heads of a GQA group) share each key and value row read, its keys
-/// are split into chunks of a length fixed by the keys it may see (as
-/// [`Attention`](crate::attention::Attention)'s decode path), and the chunks of every piece are
-/// the tasks the threads share. A key block of 16 lies in one page (page sizes are powers of
-/// two from 16), so its rows are consecutive slots of that page. The result is the reference's
+/// Work: the pages are read in place, never gathered into a dense copy of the cache. A
+/// sequence of at most [`PAGED_Q_PIECE`] queries (decode) runs on the decode path: its rows
+/// (its queries times the query heads of a GQA group) share each key and value row read, in
+/// the pages' type (when keys and values share it; of two types, each 16-key block of a page
+/// is converted into f32 as it is read), its keys are split into chunks of a length fixed by
+/// the keys it may see (as [`Attention`](crate::attention::Attention)'s decode path), and the
+/// chunks of every such sequence are the tasks the threads share. A key block of 16 lies in
+/// one page (page sizes are powers of two from 16), so its rows are consecutive slots of that
+/// page. A sequence with more queries (chunked prefill) runs on the flash path, one sequence
+/// after another, its tasks shared by the threads: each key block of the flash loop is read
+/// in place when it lies in one page of an f32 pool, else converted page by page into
+/// per-thread scratch (as the flash path converts any K/V that is not f32). The result is the reference's
 /// `attn_reference::batch::attention_paged` (on f32 pools of the represented values) within
 /// the attention bounds, and bitwise the same for every thread count.
 ///
@@ -188,36 +192,19 @@ impl<'a> PagedAttention<'a> {
     }
 }
 
-/// The pieces of a batch, in token order: each sequence's queries cut into pieces of
-/// [`PAGED_Q_PIECE`]. A piece starting at query `a` of a sequence of offset `off` takes the
-/// offset `off + a` (for the causal mask and the variants alike), so its query `i − a` sees
-/// what query `i` sees in the whole sequence. A sequence whose piece offsets would overflow
-/// `isize` is one piece.
+/// The pieces of a batch, in token order: each sequence's queries, with its causal offset
+/// `off` (for the causal mask and the variants alike). Sequences without queries have none.
 fn plan(sq: &SeqOffsets<'_>, lens: &[usize], mask: &Mask<'_>) -> Vec<PagedPiece<'static>> {
     let causal = matches!(mask, Mask::Causal { .. });
-    let piece_mask = |off| if causal { Mask::Causal { offset: Some(off) } } else { Mask::None };
     let mut pieces = Vec::new();
     for (b, &nk) in lens.iter().enumerate() {
         let rq = sq.range(b);
-        let nq = rq.len();
-        if nq == 0 {
+        if rq.is_empty() {
             continue;
         }
-        let off = Variants::offset(mask, nq, nk);
-        if isize::try_from(nq).ok().and_then(|n| off.checked_add(n)).is_none() {
-            pieces.push(PagedPiece { seq: b, rows: rq, mask: piece_mask(off), off });
-            continue;
-        }
-        for a in (0..nq).step_by(PAGED_Q_PIECE) {
-            let end = (a + PAGED_Q_PIECE).min(nq);
-            let off = off + a as isize;
-            pieces.push(PagedPiece {
-                seq: b,
-                rows: rq.start + a..rq.start + end,
-                mask: piece_mask(off),
-                off,
-            });
-        }
+        let off = Variants::offset(mask, rq.len(), nk);
+        let mask = if causal { Mask::Causal { offset: Some(off) } } else { Mask::None };
+        pieces.push(PagedPiece { seq: b, rows: rq, mask, off });
     }
     pieces
 }
