@@ -15,6 +15,11 @@
 //! (`attn-kernels-bf16` beside `dense-bf16`) and int8 with f32 block scales
 //! (`attn-kernels-q8` beside `dense-q8`: `PagePool::Q8` against `KvRef::Q8` on the same bytes).
 //!
+//! Chunked prefill: 4 sequences of 512..2048 cached keys plus 128 new queries each (their
+//! keys the last 128 of the sequence, causal), f32 pages of 16 and 128: `PagedAttention` runs
+//! them on the flash path reading the pages, beside dense flash attention (`Path::Auto`) per
+//! sequence on the same values (`prefill` / `dense-prefill`), in GFLOP/s of the causal work.
+//!
 //! Checks: both rows of each type on a small mix (lengths 0, 1 and across pages) against the
 //! reference's paged attention on the values the stored elements represent (widened, or
 //! `fl(q·scale)`), each sequence within the bound of its dense problem on those values.
@@ -33,6 +38,13 @@ use crate::check::{attention_bound, compare, Rng, Verdict};
 use crate::record::Shape;
 
 const OP: &str = "paged";
+
+/// Cached keys of the prefill sequences (each then gets [`PREFILL_Q`] new queries and keys),
+/// and a smaller mix for `--quick`.
+const PREFILL: [usize; 4] = [512, 2048, 1024, 1536];
+const PREFILL_QUICK: [usize; 2] = [256, 512];
+/// New queries per prefill sequence.
+const PREFILL_Q: usize = 128;
 
 /// Key lengths of the 32 sequences (one query each), and a smaller mix for `--quick`.
 const MIX: [usize; 32] = [
@@ -157,10 +169,12 @@ impl Elem for i8 {
     }
 }
 
-/// One decode step of a batch: the dense K/V (sequences packed `[total, hkv, d]`), the same
-/// elements in a paged pool with shuffled pages, and one query per sequence.
+/// One step of a batch: the dense K/V (sequences packed `[total, hkv, d]`), the same elements
+/// in a paged pool with shuffled pages, and `nq` queries per sequence (its last `nq` keys'
+/// positions: one for decode, a chunk for prefill).
 struct Batch<T> {
     lens: Vec<usize>,
+    nq: usize,
     cu_k: Vec<usize>,
     cu_q: Vec<usize>,
     hq: usize,
@@ -178,12 +192,23 @@ struct Batch<T> {
 }
 
 impl<T: Elem> Batch<T> {
-    fn new(lens: &[usize], hq: usize, hkv: usize, d: usize, page_size: usize, seed: u64) -> Self {
+    /// `lens[b]` keys for sequence `b` (at least `nq` where it has queries: every sequence has
+    /// `nq`), `hq` query heads over `hkv` K/V heads of width `d`.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        lens: &[usize],
+        nq: usize,
+        hq: usize,
+        hkv: usize,
+        d: usize,
+        page_size: usize,
+        seed: u64,
+    ) -> Self {
         let cu_k = cumulative(lens);
         let total = cu_k[lens.len()];
         let mut rng = Rng::new(seed);
         let (q, k, v) =
-            (rng.vec(lens.len() * hq * d), rng.vec(total * hkv * d), rng.vec(total * hkv * d));
+            (rng.vec(lens.len() * nq * hq * d), rng.vec(total * hkv * d), rng.vec(total * hkv * d));
         let need: Vec<usize> = lens.iter().map(|n| n.div_ceil(page_size)).collect();
         let max_pages = need.iter().copied().max().unwrap_or(0).max(1);
         let pages: usize = need.iter().sum();
@@ -203,8 +228,9 @@ impl<T: Elem> Batch<T> {
         let empty = || Stored { values: Vec::new(), scales: Vec::new() };
         let mut batch = Batch {
             lens: lens.to_vec(),
+            nq,
             cu_k,
-            cu_q: (0..=lens.len()).collect(),
+            cu_q: (0..=lens.len()).map(|b| b * nq).collect(),
             hq,
             hkv,
             d,
@@ -264,12 +290,22 @@ impl<T: Elem> Batch<T> {
         2.0 * (self.cu_k[self.lens.len()] * self.hkv * T::DTYPE.row_bytes(self.d)) as f64
     }
 
+    /// Multiply-adds ×2 of the causal attention: each query sees the keys up to its own.
+    fn flops(&self) -> f64 {
+        let visible: usize = self
+            .lens
+            .iter()
+            .map(|&n| (0..self.nq).map(|i| n - self.nq + i + 1).sum::<usize>())
+            .sum();
+        2.0 * (self.hq * 2 * self.d * visible) as f64
+    }
+
     fn shape(&self) -> Shape {
         Shape::Attn {
             batch: self.lens.len(),
             heads: self.hq,
             kv_heads: self.hkv,
-            nq: 1,
+            nq: self.nq,
             nk: self.cu_k[self.lens.len()],
             dk: self.d,
             dv: self.d,
@@ -278,7 +314,7 @@ impl<T: Elem> Batch<T> {
     }
 
     fn q_layout(&self) -> Tensor4Layout {
-        packed(self.hq, self.lens.len(), self.d)
+        packed(self.hq, self.lens.len() * self.nq, self.d)
     }
 
     fn paged(&self, o: &mut [f32], threads: usize) -> attn_kernels::Result<()> {
@@ -289,22 +325,24 @@ impl<T: Elem> Batch<T> {
             .run(TensorMut::new(o, self.q_layout()))
     }
 
-    /// The existing decode path, one call per sequence over its dense K/V.
+    /// One `Attention` call per sequence over its dense K/V: the decode path for one query,
+    /// the dispatcher's choice (flash for a prefill chunk) otherwise.
     fn dense(&self, o: &mut [f32], threads: usize) -> attn_kernels::Result<()> {
         let total = self.cu_k[self.lens.len()];
         let (ql, kl) = (self.q_layout(), packed(self.hkv, total, self.d));
         let sl = packed(self.hkv, total, scale_width::<T>(self.d));
+        let path = if self.nq == 1 { Path::Decode } else { Path::Auto };
         for b in 0..self.lens.len() {
-            let kv = self.cu_k[b]..self.cu_k[b + 1];
+            let (kv, qs) = (self.cu_k[b]..self.cu_k[b + 1], self.cu_q[b]..self.cu_q[b + 1]);
             Attention::new(
-                TensorRef::new(&self.q, packed_seq(&ql, b..b + 1)),
+                TensorRef::new(&self.q, packed_seq(&ql, qs.clone())),
                 self.k.tokens(&kl, &sl, kv.clone()),
                 self.v.tokens(&kl, &sl, kv),
             )
             .mask(Mask::CAUSAL)
-            .path(Path::Decode)
+            .path(path)
             .parallelism(Parallelism::threads(threads))
-            .run(TensorMut::new(&mut *o, packed_seq(&ql, b..b + 1)))?;
+            .run(TensorMut::new(&mut *o, packed_seq(&ql, qs)))?;
         }
         Ok(())
     }
@@ -320,7 +358,23 @@ impl<T: Elem> Batch<T> {
 /// paged attention on a small mix (lengths 0, 1 and across pages), run on the values the
 /// stored elements represent; each sequence within the bound of its dense problem on them.
 fn check<T: Elem>(ctx: &mut Ctx) {
-    let p = Batch::<T>::new(&[37, 0, 1, 300, 16, 129], 8, 2, 64, 16, 0x9a6e);
+    let p = Batch::<T>::new(&[37, 0, 1, 300, 16, 129], 1, 8, 2, 64, 16, 0x9a6e);
+    check_batch(ctx, &p, T::IMPS);
+}
+
+/// Checks the prefill rows (f32 pages, 40 new queries per sequence: the flash path).
+fn check_prefill(ctx: &mut Ctx) {
+    let p = Batch::<f32>::new(&[40, 300, 57], 40, 8, 2, 64, 16, 0x9a6f);
+    check_batch(ctx, &p, PREFILL_IMPS);
+}
+
+/// The row names of the prefill pair.
+const PREFILL_IMPS: [&str; 2] = ["attn-kernels-prefill", "dense-prefill"];
+
+/// Checks the paged call and the dense calls on `p` (rows `imps`) against the reference's
+/// paged attention on the values the stored elements represent, each sequence within the bound
+/// of its dense problem on them.
+fn check_batch<T: Elem>(ctx: &mut Ctx, p: &Batch<T>, imps: [&'static str; 2]) {
     let (sh, ql, scale) = (p.shape(), p.q_layout(), default_scale(p.d));
     let (k, v) = (p.exact(&p.k), p.exact(&p.v));
     let (pool_k, pool_v) = (p.paginate(&k), p.paginate(&v));
@@ -344,9 +398,10 @@ fn check<T: Elem>(ctx: &mut Ctx) {
     let abs_v: Vec<f32> = v.values.iter().map(|x| x.abs()).collect();
     let mut bound = vec![0.0f64; p.q.len()];
     for b in 0..p.lens.len() {
-        let (qs, ks) = (packed_seq(&ql, b..b + 1), packed_seq(&kl, p.cu_k[b]..p.cu_k[b + 1]));
-        let dense = Tensor4Layout::bhsd(1, p.hq, 1, p.d);
-        let mut w = vec![0.0f32; p.hq * p.d];
+        let qs = packed_seq(&ql, p.cu_q[b]..p.cu_q[b + 1]);
+        let ks = packed_seq(&kl, p.cu_k[b]..p.cu_k[b + 1]);
+        let dense = Tensor4Layout::bhsd(1, p.hq, p.nq, p.d);
+        let mut w = vec![0.0f32; p.hq * p.nq * p.d];
         let (q, k) = (TensorRef::new(&p.q, qs), TensorRef::new(&k.values, ks));
         let r = attn_reference::attention::attention(
             q,
@@ -363,13 +418,15 @@ fn check<T: Elem>(ctx: &mut Ctx) {
         }
         let bb = attention_bound(&q, &k, scale, &TensorRef::new(&w, dense));
         for h in 0..p.hq {
-            for e in 0..p.d {
-                bound[qs.index(0, h, 0, e)] = bb[dense.index(0, h, 0, e)];
+            for i in 0..p.nq {
+                for e in 0..p.d {
+                    bound[qs.index(0, h, i, e)] = bb[dense.index(0, h, i, e)];
+                }
             }
         }
     }
     for &t in &ctx.threads.clone() {
-        for (imp, dense) in T::IMPS.into_iter().zip([false, true]) {
+        for (imp, dense) in imps.into_iter().zip([false, true]) {
             let mut got = vec![f32::NAN; p.q.len()];
             let r = if dense { p.dense(&mut got, t) } else { p.paged(&mut got, t) };
             let verdict: Result<Verdict, String> =
@@ -386,7 +443,7 @@ fn bench<T: Elem>(ctx: &mut Ctx) {
     let mix: &[usize] = if ctx.quick { &MIX_QUICK } else { &MIX };
     let [paged, dense] = T::IMPS;
     for page_size in [16, 128] {
-        let p = Batch::<T>::new(mix, 16, 2, 128, page_size, 0x7a6e);
+        let p = Batch::<T>::new(mix, 1, 16, 2, 128, page_size, 0x7a6e);
         ctx.progress.log(&format!(
             "{OP}: {} sequences, {:.0} MiB of {} K/V, pages of {page_size}",
             mix.len(),
@@ -405,12 +462,39 @@ fn bench<T: Elem>(ctx: &mut Ctx) {
     }
 }
 
+/// Times the prefill pair: the paged call (flash path) beside dense flash per sequence, in
+/// alternating calls, for each page size and thread count.
+fn bench_prefill(ctx: &mut Ctx) {
+    let threads = ctx.threads.clone();
+    let cached: &[usize] = if ctx.quick { &PREFILL_QUICK } else { &PREFILL };
+    let lens: Vec<usize> = cached.iter().map(|n| n + PREFILL_Q).collect();
+    let [paged, dense] = PREFILL_IMPS;
+    for page_size in [16, 128] {
+        let p = Batch::<f32>::new(&lens, PREFILL_Q, 16, 2, 128, page_size, 0x7a70);
+        ctx.progress.log(&format!(
+            "{OP}: prefill of {PREFILL_Q} queries into {} sequences, pages of {page_size}",
+            lens.len()
+        ));
+        let work = Work::Flops(p.flops());
+        let (mut o1, mut o2) = (vec![0.0f32; p.q.len()], vec![0.0f32; p.q.len()]);
+        for &t in &threads {
+            let mut ours = || p.paged(&mut o1, t).map_err(|e| e.to_string());
+            let mut plain = || p.dense(&mut o2, t).map_err(|e| e.to_string());
+            let imps: &mut [(&'static str, Call<'_>)] =
+                &mut [(paged, &mut ours), (dense, &mut plain)];
+            ctx.bench_alternating(OP, p.shape(), t, work, None, imps);
+        }
+    }
+}
+
 /// Runs the section.
 pub fn run(ctx: &mut Ctx) {
     check::<f32>(ctx);
     check::<bf16>(ctx);
     check::<i8>(ctx);
+    check_prefill(ctx);
     bench::<f32>(ctx);
     bench::<bf16>(ctx);
     bench::<i8>(ctx);
+    bench_prefill(ctx);
 }
