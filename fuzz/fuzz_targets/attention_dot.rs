@@ -12,10 +12,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let case = attn_tests::fuzz_decode::DtypeAttentionCase::decode_dot(data);
-    let run = |a: attn_kernels::attention::Attention<'_>, o| {
+    let checked = case.check(|a, o| {
         a.isa(attn_kernels::Isa::Avx512).path(Path::Flash).half_path(HalfPath::Dot).run(o)
-    };
-    if let Err(e) = case.check(run) {
+    });
+    if let Err(e) = checked {
         panic!("{e}");
     }
 });
