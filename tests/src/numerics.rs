@@ -20,6 +20,17 @@ pub const U: f64 = 1.0 / (1u64 << 24) as f64;
 /// relative, for results in its normal range.
 pub const BF16_U: f64 = 1.0 / 256.0;
 
+/// Half the spacing of bf16 subnormals, `2⁻¹³⁴` (bf16 has f32's exponent range and 7 stored
+/// bits): the absolute rounding error of a bf16 result below `2⁻¹²⁶`.
+pub const BF16_SUBNORMAL_HALF: f64 = 4.591_774_807_899_561e-41;
+
+/// Unit roundoff of f16, `2⁻¹¹`, for results in its normal range (`≥ 2⁻¹⁴`).
+pub const F16_U: f64 = 1.0 / 2048.0;
+
+/// Half the spacing of f16 subnormals, `2⁻²⁵`: the absolute rounding error of an f16 result
+/// below `2⁻¹⁴`.
+pub const F16_SUBNORMAL_HALF: f64 = 1.0 / (1u64 << 25) as f64;
+
 /// ULP of the exact value `v` as an f32: `2^(e−23)` for `|v| ∈ [2^e, 2^(e+1))`, `2⁻¹⁴⁹` below
 /// `2⁻¹²⁶` (the unit the math functions' published `*_MAX_ULP` bounds are measured in).
 pub fn f32_ulp(v: f64) -> f64 {

@@ -61,9 +61,10 @@ pub use crate::math::exp::{
 };
 
 use attn_core::error::{expect_dim, expect_finite};
-use attn_core::{Error, MatMut, MatRef, TensorMut, TensorRef};
+use attn_core::{DType, Error, MatMut, MatRef, TensorMut, TensorRef};
 use rayon::prelude::*;
 
+use crate::arch::convert::{convert_slice_with_isa, Convertible};
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 use crate::{Mask, Result, Tensor4Layout};
@@ -95,14 +96,21 @@ pub const STREAM_MIN_BYTES: usize = 16 << 20;
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
 /// ISA [`arch::selected`] returns. Conventions, accuracy and passes: see the module docs.
 ///
+/// `x` and `y` are each of f32, bf16 or f16 (f32 both: the passes read and write them in
+/// place). Half-precision logits are widened exactly; the result is the f32 softmax of those
+/// values, each output rounded once to `y`'s type (to nearest even: relative error `2⁻⁸` for
+/// bf16, `2⁻¹¹` for f16, besides the f32 bound; among subnormals, `2⁻¹³⁴` absolute for bf16
+/// below `2⁻¹²⁶` and `2⁻²⁵` for f16 below `2⁻¹⁴`). The logsumexps stay f32. Bit for bit, the f32 call on
+/// the widened `x` followed by [`convert_slice`](crate::arch::convert_slice) of `y`.
+///
 /// `lse`, when given, receives the logsumexp of each row, row-major over `[batch, heads, rows]`.
 /// Errors (as the reference, in its order): `NonFinite` scale; `x` out of bounds; `y` dims
 /// differ from `x`; `y` out of bounds or aliased; mask dims or bounds; `lse` length.
-pub fn scale_mask_softmax(
-    x: TensorRef<'_>,
+pub fn scale_mask_softmax<X: Convertible, Y: Convertible>(
+    x: TensorRef<'_, X>,
     scale: f32,
     mask: &Mask<'_>,
-    y: TensorMut<'_>,
+    y: TensorMut<'_, Y>,
     lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
@@ -111,12 +119,12 @@ pub fn scale_mask_softmax(
 
 /// [`scale_mask_softmax`] on an explicit ISA (`InvalidParameter { arg: "isa" }` when the CPU
 /// lacks it).
-pub fn scale_mask_softmax_with_isa(
+pub fn scale_mask_softmax_with_isa<X: Convertible, Y: Convertible>(
     isa: Isa,
-    x: TensorRef<'_>,
+    x: TensorRef<'_, X>,
     scale: f32,
     mask: &Mask<'_>,
-    y: TensorMut<'_>,
+    y: TensorMut<'_, Y>,
     lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
@@ -133,11 +141,11 @@ pub fn scale_mask_softmax_with_isa(
     Ok(())
 }
 
-/// In-place [`scale_mask_softmax`]: `x ← softmax(scale·x + mask)`. Same results, bit for bit,
-/// as the out-of-place form. Errors as there, with `x` checked as an output (bounds and no
-/// aliasing).
-pub fn scale_mask_softmax_inplace(
-    x: TensorMut<'_>,
+/// In-place [`scale_mask_softmax`]: `x ← softmax(scale·x + mask)`, `x` of f32, bf16 or f16.
+/// Same results, bit for bit, as the out-of-place form with `y` of `x`'s type. Errors as
+/// there, with `x` checked as an output (bounds and no aliasing).
+pub fn scale_mask_softmax_inplace<T: Convertible>(
+    x: TensorMut<'_, T>,
     scale: f32,
     mask: &Mask<'_>,
     lse: Option<&mut [f32]>,
@@ -147,9 +155,9 @@ pub fn scale_mask_softmax_inplace(
 }
 
 /// [`scale_mask_softmax_inplace`] on an explicit ISA.
-pub fn scale_mask_softmax_inplace_with_isa(
+pub fn scale_mask_softmax_inplace_with_isa<T: Convertible>(
     isa: Isa,
-    x: TensorMut<'_>,
+    x: TensorMut<'_, T>,
     scale: f32,
     mask: &Mask<'_>,
     lse: Option<&mut [f32]>,
@@ -161,7 +169,7 @@ pub fn scale_mask_softmax_inplace_with_isa(
     let [batch, heads, rows, cols] = x.layout.dims;
     mask.check(batch, heads, rows, cols)?;
     check_lse(lse.as_deref(), batch.saturating_mul(heads).saturating_mul(rows))?;
-    let ctx = Ctx { isa, x: None, scale, mask, dims: x.layout.dims };
+    let ctx = Ctx::<T> { isa, x: None, scale, mask, dims: x.layout.dims };
     ctx.run(x, lse, par);
     Ok(())
 }
@@ -200,8 +208,8 @@ pub fn log_softmax_with_isa(
     x.check("x")?;
     let yt = TensorMut::new(y.data, Tensor4Layout::from_mat(y.layout));
     let xt = TensorRef::new(x.data, Tensor4Layout::from_mat(x.layout));
-    for_each_row(yt, None, par, |scratch, pos, yrow, _| {
-        let xrow = gather(&xt, pos, &mut scratch.x);
+    for_each_row(isa, yt, None, par, false, |scratch, pos, yrow, _| {
+        let xrow = gather(isa, &xt, pos, &mut scratch.x);
         dispatch::lse_row(isa, xrow, Some(yrow));
     });
     Ok(())
@@ -233,7 +241,7 @@ pub fn logsumexp_with_isa(isa: Isa, x: MatRef<'_>, par: Parallelism) -> Result<V
     }
     let f = |scratch: &mut Scratch, (r, l): (usize, &mut f32)| {
         let pos = RowPos { r, b: 0, h: 0, i: r };
-        *l = dispatch::lse_row(isa, gather(&xt, pos, &mut scratch.x), None);
+        *l = dispatch::lse_row(isa, gather(isa, &xt, pos, &mut scratch.x), None);
     };
     if use_threads(par, x.layout.len()) {
         let min = min_rows_per_task(x.layout.cols);
@@ -288,6 +296,7 @@ fn same_page_phase<'b>(buf: &'b mut Vec<f32>, len: usize, like: &[f32]) -> &'b m
 #[derive(Default)]
 struct Scratch {
     x: Vec<f32>,
+    /// A strided output row, or a half-precision one widened.
     y: Vec<f32>,
     bias: Vec<f32>,
     keep: Vec<bool>,
@@ -343,20 +352,31 @@ impl RowPos {
     }
 }
 
-/// Row `pos` of `t`: the slice itself when its columns are contiguous, else a copy in `buf`.
-fn gather<'a>(t: &TensorRef<'a>, pos: RowPos, buf: &'a mut Vec<f32>) -> &'a [f32] {
+/// Row `pos` of `t` as f32: the slice itself when it is f32 with contiguous columns, else a
+/// copy in `buf` (widened, exactly, for bf16/f16).
+fn gather<'a, X: Convertible>(
+    isa: Isa,
+    t: &TensorRef<'a, X>,
+    pos: RowPos,
+    buf: &'a mut Vec<f32>,
+) -> &'a [f32] {
     // An empty row first: an empty view's offset and strides need not index anything.
     if t.layout.dims[3] == 0 {
         return &[];
     }
     let (start, cols, stride) = row_span(&t.layout, pos);
+    buf.clear();
     if stride == 1 || cols <= 1 {
-        &t.data[start..start + cols]
+        let row = &t.data[start..start + cols];
+        if let Some(row) = X::as_f32(row) {
+            return row;
+        }
+        buf.resize(cols, 0.0);
+        convert_slice_with_isa(isa, row, buf).expect("the ISA was checked, the lengths agree");
     } else {
-        buf.clear();
-        buf.extend((0..cols).map(|j| t.data[start + j * stride]));
-        buf
+        buf.extend((0..cols).map(|j| t.data[start + j * stride].widen()));
     }
+    buf
 }
 
 /// Generic gather for mask rows.
@@ -385,10 +405,19 @@ fn row_span(l: &Tensor4Layout, pos: RowPos) -> (usize, usize, usize) {
 }
 
 /// Runs `f(scratch, row, y_row, lse_slot)` for every row of `y`, where `y_row` is a
-/// contiguous buffer holding the row (the row itself, or a gathered copy scattered back after
-/// `f`). Rows go to rayon tasks when the call is large enough and the rows are contiguous.
-fn for_each_row<F>(mut y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism, f: F)
-where
+/// contiguous f32 buffer holding the row: the row itself (f32, contiguous), or a copy (strided,
+/// or widened from bf16/f16) written back after `f`, narrowed to `Y`. With `read` false the
+/// copy of a contiguous half-precision row starts as zeros rather than the row's values (`f`
+/// writes the whole row, unless it only reads the input in place). Rows go to rayon tasks
+/// when the call is large enough and the rows are contiguous.
+fn for_each_row<Y: Convertible, F>(
+    isa: Isa,
+    mut y: TensorMut<'_, Y>,
+    lse: Option<&mut [f32]>,
+    par: Parallelism,
+    read: bool,
+    f: F,
+) where
     F: Fn(&mut Scratch, RowPos, &mut [f32], Option<&mut f32>) + Sync,
 {
     let dims = y.layout.dims;
@@ -418,15 +447,18 @@ where
     let contiguous = y.layout.strides[3] == 1 || cols <= 1;
     if contiguous && use_threads(par, nrows.saturating_mul(cols)) {
         if let Some(mut jobs) = split_rows(y.data, &y.layout) {
-            let mut work: Vec<(RowPos, &mut [f32], Option<&mut f32>)> = Vec::with_capacity(nrows);
+            let mut work: Vec<(RowPos, &mut [Y], Option<&mut f32>)> = Vec::with_capacity(nrows);
             for (pos, row) in jobs.drain(..) {
                 work.push((pos, row, take_slot(&mut slots, pos.r)));
             }
             let min = min_rows_per_task(cols);
             par.install(|| {
-                work.into_par_iter()
-                    .with_min_len(min)
-                    .for_each_init(Scratch::default, |s, (r, row, l)| f(s, r, row, l))
+                work.into_par_iter().with_min_len(min).for_each_init(
+                    Scratch::default,
+                    |s, (r, row, l)| {
+                        as_f32_row(isa, s, row, read, |s, row| f(s, r, row, l));
+                    },
+                )
             });
             return;
         }
@@ -437,19 +469,47 @@ where
         let (start, _, stride) = row_span(&y.layout, pos);
         let l = take_slot(&mut slots, r);
         if contiguous {
-            f(&mut scratch, pos, &mut y.rb().data[start..start + cols], l);
+            let row = &mut y.rb().data[start..start + cols];
+            as_f32_row(isa, &mut scratch, row, read, |s, row| f(s, pos, row, l));
         } else {
             let mut buf = std::mem::take(&mut scratch.y);
             buf.clear();
-            buf.extend((0..cols).map(|j| y.data[start + j * stride]));
+            buf.extend((0..cols).map(|j| y.data[start + j * stride].widen()));
             f(&mut scratch, pos, &mut buf, l);
             for (j, v) in buf.iter().enumerate() {
-                y.data[start + j * stride] = *v;
+                y.data[start + j * stride] = Y::from_f32(*v);
             }
             scratch.y = buf;
         }
         pos = pos.next(dims);
     }
+}
+
+/// Runs `f` on a contiguous output row as f32: the row itself when it is f32, else a copy in
+/// the scratch (widened from the row when `read`, zeros otherwise) narrowed back after `f`.
+fn as_f32_row<Y: Convertible>(
+    isa: Isa,
+    scratch: &mut Scratch,
+    row: &mut [Y],
+    read: bool,
+    f: impl FnOnce(&mut Scratch, &mut [f32]),
+) {
+    if Y::DTYPE == DType::F32 {
+        if let Some(row) = Y::as_f32_mut(row) {
+            f(scratch, row);
+        }
+        return;
+    }
+    let mut buf = std::mem::take(&mut scratch.y);
+    buf.clear();
+    buf.resize(row.len(), 0.0);
+    let ok = "the ISA was checked, the lengths agree";
+    if read {
+        convert_slice_with_isa(isa, row, &mut buf).expect(ok);
+    }
+    f(scratch, &mut buf);
+    convert_slice_with_isa(isa, &buf, row).expect(ok);
+    scratch.y = buf;
 }
 
 fn take_slot<'a>(slots: &mut [Option<&'a mut f32>], r: usize) -> Option<&'a mut f32> {
@@ -458,10 +518,10 @@ fn take_slot<'a>(slots: &mut [Option<&'a mut f32>], r: usize) -> Option<&'a mut 
 
 /// Splits `data` into the disjoint contiguous rows of `layout` (column stride 1), tagged with
 /// their position. `None` if two rows overlap (impossible after `check_output`).
-fn split_rows<'a>(
-    data: &'a mut [f32],
+fn split_rows<'a, T>(
+    data: &'a mut [T],
     layout: &Tensor4Layout,
-) -> Option<Vec<(RowPos, &'a mut [f32])>> {
+) -> Option<Vec<(RowPos, &'a mut [T])>> {
     let [batch, heads, rows, cols] = layout.dims;
     let nrows = batch * heads * rows;
     let mut order: Vec<(usize, usize)> =
@@ -485,25 +545,27 @@ fn split_rows<'a>(
 }
 
 /// What a scale-mask-softmax call needs per row, shared read-only by the threads.
-struct Ctx<'a, 'm> {
+struct Ctx<'a, 'm, X> {
     isa: Isa,
     /// `None`: in place.
-    x: Option<TensorRef<'a>>,
+    x: Option<TensorRef<'a, X>>,
     scale: f32,
     mask: &'a Mask<'m>,
     dims: [usize; 4],
 }
 
-impl Ctx<'_, '_> {
+impl<X: Convertible> Ctx<'_, '_, X> {
     /// Rows over all batches and heads.
     fn rows(&self) -> usize {
         self.dims[0].saturating_mul(self.dims[1]).saturating_mul(self.dims[2])
     }
 
-    fn run(&self, y: TensorMut<'_>, lse: Option<&mut [f32]>, par: Parallelism) {
+    fn run<Y: Convertible>(&self, y: TensorMut<'_, Y>, lse: Option<&mut [f32]>, par: Parallelism) {
         let [batch, heads, rows, cols] = self.dims;
-        let stream =
-            self.isa != Isa::Portable && y.layout.len().saturating_mul(4) >= STREAM_MIN_BYTES;
+        // A half-precision output row is computed in a scratch row: nothing to stream.
+        let stream = self.isa != Isa::Portable
+            && Y::DTYPE == DType::F32
+            && y.layout.len().saturating_mul(4) >= STREAM_MIN_BYTES;
         let contiguous = Tensor4Layout::bhsd(batch, heads, rows, cols);
         let mask_rows_contiguous = match self.mask {
             Mask::None | Mask::Causal { .. } => true,
@@ -511,15 +573,23 @@ impl Ctx<'_, '_> {
                 layout.strides[3] == 1 || cols <= 1
             }
         };
+        // The fast path reads and writes f32 in place: `src` is `None` in place, `Some(None)`
+        // for a half-precision input.
+        let src = self.x.as_ref().map(|x| X::as_f32(x.data));
         if cols > 0
             && mask_rows_contiguous
             && y.layout == contiguous
             && self.x.as_ref().is_none_or(|x| x.layout == contiguous)
+            && src.is_none_or(|x| x.is_some())
+            && Y::DTYPE == DType::F32
         {
-            self.run_contiguous(y, lse, par, stream);
+            if let Some(yd) = Y::as_f32_mut(y.data) {
+                let y = TensorMut::new(yd, y.layout);
+                self.run_contiguous(src.flatten(), y, lse, par, stream);
+            }
             return;
         }
-        for_each_row(y, lse, par, |scratch, pos, yrow, l| {
+        for_each_row(self.isa, y, lse, par, self.x.is_none(), |scratch, pos, yrow, l| {
             let v = self.row(scratch, pos, rows, cols, yrow, stream, l.is_some());
             if let Some(l) = l {
                 *l = v;
@@ -532,6 +602,7 @@ impl Ctx<'_, '_> {
     /// its own when `stream`.
     fn run_contiguous(
         &self,
+        x: Option<&[f32]>,
         y: TensorMut<'_>,
         lse: Option<&mut [f32]>,
         par: Parallelism,
@@ -540,7 +611,7 @@ impl Ctx<'_, '_> {
         let [_, _, rows, cols] = self.dims;
         let n = y.layout.len();
         let y = &mut y.data[..n];
-        let x = self.x.as_ref().map(|x| &x.data[..n]);
+        let x = x.map(|x| &x[..n]);
         // Where the mask rows of flat rows `r0 .. r0 + count` start in the mask's slice.
         let starts = |layout: &Tensor4Layout, r0: usize, count: usize| {
             let mut pos = RowPos::of(r0, self.dims);
@@ -620,7 +691,7 @@ impl Ctx<'_, '_> {
                 (cols, RowMask::Bias(gather_mask(bias, layout, pos, bbuf)))
             }
         };
-        let src = self.x.as_ref().map(|x| gather(x, pos, xbuf));
+        let src = self.x.as_ref().map(|x| gather(self.isa, x, pos, xbuf));
         let stage = stream.then(|| same_page_phase(stage, visible, &*y));
         // Out of cache, a row PREFETCH_ROWS ahead (usually r + PREFETCH_ROWS, or the last row)
         // is prefetched meanwhile (see stream::PREFETCH_ROWS); in cache, the next row, so that
@@ -635,7 +706,7 @@ impl Ctx<'_, '_> {
                     }
                 }
                 let (start, cols, _) = row_span(&x.layout, ahead);
-                x.data.get(start..start + cols)
+                x.data.get(start..start + cols).and_then(X::as_f32)
             }
             _ => None,
         };

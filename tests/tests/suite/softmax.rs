@@ -18,16 +18,19 @@
 //! smallest, within `(1 ± u)²` and half a subnormal. Exact conventions (masked → 0, fully
 //! masked → zeros and lse −∞, NaN rows, +∞ sharing) are compared bit for bit.
 
+use attn_kernels::arch::convert::Convertible;
 use attn_kernels::softmax::{
     log_softmax_with_isa, logsumexp_with_isa, scale_mask_softmax_inplace_with_isa,
     scale_mask_softmax_with_isa, SOFTMAX_EXP_MAX_ULP,
 };
-use attn_kernels::{Isa, Mask, MatLayout, Parallelism, Tensor4Layout};
+use attn_kernels::{bf16, f16, DType, Isa, Mask, MatLayout, Parallelism, Tensor4Layout};
 use attn_reference::softmax as reference;
 use attn_reference::{MatMut, MatRef, TensorMut, TensorRef};
 use proptest::prelude::*;
 
-use attn_tests::numerics::{SUBNORMAL_ULP as SUBNORMAL, U};
+use attn_tests::numerics::{
+    BF16_SUBNORMAL_HALF, BF16_U, F16_SUBNORMAL_HALF, F16_U, SUBNORMAL_ULP as SUBNORMAL, U,
+};
 
 fn gamma(n: usize) -> f64 {
     let nu = n as f64 * U;
@@ -387,6 +390,88 @@ fn case() -> impl Strategy<Value = Case> {
         })
 }
 
+/// Half-precision inputs and outputs: every pair of element types `X → Y` but f32 → f32, on
+/// every ISA, in the case's layouts and mask. The typed call must give, bit for bit, the f32
+/// call on the widened inputs with each output rounded once to `Y` (and the same logsumexps);
+/// nothing outside the output view is written; in place (`Y = X`) equals out of place. And
+/// against the reference on the widened values: each output within the f32 bounds of
+/// [`row_bound`] widened by one rounding to `Y` (`2⁻⁸` relative for bf16 plus `2⁻¹³⁴` absolute
+/// among its subnormals, `2⁻¹¹` for f16 plus `2⁻²⁵` absolute below its normal range).
+fn run_typed_case<X: Convertible, Y: Convertible>(c: &Case) -> Result<(), TestCaseError> {
+    let [batch, heads, rows, _] = c.dims;
+    let nrows = batch * heads * rows;
+    let mask = c.mask.mask();
+    let ylen = c.y_layout.required_len().unwrap();
+    let xs: Vec<X> = c.x.iter().map(|&v| X::from_f32(v)).collect();
+    // The case on the values the typed input represents (what the reference computes on).
+    let widened = Case { x: xs.iter().map(|v| v.to_f32()).collect(), ..c.clone() };
+    let sentinel = Y::from_f32(-7.0);
+    let (u_out, abs_out) = match Y::DTYPE {
+        DType::BF16 => (BF16_U, BF16_SUBNORMAL_HALF),
+        DType::F16 => (F16_U, F16_SUBNORMAL_HALF),
+        _ => (0.0, 0.0),
+    };
+    let seq = Parallelism::Sequential;
+    for isa in Isa::supported() {
+        let what = format!("{isa} {:?} -> {:?}", X::DTYPE, Y::DTYPE);
+        let mut y32 = vec![f32::NAN; ylen];
+        let mut lse32 = vec![0.0; nrows];
+        let xw = TensorRef::new(&widened.x, c.x_layout);
+        let yv = TensorMut::new(&mut y32, c.y_layout);
+        scale_mask_softmax_with_isa(isa, xw, c.scale, &mask, yv, Some(&mut lse32), seq).unwrap();
+        let mut y = vec![sentinel; ylen];
+        let mut lse = vec![0.0; nrows];
+        let yv = TensorMut::new(&mut y, c.y_layout);
+        let xt = TensorRef::new(&xs, c.x_layout);
+        scale_mask_softmax_with_isa(isa, xt, c.scale, &mask, yv, Some(&mut lse), seq).unwrap();
+        let inside = view_positions(&c.y_layout);
+        for (k, v) in y.iter().enumerate() {
+            let want = if inside[k] { Y::from_f32(y32[k]) } else { sentinel };
+            prop_assert!(
+                v.to_f32().to_bits() == want.to_f32().to_bits(),
+                "{what}: element {k} is {v:?}, want {want:?}"
+            );
+        }
+        prop_assert!(bits(&lse) == bits(&lse32), "{what}: logsumexps differ from f32's");
+        // Against the reference, on the widened values.
+        for b in 0..batch {
+            for h in 0..heads {
+                for i in 0..rows {
+                    let rb = row_bound(&widened, b, h, i);
+                    if !rb.lse.is_finite() {
+                        continue; // special rows: exact, covered by the bitwise check above
+                    }
+                    for (j, iv) in rb.interval.iter().enumerate() {
+                        let v = f64::from(y[c.y_layout.index(b, h, i, j)].to_f32());
+                        let (lo, hi) = iv.unwrap_or((0.0, 0.0));
+                        let (lo, hi) = (lo * (1.0 - u_out) - abs_out, hi * (1.0 + u_out) + abs_out);
+                        prop_assert!(
+                            lo <= v && v <= hi,
+                            "{what} ({b},{h},{i}) col {j}: {v:e} outside [{lo:e}, {hi:e}]"
+                        );
+                    }
+                }
+            }
+        }
+        // In place, when the output has the input's type.
+        if X::DTYPE == Y::DTYPE {
+            let mut z = vec![sentinel; ylen];
+            for_each_index(c.dims, |b, h, i, j| {
+                let v = xs[c.x_layout.index(b, h, i, j)].to_f32();
+                z[c.y_layout.index(b, h, i, j)] = Y::from_f32(v);
+            });
+            let mut lse2 = vec![0.0; nrows];
+            let zv = TensorMut::new(&mut z, c.y_layout);
+            scale_mask_softmax_inplace_with_isa(isa, zv, c.scale, &mask, Some(&mut lse2), seq)
+                .unwrap();
+            let same = z.iter().zip(&y).all(|(a, b)| a.to_f32().to_bits() == b.to_f32().to_bits());
+            prop_assert!(same, "{what}: in place differs from out of place");
+            prop_assert!(bits(&lse2) == bits(&lse), "{what}: in-place lse differs");
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(192))]
 
@@ -395,6 +480,18 @@ proptest! {
     #[test]
     fn equals_reference_within_derived_bounds(c in case()) {
         run_case(&c)?;
+    }
+
+    /// bf16 and f16 logits and outputs: see [`run_typed_case`].
+    #[test]
+    fn half_precision_equals_f32_on_widened_values(c in case()) {
+        run_typed_case::<bf16, bf16>(&c)?;
+        run_typed_case::<bf16, f32>(&c)?;
+        run_typed_case::<f16, f16>(&c)?;
+        run_typed_case::<f16, f32>(&c)?;
+        run_typed_case::<f32, bf16>(&c)?;
+        run_typed_case::<f32, f16>(&c)?;
+        run_typed_case::<bf16, f16>(&c)?;
     }
 
     /// Log-softmax and logsumexp of a matrix against the reference.
@@ -631,6 +728,45 @@ fn threaded_equals_sequential_bitwise() {
         .unwrap();
         log_softmax_with_isa(isa, xm, MatMut::row_major(&mut b, n / 301, 301), two).unwrap();
         assert_eq!(bits(&a), bits(&b));
+    }
+}
+
+/// bf16 logits on the threaded path (rows split over two threads, each converting its rows in
+/// its own scratch): bf16 → bf16 in and out of place, and bf16 → f32, bit for bit the
+/// sequential call and the f32 call on the widened logits, rounded.
+#[test]
+fn half_precision_threaded_equals_sequential_bitwise() {
+    let dims = [2, 3, 80, 301];
+    let n: usize = dims.iter().product();
+    assert!(n >= attn_kernels::softmax::PAR_MIN_ELEMENTS);
+    let x: Vec<bf16> =
+        (0..n).map(|k| bf16::from_f32(((k * 7919 % 1000) as f32 - 500.0) * 0.03)).collect();
+    let xw: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let l = Tensor4Layout::bhsd(dims[0], dims[1], dims[2], dims[3]);
+    let mask = Mask::Causal { offset: None };
+    let two = Parallelism::threads(2);
+    for isa in Isa::supported() {
+        let mut want = vec![0.0f32; n];
+        let mut want_lse = vec![0.0; n / dims[3]];
+        let (xv, yv) = (TensorRef::new(&xw, l), TensorMut::new(&mut want, l));
+        scale_mask_softmax_with_isa(isa, xv, 0.7, &mask, yv, Some(&mut want_lse), two).unwrap();
+        for par in [Parallelism::Sequential, two] {
+            let mut y = vec![bf16::ZERO; n];
+            let mut lse = vec![0.0; n / dims[3]];
+            let (xv, yv) = (TensorRef::new(&x, l), TensorMut::new(&mut y, l));
+            scale_mask_softmax_with_isa(isa, xv, 0.7, &mask, yv, Some(&mut lse), par).unwrap();
+            let rounded: Vec<bf16> = want.iter().map(|&v| bf16::from_f32(v)).collect();
+            assert!(y.iter().zip(&rounded).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa}");
+            assert_eq!(bits(&lse), bits(&want_lse), "{isa}");
+            let mut z = x.clone();
+            let zv = TensorMut::new(&mut z, l);
+            scale_mask_softmax_inplace_with_isa(isa, zv, 0.7, &mask, None, par).unwrap();
+            assert!(z.iter().zip(&y).all(|(a, b)| a.to_bits() == b.to_bits()), "{isa} in place");
+            let mut y32 = vec![0.0f32; n];
+            let (xv, yv) = (TensorRef::new(&x, l), TensorMut::new(&mut y32, l));
+            scale_mask_softmax_with_isa(isa, xv, 0.7, &mask, yv, None, par).unwrap();
+            assert_eq!(bits(&y32), bits(&want), "{isa} bf16 -> f32");
+        }
     }
 }
 
@@ -926,7 +1062,7 @@ fn empty_shapes() {
             let mask = Mask::Causal { offset: None };
             scale_mask_softmax_with_isa(
                 isa,
-                TensorRef::new(&[], l),
+                TensorRef::<f32>::new(&[], l),
                 1.0,
                 &mask,
                 yv,
@@ -946,7 +1082,7 @@ fn empty_shapes() {
         let yv = TensorMut::new(&mut y, l);
         scale_mask_softmax_with_isa(
             isa,
-            TensorRef::new(&[], l),
+            TensorRef::<f32>::new(&[], l),
             1.0,
             &mask,
             yv,
