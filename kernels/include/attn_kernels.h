@@ -848,6 +848,28 @@ enum AttnStatus attn_softmax(struct AttnTensor x,
                              size_t lse_len,
                              size_t threads);
 
+// [`attn_softmax`] with the element types of `x` and `y`: `x_dtype`, `y_dtype` are
+// [`AttnDtype`] values (`int32_t`), each f32, bf16 or f16; `x.data` and `y.data` then address
+// elements of those types (whatever the declared `float` pointee), and strides and offsets
+// count elements. bf16/f16 logits are widened exactly; the result is the f32 softmax of those
+// values with each output rounded once (to nearest even) to `y_dtype`; logsumexps stay
+// `float`. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
+// `ATTN_STATUS_INVALID_PARAMETER`, each naming `x_dtype` or `y_dtype`. In place: `y` exactly
+// `x` with the same type; overlaps are measured in each view's own bytes.
+//
+// # Safety
+//
+// As [`attn_softmax`], each view addressing elements of its type.
+enum AttnStatus attn_softmax_typed(struct AttnTensor x,
+                                   int32_t x_dtype,
+                                   float scale,
+                                   const struct AttnMask *mask,
+                                   struct AttnTensorMut y,
+                                   int32_t y_dtype,
+                                   float *lse,
+                                   size_t lse_len,
+                                   size_t threads);
+
 // `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`, every operand and setting in one
 // [`AttnAttentionArgs`] (the call shape new settings go into; see the struct's versioning
 // rule). For `args = {struct_size, q, k, v, o}` and every other field zero: no mask, scale

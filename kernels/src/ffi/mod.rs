@@ -505,6 +505,28 @@ impl AttnDtype {
     }
 }
 
+/// Runs `$body` with the type alias `$T` naming the Rust element type of `$t`, a floating
+/// [`AttnDtype`] (`AttnDtype::Q8` was refused before, as [`AttnDtype::floating`] does; it maps
+/// to `f32` here as in [`AttnTensor::any_view`]).
+macro_rules! with_dtype {
+    ($t:expr, $T:ident => $body:expr) => {
+        match $t {
+            AttnDtype::Bf16 => {
+                type $T = half::bf16;
+                $body
+            }
+            AttnDtype::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            AttnDtype::F32 | AttnDtype::Q8 => {
+                type $T = f32;
+                $body
+            }
+        }
+    };
+}
+
 /// The smallest `struct_size` [`attn_attention_run`] accepts: the first version of
 /// [`AttnAttentionArgs`], `struct_size` through `threads`. Fixed for good: fields appended later
 /// are read only when `struct_size` covers them.
@@ -1360,17 +1382,74 @@ pub unsafe extern "C" fn attn_softmax(
     lse_len: usize,
     threads: usize,
 ) -> AttnStatus {
+    // SAFETY: the caller's contract (f32 elements at `x.data` and `y.data`).
+    guard(|| unsafe {
+        softmax_call(x, AttnDtype::F32, scale, mask, y, AttnDtype::F32, lse, lse_len, threads)
+    })
+}
+
+/// [`attn_softmax`] with the element types of `x` and `y`: `x_dtype`, `y_dtype` are
+/// [`AttnDtype`] values (`int32_t`), each f32, bf16 or f16; `x.data` and `y.data` then address
+/// elements of those types (whatever the declared `float` pointee), and strides and offsets
+/// count elements. bf16/f16 logits are widened exactly; the result is the f32 softmax of those
+/// values with each output rounded once (to nearest even) to `y_dtype`; logsumexps stay
+/// `float`. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
+/// `ATTN_STATUS_INVALID_PARAMETER`, each naming `x_dtype` or `y_dtype`. In place: `y` exactly
+/// `x` with the same type; overlaps are measured in each view's own bytes.
+///
+/// # Safety
+///
+/// As [`attn_softmax`], each view addressing elements of its type.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn attn_softmax_typed(
+    x: AttnTensor,
+    x_dtype: i32,
+    scale: f32,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    y_dtype: i32,
+    lse: *mut f32,
+    lse_len: usize,
+    threads: usize,
+) -> AttnStatus {
     guard(|| {
-        // In place when `y` is `x` exactly (same data, dims, strides, offset).
+        let what = "ATTN_DTYPE_Q8: softmax logits and outputs are f32, bf16 or f16";
+        let xt = AttnDtype::not_q8("x_dtype", x_dtype, what)?;
+        let yt = AttnDtype::not_q8("y_dtype", y_dtype, what)?;
+        // SAFETY: the caller's contract.
+        unsafe { softmax_call(x, xt, scale, mask, y, yt, lse, lse_len, threads) }
+    })
+}
+
+/// The body of [`attn_softmax`] and [`attn_softmax_typed`] (neither type int8).
+///
+/// # Safety
+/// As [`attn_softmax_typed`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn softmax_call(
+    x: AttnTensor,
+    xt: AttnDtype,
+    scale: f32,
+    mask: *const AttnMask,
+    y: AttnTensorMut,
+    yt: AttnDtype,
+    lse: *mut f32,
+    lse_len: usize,
+    threads: usize,
+) -> Result<(), Failure> {
+    with_dtype!(xt, X => with_dtype!(yt, Y => {
+        // In place when `y` is `x` exactly (same data, dims, strides, offset and type).
         let in_place = std::ptr::eq(x.data, y.data)
-            && (x.dims, x.strides, x.offset) == (y.dims, y.strides, y.offset);
+            && (x.dims, x.strides, x.offset) == (y.dims, y.strides, y.offset)
+            && xt == yt;
         // SAFETY: the caller's contract.
         let mask_span = unsafe { mask_span(mask)? };
-        let inputs: Vec<Span> = if in_place { vec![] } else { vec![x.span("x")?] };
+        let inputs: Vec<Span> = if in_place { vec![] } else { vec![x.span_as::<X>("x")?] };
         let inputs: Vec<Span> = inputs.into_iter().chain(mask_span).collect();
-        disjoint(&[y.span("y")?, span("lse", lse, lse_len)?], &inputs)?;
+        disjoint(&[y.span_as::<Y>("y")?, span("lse", lse, lse_len)?], &inputs)?;
         // SAFETY: the caller's contract; outputs checked disjoint from everything else.
-        let (mask, y) = unsafe { (mask_view(mask)?, y.view("y")?) };
+        let (mask, y) = unsafe { (mask_view(mask)?, y.view_as::<Y>("y")?) };
         // SAFETY: as above.
         let lse = unsafe { opt_mut("lse", lse, lse_len)? };
         let par = self::threads(threads);
@@ -1378,9 +1457,9 @@ pub unsafe extern "C" fn attn_softmax(
             return Ok(crate::softmax::scale_mask_softmax_inplace(y, scale, &mask, lse, par)?);
         }
         // SAFETY: as above (`x` is not `y` and overlaps no output).
-        let x = unsafe { x.view("x")? };
+        let x = unsafe { x.view_as::<X>("x")? };
         Ok(crate::softmax::scale_mask_softmax(x, scale, &mask, y, lse, par)?)
-    })
+    }))
 }
 
 /// `O = softmax(scale·Q·Kᵀ + mask)·V` over `[batch, heads]`, every operand and setting in one
@@ -1951,28 +2030,6 @@ pub unsafe extern "C" fn attn_cross_attention_forward_with_options(
     let x2 = Some(x2);
     // SAFETY: forwarded from the caller.
     guard(|| unsafe { mha_call(cfg, weights, variants, options, x1, x2, mask, y, ws, threads) })
-}
-
-/// Runs `$body` with the type alias `$T` naming the Rust element type of `$t`, a floating
-/// [`AttnDtype`] (`AttnDtype::Q8` was refused before, as [`AttnDtype::floating`] does; it maps
-/// to `f32` here as in [`AttnTensor::any_view`]).
-macro_rules! with_dtype {
-    ($t:expr, $T:ident => $body:expr) => {
-        match $t {
-            AttnDtype::Bf16 => {
-                type $T = half::bf16;
-                $body
-            }
-            AttnDtype::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            AttnDtype::F32 | AttnDtype::Q8 => {
-                type $T = f32;
-                $body
-            }
-        }
-    };
 }
 
 /// # Safety

@@ -1352,3 +1352,105 @@ fn attention_args_half_path() {
         assert!(last_error().contains("args.half_path"), "{}", last_error());
     }
 }
+
+#[test]
+fn typed_softmax() {
+    use attn_core::{bf16, f16, TensorMut, TensorRef};
+    use AttnDtype::{Bf16, F16, F32};
+    let dims = [1, 2, 3, 5];
+    let x32 = vals(30, 11).iter().map(|v| v * 9.0).collect::<Vec<_>>();
+    let xb: Vec<bf16> = x32.iter().map(|&v| bf16::from_f32(v)).collect();
+    let causal =
+        AttnMask { kind: AttnMaskKind::Causal as i32, causal_default_offset: 1, ..no_mask() };
+    let l = crate::Tensor4Layout::bhsd(1, 2, 3, 5);
+    let rmask = crate::Mask::Causal { offset: None };
+    let par = Parallelism::Sequential;
+    // The typed views reinterpret the buffers' bytes, as a C caller's `uint16_t*` would.
+    let xt = AttnTensor { data: xb.as_ptr().cast(), ..tensor(&x32, dims) };
+    // bf16 → f16 and bf16 → f32: the Rust call on the same typed views, bit for bit.
+    let mut yh = vec![f16::ZERO; 30];
+    let mut lse = [0.0f32; 6];
+    let ym = AttnTensorMut { data: yh.as_mut_ptr().cast(), ..tensor_mut(&mut [0.0; 30], dims) };
+    // SAFETY: the views address their buffers' elements of the declared types.
+    let s = unsafe {
+        attn_softmax_typed(xt, Bf16 as i32, 0.5, &causal, ym, F16 as i32, lse.as_mut_ptr(), 6, 1)
+    };
+    assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+    let mut want = vec![f16::ZERO; 30];
+    let mut want_lse = [0.0f32; 6];
+    let (xr, yr) = (TensorRef::new(&xb, l), TensorMut::new(&mut want, l));
+    crate::softmax::scale_mask_softmax(xr, 0.5, &rmask, yr, Some(&mut want_lse), par).unwrap();
+    assert!(yh.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{yh:?} {want:?}");
+    assert_eq!(lse.map(f32::to_bits), want_lse.map(f32::to_bits));
+    let mut y32 = vec![0.0f32; 30];
+    // SAFETY: as above.
+    let s = unsafe {
+        let ym = tensor_mut(&mut y32, dims);
+        attn_softmax_typed(xt, Bf16 as i32, 0.5, &causal, ym, F32 as i32, null_mut(), 0, 1)
+    };
+    assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+    let mut want32 = vec![0.0f32; 30];
+    let (xr, yr) = (TensorRef::new(&xb, l), TensorMut::new(&mut want32, l));
+    crate::softmax::scale_mask_softmax(xr, 0.5, &rmask, yr, None, par).unwrap();
+    assert_eq!(y32.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), {
+        want32.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    });
+    // f32 → f32 is `attn_softmax`.
+    let mut a = vec![0.0f32; 30];
+    let mut b = vec![0.0f32; 30];
+    // SAFETY: as above.
+    unsafe {
+        let (x, ya, yb) = (tensor(&x32, dims), tensor_mut(&mut a, dims), tensor_mut(&mut b, dims));
+        assert_eq!(attn_softmax(x, 0.5, &causal, ya, null_mut(), 0, 1), AttnStatus::Ok);
+        let s = attn_softmax_typed(x, F32 as i32, 0.5, &causal, yb, F32 as i32, null_mut(), 0, 1);
+        assert_eq!(s, AttnStatus::Ok);
+    }
+    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
+    // In place in bf16 equals out of place; in place across types is an overlap.
+    let mut yb = vec![bf16::ZERO; 30];
+    let mut z = xb.clone();
+    // SAFETY: as above; the in-place call passes the same view twice.
+    unsafe {
+        let ym = AttnTensorMut { data: yb.as_mut_ptr().cast(), ..tensor_mut(&mut [0.0; 30], dims) };
+        let s =
+            attn_softmax_typed(xt, Bf16 as i32, 0.5, &causal, ym, Bf16 as i32, null_mut(), 0, 1);
+        assert_eq!(s, AttnStatus::Ok);
+        let zm = AttnTensorMut { data: z.as_mut_ptr().cast(), ..tensor_mut(&mut [0.0; 30], dims) };
+        let zt = AttnTensor { data: zm.data.cast_const(), ..xt };
+        let s =
+            attn_softmax_typed(zt, Bf16 as i32, 0.5, &causal, zm, Bf16 as i32, null_mut(), 0, 1);
+        assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+        assert!(z.iter().zip(&yb).all(|(p, q)| p.to_bits() == q.to_bits()));
+        let s = attn_softmax_typed(zt, Bf16 as i32, 0.5, &causal, zm, F32 as i32, null_mut(), 0, 1);
+        assert_eq!(s, AttnStatus::AliasedOutput);
+        assert!(last_error().contains("`y` overlaps argument `x`"), "{}", last_error());
+    }
+    // Overlaps in each view's own bytes: a bf16 `y` right after a bf16 `x` is disjoint, one
+    // element earlier it overlaps.
+    let mut buf = vec![bf16::ZERO; 61];
+    for shift in [30usize, 29] {
+        let base = buf.as_mut_ptr();
+        let xv = AttnTensor { data: base.cast_const().cast(), ..tensor(&x32, dims) };
+        let yv = AttnTensorMut {
+            data: base.wrapping_add(shift).cast(),
+            ..tensor_mut(&mut [0.0; 30], dims)
+        };
+        // SAFETY: the views address `buf` (61 elements).
+        let s = unsafe {
+            attn_softmax_typed(xv, Bf16 as i32, 1.0, null(), yv, Bf16 as i32, null_mut(), 0, 1)
+        };
+        let want = if shift == 30 { AttnStatus::Ok } else { AttnStatus::AliasedOutput };
+        assert_eq!(s, want, "shift {shift}: {}", last_error());
+    }
+    // Int8 and unknown types, named.
+    // SAFETY: refused before any view is made.
+    unsafe {
+        let (x, y) = (tensor(&x32, dims), tensor_mut(&mut a, dims));
+        let s = attn_softmax_typed(x, 3, 1.0, null(), y, 0, null_mut(), 0, 1);
+        assert_eq!(s, AttnStatus::UnsupportedDtype);
+        assert!(last_error().contains("x_dtype"), "{}", last_error());
+        let s = attn_softmax_typed(x, 0, 1.0, null(), y, 9, null_mut(), 0, 1);
+        assert_eq!(s, AttnStatus::InvalidParameter);
+        assert!(last_error().contains("y_dtype"), "{}", last_error());
+    }
+}
