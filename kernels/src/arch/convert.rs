@@ -257,8 +257,16 @@ pub fn convert_slice_with_isa<A: Convertible, B: Convertible>(
             actual: dst.len(),
         });
     }
-    vectorize(isa, ConvertMap { src, dst });
+    convert_into(isa, src, dst);
     Ok(())
+}
+
+/// [`convert_slice_with_isa`] for crate callers that hold a supported ISA (from
+/// [`Isa::require`] or [`super::selected`]) and equal lengths, so that nothing can fail:
+/// converts the first `min(src.len(), dst.len())` elements.
+pub(crate) fn convert_into<A: Convertible, B: Convertible>(isa: Isa, src: &[A], dst: &mut [B]) {
+    debug_assert_eq!(src.len(), dst.len());
+    vectorize(isa, ConvertMap { src, dst });
 }
 
 /// Vectors per step of [`ConvertMap`]: four independent load-convert-store chains.

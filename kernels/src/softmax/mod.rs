@@ -64,7 +64,7 @@ use attn_core::error::{expect_dim, expect_finite};
 use attn_core::{DType, Error, MatMut, MatRef, TensorMut, TensorRef};
 use rayon::prelude::*;
 
-use crate::arch::convert::{convert_slice_with_isa, Convertible};
+use crate::arch::convert::{convert_into, Convertible};
 use crate::arch::{self, Isa};
 use crate::par::Parallelism;
 use crate::{Mask, Result, Tensor4Layout};
@@ -100,8 +100,9 @@ pub const STREAM_MIN_BYTES: usize = 16 << 20;
 /// place). Half-precision logits are widened exactly; the result is the f32 softmax of those
 /// values, each output rounded once to `y`'s type (to nearest even: relative error `2⁻⁸` for
 /// bf16, `2⁻¹¹` for f16, besides the f32 bound; among subnormals, `2⁻¹³⁴` absolute for bf16
-/// below `2⁻¹²⁶` and `2⁻²⁵` for f16 below `2⁻¹⁴`). The logsumexps stay f32. Bit for bit, the f32 call on
-/// the widened `x` followed by [`convert_slice`](crate::arch::convert_slice) of `y`.
+/// below `2⁻¹²⁶` and `2⁻²⁵` for f16 below `2⁻¹⁴`). The logsumexps stay f32. Bit for bit,
+/// the f32 call on the widened `x` followed by [`convert_slice`](crate::arch::convert_slice) of
+/// `y`.
 ///
 /// `lse`, when given, receives the logsumexp of each row, row-major over `[batch, heads, rows]`.
 /// Errors (as the reference, in its order): `NonFinite` scale; `x` out of bounds; `y` dims
@@ -372,7 +373,7 @@ fn gather<'a, X: Convertible>(
             return row;
         }
         buf.resize(cols, 0.0);
-        convert_slice_with_isa(isa, row, buf).expect("the ISA was checked, the lengths agree");
+        convert_into(isa, row, buf);
     } else {
         buf.extend((0..cols).map(|j| t.data[start + j * stride].widen()));
     }
@@ -494,21 +495,17 @@ fn as_f32_row<Y: Convertible>(
     read: bool,
     f: impl FnOnce(&mut Scratch, &mut [f32]),
 ) {
-    if Y::DTYPE == DType::F32 {
-        if let Some(row) = Y::as_f32_mut(row) {
-            f(scratch, row);
-        }
-        return;
+    if let Some(row) = Y::as_f32_mut(row) {
+        return f(scratch, row);
     }
     let mut buf = std::mem::take(&mut scratch.y);
     buf.clear();
     buf.resize(row.len(), 0.0);
-    let ok = "the ISA was checked, the lengths agree";
     if read {
-        convert_slice_with_isa(isa, row, &mut buf).expect(ok);
+        convert_into(isa, row, &mut buf);
     }
     f(scratch, &mut buf);
-    convert_slice_with_isa(isa, &buf, row).expect(ok);
+    convert_into(isa, &buf, row);
     scratch.y = buf;
 }
 
@@ -581,13 +578,11 @@ impl<X: Convertible> Ctx<'_, '_, X> {
             && y.layout == contiguous
             && self.x.as_ref().is_none_or(|x| x.layout == contiguous)
             && src.is_none_or(|x| x.is_some())
-            && Y::DTYPE == DType::F32
         {
-            if let Some(yd) = Y::as_f32_mut(y.data) {
+            if let Some(yd) = Y::as_f32_mut(&mut *y.data) {
                 let y = TensorMut::new(yd, y.layout);
-                self.run_contiguous(src.flatten(), y, lse, par, stream);
+                return self.run_contiguous(src.flatten(), y, lse, par, stream);
             }
-            return;
         }
         for_each_row(self.isa, y, lse, par, self.x.is_none(), |scratch, pos, yrow, l| {
             let v = self.row(scratch, pos, rows, cols, yrow, stream, l.is_some());
