@@ -68,6 +68,7 @@ fn quiet_nans(_s: Avx2, x: __m256i) -> __m256i {
 impl Simd for Avx2 {
     const ISA: Isa = Isa::Avx2;
     const LANES: usize = 8;
+    const REGISTERS: usize = 16;
     const HAS_STREAM: bool = true;
     const FUSED: bool = true;
     type V = __m256;

@@ -62,6 +62,7 @@ fn quiet_nans(_s: Avx512, x: __m512i) -> __m512i {
 impl Simd for Avx512 {
     const ISA: Isa = Isa::Avx512;
     const LANES: usize = 16;
+    const REGISTERS: usize = 32;
     const HAS_STREAM: bool = true;
     const FUSED: bool = true;
     type V = __m512;

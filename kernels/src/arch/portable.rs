@@ -32,6 +32,7 @@ fn mask_of(b: [bool; 8]) -> f32x8 {
 impl Simd for Portable {
     const ISA: Isa = Isa::Portable;
     const LANES: usize = 8;
+    const REGISTERS: usize = 16;
     const HAS_STREAM: bool = false;
     // wide fuses `mul_add` only when the build targets AVX and FMA.
     const FUSED: bool = cfg!(all(target_feature = "avx", target_feature = "fma"));

@@ -43,6 +43,8 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     const ISA: Isa;
     /// f32 lanes per vector.
     const LANES: usize;
+    /// Architectural vector registers: what register tiles may be sized for.
+    const REGISTERS: usize;
     /// True when [`stream`](Self::stream) is a non-temporal store (needs `LANES × 4`-byte
     /// alignment); false when it is an ordinary store.
     const HAS_STREAM: bool;

@@ -795,8 +795,8 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         d += l;
     }
     let tail = d;
-    // Transposed reduction of the R·C accumulators, four at a time (zero-padded).
-    let mut sums = [[0.0f32; C]; R];
+    // Transposed reduction of the R·C accumulators, four at a time (zero-padded), each sum
+    // finished with the scalar tail and written straight to its place in `out`.
     let n = R * C;
     let mut f = 0;
     while f < n {
@@ -806,22 +806,17 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
                 *x = acc[(f + g) / C][(f + g) % C];
             }
         }
-        let r4 = s.reduce_add4(quad);
-        for (g, x) in r4.iter().enumerate() {
+        for (g, &sum) in s.reduce_add4(quad).iter().enumerate() {
             if f + g < n {
-                sums[(f + g) / C][(f + g) % C] = *x;
+                let (r, c) = ((f + g) / C, (f + g) % C);
+                let mut x = sum;
+                for (d, qd) in qs[r].iter().enumerate().skip(tail) {
+                    x = qd.mul_add(ks[c].get(d), x);
+                }
+                out[r * os + c] = x;
             }
         }
         f += 4;
-    }
-    for ((sr, qr), r) in sums.iter_mut().zip(&qs).zip(0..) {
-        let orow = &mut out[r * os..][..C];
-        for ((x, kc), o) in sr.iter_mut().zip(&ks).zip(orow) {
-            for (dd, qd) in qr.iter().enumerate().skip(tail) {
-                *x = qd.mul_add(kc.get(dd), *x);
-            }
-            *o = *x;
-        }
     }
 }
 
@@ -1063,7 +1058,7 @@ pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(
     dv: usize,
     o: &mut [f32],
 ) {
-    use super::blocking::DECODE_PV_VECS as W;
+    use super::blocking::{DECODE_PV_VECS as W16, DECODE_PV_VECS_32 as W32};
     if rows == 0 || nb == 0 || dv == 0 {
         return;
     }
@@ -1075,12 +1070,17 @@ pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(
         let (pt, ot) = (&p[r0 * ps..], &mut o[r0 * dv..]);
         macro_rules! rows {
             ($r:literal) => {
-                if guard {
-                    dec_pv_rows::<S, V, $r, { W[$r - 1] }, GUARDED>(
-                        s, dv, nb, pt, ps, v, j0, ot, dv,
-                    )
+                if S::REGISTERS >= 32 {
+                    rows!($r, W32[$r - 1])
                 } else {
-                    dec_pv_rows::<S, V, $r, { W[$r - 1] }, PLAIN>(s, dv, nb, pt, ps, v, j0, ot, dv)
+                    rows!($r, W16[$r - 1])
+                }
+            };
+            ($r:literal, $ct:expr) => {
+                if guard {
+                    dec_pv_rows::<S, V, $r, { $ct }, GUARDED>(s, dv, nb, pt, ps, v, j0, ot, dv)
+                } else {
+                    dec_pv_rows::<S, V, $r, { $ct }, PLAIN>(s, dv, nb, pt, ps, v, j0, ot, dv)
                 }
             };
         }
@@ -1119,7 +1119,7 @@ pub(crate) fn row_max<S: Simd>(s: S, x: &[f32], init: f32) -> f32 {
         acc = s.max(load(s, &x[i..]), acc);
         i += l;
     }
-    let mut lanes = [init; 16];
-    store(s, &mut lanes, acc);
-    lanes[..l].iter().chain(&x[i..]).fold(init, |m, &v| if v > m { v } else { m })
+    // The lanes hold no NaN, so the vector reduction is their maximum.
+    let m = s.reduce_max(acc);
+    x[i..].iter().fold(m, |m, &v| if v > m { v } else { m })
 }
