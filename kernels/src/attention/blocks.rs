@@ -795,28 +795,35 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         d += l;
     }
     let tail = d;
-    // Transposed reduction of the R·C accumulators, four at a time (zero-padded), each sum
-    // finished with the scalar tail and written straight to its place in `out`.
-    let n = R * C;
-    let mut f = 0;
-    while f < n {
+    // Transposed reduction of the R·C accumulators, four at a time (zero-padded), written
+    // straight to their places in `out`; then, when `dk` is not a multiple of LANES, the
+    // scalar tail. A loop of constant trip count with constant indices once unrolled, and no
+    // inner loop of its own, so the accumulators stay in registers (with the tail inside it,
+    // the loop stayed rolled and every accumulator went through the stack).
+    for f in 0..(R * C).div_ceil(4) {
         let mut quad = [s.splat(0.0); 4];
         for (g, x) in quad.iter_mut().enumerate() {
-            if f + g < n {
-                *x = acc[(f + g) / C][(f + g) % C];
+            if 4 * f + g < R * C {
+                *x = acc[(4 * f + g) / C][(4 * f + g) % C];
             }
         }
         for (g, &sum) in s.reduce_add4(quad).iter().enumerate() {
-            if f + g < n {
-                let (r, c) = ((f + g) / C, (f + g) % C);
-                let mut x = sum;
-                for (d, qd) in qs[r].iter().enumerate().skip(tail) {
-                    x = qd.mul_add(ks[c].get(d), x);
-                }
-                out[r * os + c] = x;
+            if 4 * f + g < R * C {
+                out[(4 * f + g) / C * os + (4 * f + g) % C] = sum;
             }
         }
-        f += 4;
+    }
+    if tail < dk {
+        for (r, qr) in qs.iter().enumerate() {
+            for (c, kc) in ks.iter().enumerate() {
+                let o = &mut out[r * os + c];
+                let mut x = *o;
+                for (d, qd) in qr.iter().enumerate().skip(tail) {
+                    x = qd.mul_add(kc.get(d), x);
+                }
+                *o = x;
+            }
+        }
     }
 }
 
