@@ -1454,3 +1454,83 @@ fn typed_softmax() {
         assert!(last_error().contains("y_dtype"), "{}", last_error());
     }
 }
+
+#[test]
+fn typed_layer_norm() {
+    use attn_core::{bf16, f16, MatMut, MatRef};
+    use AttnDtype::{Bf16, F16, F32};
+    let (n, d) = (3, 7);
+    let x32: Vec<f32> = vals(n * d, 5).iter().map(|v| v * 4.0 - 1.0).collect();
+    let g32: Vec<f32> = vals(d, 6).iter().map(|v| v + 0.5).collect();
+    let b32: Vec<f32> = vals(d, 7).iter().map(|v| v - 0.25).collect();
+    let xb: Vec<bf16> = x32.iter().map(|&v| bf16::from_f32(v)).collect();
+    let gb: Vec<bf16> = g32.iter().map(|&v| bf16::from_f32(v)).collect();
+    let bb: Vec<bf16> = b32.iter().map(|&v| bf16::from_f32(v)).collect();
+    let xh: Vec<f16> = x32.iter().map(|&v| f16::from_f32(v)).collect();
+    let l = MatLayout::row_major(n, d);
+    let eps = 1e-5;
+    // bf16 everywhere: the Rust call on the same typed views, bit for bit.
+    let mut y = vec![bf16::ZERO; n * d];
+    // SAFETY: the views and pointers address their buffers' elements of the declared types.
+    let s = unsafe {
+        let x = AttnMat { data: xb.as_ptr().cast(), ..mat(&x32, n, d, d, 1, 0) };
+        let ym = AttnMatMut { data: y.as_mut_ptr().cast(), ..mat_mut(&mut [0.0; 21], n, d) };
+        let (g, b) = (gb.as_ptr().cast(), bb.as_ptr().cast());
+        attn_layer_norm_typed(x, Bf16 as i32, g, b, Bf16 as i32, eps, ym, Bf16 as i32)
+    };
+    assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+    let mut want = vec![bf16::ZERO; n * d];
+    let w = LayerNormWeights { gamma: &gb[..], beta: &bb[..] };
+    crate::layers::layer_norm(MatRef::new(&xb, l), &w, eps, MatMut::new(&mut want, l)).unwrap();
+    assert!(y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{y:?} {want:?}");
+    // f16 input, f32 weights and output.
+    let mut y32 = vec![0.0f32; n * d];
+    // SAFETY: as above.
+    let s = unsafe {
+        let x = AttnMat { data: xh.as_ptr().cast(), ..mat(&x32, n, d, d, 1, 0) };
+        let ym = mat_mut(&mut y32, n, d);
+        attn_layer_norm_typed(x, F16 as i32, g32.as_ptr(), b32.as_ptr(), F32 as i32, eps, ym, 0)
+    };
+    assert_eq!(s, AttnStatus::Ok, "{}", last_error());
+    let mut want32 = vec![0.0f32; n * d];
+    let w = LayerNormWeights { gamma: &g32[..], beta: &b32[..] };
+    crate::layers::layer_norm(MatRef::new(&xh, l), &w, eps, MatMut::new(&mut want32, l)).unwrap();
+    assert_eq!(y32.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), {
+        want32.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    });
+    // f32 everywhere is `attn_layer_norm`.
+    let (mut a, mut b) = (vec![0.0f32; n * d], vec![0.0f32; n * d]);
+    // SAFETY: as above.
+    unsafe {
+        let (x, g, bt) = (mat(&x32, n, d, d, 1, 0), g32.as_ptr(), b32.as_ptr());
+        assert_eq!(attn_layer_norm(x, g, bt, eps, mat_mut(&mut a, n, d)), AttnStatus::Ok);
+        let s = attn_layer_norm_typed(x, 0, g, bt, 0, eps, mat_mut(&mut b, n, d), 0);
+        assert_eq!(s, AttnStatus::Ok);
+    }
+    assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
+    // Overlaps in each view's own bytes: a bf16 `y` right after a bf16 `x` is disjoint, one
+    // element earlier it overlaps.
+    let mut buf = vec![bf16::ZERO; 2 * n * d];
+    for shift in [n * d, n * d - 1] {
+        let base = buf.as_mut_ptr();
+        let xv = AttnMat { data: base.cast_const().cast(), ..mat(&x32, n, d, d, 1, 0) };
+        let yv =
+            AttnMatMut { data: base.wrapping_add(shift).cast(), ..mat_mut(&mut [0.0; 21], n, d) };
+        let (g, bt) = (gb.as_ptr().cast(), bb.as_ptr().cast());
+        // SAFETY: the views address `buf` (42 elements), the weights their buffers.
+        let s = unsafe { attn_layer_norm_typed(xv, 1, g, bt, 1, eps, yv, 1) };
+        let want = if shift == n * d { AttnStatus::Ok } else { AttnStatus::AliasedOutput };
+        assert_eq!(s, want, "shift {shift}: {}", last_error());
+    }
+    // Int8 and unknown types, named.
+    // SAFETY: refused before any view is made.
+    unsafe {
+        let (x, g, bt) = (mat(&x32, n, d, d, 1, 0), g32.as_ptr(), b32.as_ptr());
+        let s = attn_layer_norm_typed(x, 0, g, bt, 3, eps, mat_mut(&mut a, n, d), 0);
+        assert_eq!(s, AttnStatus::UnsupportedDtype);
+        assert!(last_error().contains("w_dtype"), "{}", last_error());
+        let s = attn_layer_norm_typed(x, 0, g, bt, 0, eps, mat_mut(&mut a, n, d), 9);
+        assert_eq!(s, AttnStatus::InvalidParameter);
+        assert!(last_error().contains("y_dtype"), "{}", last_error());
+    }
+}
