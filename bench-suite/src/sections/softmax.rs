@@ -4,8 +4,11 @@
 //! elements per second; the bandwidth (one read and one write of every element) is compared
 //! with the copy bandwidth for that working set, since a fused softmax is memory-bound once
 //! the rows leave cache, on buffers placed as the copy's are (`run`).
+//!
+//! Last, the typed calls (bf16 logits, bf16 or f32 output) beside f32 on the same values
+//! ([`typed`]), each with the bytes it moves.
 
-use attn_kernels::Parallelism;
+use attn_kernels::{bf16, Parallelism};
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
 use rayon::prelude::*;
 
@@ -302,6 +305,44 @@ pub fn run(ctx: &mut Ctx) {
     if !ctx.quick {
         let case = (8192, 4096, false);
         bench_case(ctx, case, [&OURS_VEC, &COPY_VEC], &[], (VEC_PHASE, VEC_PHASE));
+    }
+    typed(ctx);
+}
+
+/// Softmax with bf16 logits writing bf16 or f32, beside the f32 call on the same (widened)
+/// values: what the half-precision row path (each row widened into a per-thread f32 row, the
+/// output narrowed back) costs or saves per element. Each row's bandwidth counts the bytes
+/// that call moves (8, 4 and 6 per element); the rate is elements per second.
+fn typed(ctx: &mut Ctx) {
+    let cases: &[(usize, usize)] =
+        if ctx.quick { &[(512, 1024)] } else { &[(8 * 512, 512), (8192, 4096)] };
+    for &(rows, cols) in cases {
+        let layout = Tensor4Layout::bhsd(1, 1, rows, cols);
+        let n = layout.len();
+        let xb: Vec<bf16> =
+            Rng::new((rows * cols) as u64).vec(n).into_iter().map(bf16::from_f32).collect();
+        let xf: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+        let (mut yf, mut yb, mut yw) = (vec![0.0f32; n], vec![bf16::ZERO; n], vec![0.0f32; n]);
+        let shape = shape(1, 1, rows, cols, "none");
+        let elems = (rows * cols) as f64;
+        let work = |per_elem: f64| Work::Elems { elems, bytes: per_elem * elems };
+        let soft = attn_kernels::softmax::scale_mask_softmax::<f32, f32>;
+        let soft_bb = attn_kernels::softmax::scale_mask_softmax::<bf16, bf16>;
+        let soft_bf = attn_kernels::softmax::scale_mask_softmax::<bf16, f32>;
+        for &t in &ctx.threads.clone() {
+            let par = Parallelism::threads(t);
+            let x = TensorRef::new(&xf[..], layout);
+            ctx.bench(OP, "attn-kernels f32", shape.clone(), t, work(8.0), None, || {
+                soft(x, SCALE, &Mask::None, TensorMut::new(&mut yf[..], layout), None, par)
+            });
+            let x = TensorRef::new(&xb[..], layout);
+            ctx.bench(OP, "attn-kernels bf16 → bf16", shape.clone(), t, work(4.0), None, || {
+                soft_bb(x, SCALE, &Mask::None, TensorMut::new(&mut yb[..], layout), None, par)
+            });
+            ctx.bench(OP, "attn-kernels bf16 → f32", shape.clone(), t, work(6.0), None, || {
+                soft_bf(x, SCALE, &Mask::None, TensorMut::new(&mut yw[..], layout), None, par)
+            });
+        }
     }
 }
 
