@@ -958,9 +958,9 @@ enum AttnStatus attn_layer_norm(struct AttnMat x,
                                 struct AttnMatMut y);
 
 // [`attn_layer_norm`] with element types: `x_dtype` for `x`, `w_dtype` for `gamma` and
-// `beta`, `y_dtype` for `y` ([`AttnDtype`] values, each f32, bf16 or f16; `x.data`, `gamma`,
-// `beta` and `y.data` then address elements of those types, whatever the declared `float`
-// pointee). Inputs are widened exactly, the arithmetic is f32, and each output is rounded
+// `beta` (each `d` elements of that type, aligned for it), `y_dtype` for `y` ([`AttnDtype`]
+// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types,
+// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32, and each output is rounded
 // once (to nearest even) to `y_dtype`: bit for bit the Rust `layers::layer_norm` on the same
 // typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
 // `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each
@@ -971,8 +971,8 @@ enum AttnStatus attn_layer_norm(struct AttnMat x,
 // As [`attn_layer_norm`], each pointer addressing elements of its type.
 enum AttnStatus attn_layer_norm_typed(struct AttnMat x,
                                       int32_t x_dtype,
-                                      const float *gamma,
-                                      const float *beta,
+                                      const void *gamma,
+                                      const void *beta,
                                       int32_t w_dtype,
                                       float eps,
                                       struct AttnMatMut y,

@@ -375,6 +375,19 @@ static void test_mha(const char *dir) {
     /* mean 2.5, variance 1.25: (x - 2.5) / sqrt(1.25) */
     CHECK(fabsf(out[0] + 1.3416407f) < 1e-6f && fabsf(out[3] - 1.3416407f) < 1e-6f,
           "layer norm values %g %g", out[0], out[3]);
+    /* Typed: bf16 x and weights holding the same values exactly (1, 2, 3, 4; 1; 0), f32 y:
+       the same result. An int8 weight type is refused. */
+    _Alignas(4) uint16_t row16[4] = {0x3F80, 0x4000, 0x4040, 0x4080};
+    uint16_t g16[4] = {0x3F80, 0x3F80, 0x3F80, 0x3F80}, b16[4] = {0, 0, 0, 0};
+    float out2[4];
+    AttnMat x16 = mat((const float *)(const void *)row16, 1, 4, 4, 1);
+    EXPECT_STATUS(attn_layer_norm_typed(x16, ATTN_DTYPE_BF16, g16, b16, ATTN_DTYPE_BF16, 0.0f,
+                                        mat_mut(out2, 1, 4, 4, 1), ATTN_DTYPE_F32),
+                  ATTN_STATUS_OK);
+    CHECK(memcmp(out, out2, sizeof out) == 0, "typed layer norm %g %g", out2[0], out2[3]);
+    EXPECT_STATUS(attn_layer_norm_typed(x16, ATTN_DTYPE_BF16, g16, b16, ATTN_DTYPE_Q8, 0.0f,
+                                        mat_mut(out2, 1, 4, 4, 1), ATTN_DTYPE_F32),
+                  ATTN_STATUS_UNSUPPORTED_DTYPE);
     CHECK(strcmp(attn_status_name(ATTN_STATUS_PANIC), "ATTN_STATUS_PANIC") == 0, "status name");
 
     /* Softmax of [0, ln 2, ln 3] is [1/6, 2/6, 3/6]; with a causal mask (offset 0) over a

@@ -272,7 +272,7 @@ pub(crate) fn convert_into<A: Convertible, B: Convertible>(isa: Isa, src: &[A], 
 /// Vectors per step of [`ConvertMap`]: four independent load-convert-store chains.
 const UNROLL: usize = 4;
 
-/// The body of [`convert_slice_with_isa`]: groups of [`UNROLL`] vectors, then single vectors,
+/// The body of [`convert_into`]: groups of [`UNROLL`] vectors, then single vectors,
 /// then one tail.
 struct ConvertMap<'a, A, B> {
     src: &'a [A],

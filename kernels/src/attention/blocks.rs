@@ -797,9 +797,8 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
     let tail = d;
     // Transposed reduction of the R·C accumulators, four at a time (zero-padded), written
     // straight to their places in `out`; then, when `dk` is not a multiple of LANES, the
-    // scalar tail. A loop of constant trip count with constant indices once unrolled, and no
-    // inner loop of its own, so the accumulators stay in registers (with the tail inside it,
-    // the loop stayed rolled and every accumulator went through the stack).
+    // scalar tail. Constant trip counts and no data-dependent loop inside, so the loop unrolls
+    // and the accumulators stay in registers (see the perf journal, 2026-12-04).
     for f in 0..(R * C).div_ceil(4) {
         let mut quad = [s.splat(0.0); 4];
         for (g, x) in quad.iter_mut().enumerate() {
@@ -818,8 +817,8 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
             for (c, kc) in ks.iter().enumerate() {
                 let o = &mut out[r * os + c];
                 let mut x = *o;
-                for (d, qd) in qr.iter().enumerate().skip(tail) {
-                    x = qd.mul_add(kc.get(d), x);
+                for (dd, qd) in qr.iter().enumerate().skip(tail) {
+                    x = qd.mul_add(kc.get(dd), x);
                 }
                 *o = x;
             }
@@ -1047,10 +1046,12 @@ pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
 /// `r < rows`, `c < dv`, `j < nb`; `v` is read in place in its storage type
 /// (`v.in_place(dv)`; gather otherwise). `guard` must be set when some weight of the block
 /// may be 0: those then contribute exactly 0 whatever the value (see [`dec_pv_tile`]). Rows go
-/// in tiles of up to four, columns in tiles of [`DECODE_PV_VECS`]`[R − 1]` vectors. Panics if
-/// a buffer is too small or `v` cannot be read in place.
+/// in tiles of up to four, columns in tiles of [`DECODE_PV_VECS`]`[R − 1]` vectors
+/// ([`DECODE_PV_VECS_32`] where the ISA has 32 registers). Panics if a buffer is too small or
+/// `v` cannot be read in place.
 ///
 /// [`DECODE_PV_VECS`]: super::blocking::DECODE_PV_VECS
+/// [`DECODE_PV_VECS_32`]: super::blocking::DECODE_PV_VECS_32
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(

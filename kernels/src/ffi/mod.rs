@@ -1785,14 +1785,14 @@ pub unsafe extern "C" fn attn_layer_norm(
     // SAFETY: the caller's contract (f32 elements everywhere).
     guard(|| unsafe {
         use AttnDtype::F32;
-        layer_norm_call(x, F32, gamma, beta, F32, eps, y, F32)
+        layer_norm_call(x, F32, gamma.cast(), beta.cast(), F32, eps, y, F32)
     })
 }
 
 /// [`attn_layer_norm`] with element types: `x_dtype` for `x`, `w_dtype` for `gamma` and
-/// `beta`, `y_dtype` for `y` ([`AttnDtype`] values, each f32, bf16 or f16; `x.data`, `gamma`,
-/// `beta` and `y.data` then address elements of those types, whatever the declared `float`
-/// pointee). Inputs are widened exactly, the arithmetic is f32, and each output is rounded
+/// `beta` (each `d` elements of that type, aligned for it), `y_dtype` for `y` ([`AttnDtype`]
+/// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types,
+/// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32, and each output is rounded
 /// once (to nearest even) to `y_dtype`: bit for bit the Rust `layers::layer_norm` on the same
 /// typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
 /// `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each
@@ -1806,8 +1806,8 @@ pub unsafe extern "C" fn attn_layer_norm(
 pub unsafe extern "C" fn attn_layer_norm_typed(
     x: AttnMat,
     x_dtype: i32,
-    gamma: *const f32,
-    beta: *const f32,
+    gamma: *const std::ffi::c_void,
+    beta: *const std::ffi::c_void,
     w_dtype: i32,
     eps: f32,
     y: AttnMatMut,
@@ -1831,8 +1831,8 @@ pub unsafe extern "C" fn attn_layer_norm_typed(
 unsafe fn layer_norm_call(
     x: AttnMat,
     xt: AttnDtype,
-    gamma: *const f32,
-    beta: *const f32,
+    gamma: *const std::ffi::c_void,
+    beta: *const std::ffi::c_void,
     wt: AttnDtype,
     eps: f32,
     y: AttnMatMut,
@@ -1845,8 +1845,8 @@ unsafe fn layer_norm_call(
         disjoint(&[y.span_as::<Y>("y")?], &ins)?;
         // SAFETY: the caller's contract; the output checked disjoint.
         let (x, gamma, beta, y) = unsafe {
-            let (g, b) = (slice("gamma", gamma, d)?, slice("beta", beta, d)?);
-            (x.view_as::<X>("x")?, g, b, y.view_as::<Y>("y")?)
+            let x = x.view_as::<X>("x")?;
+            (x, slice("gamma", gamma, d)?, slice("beta", beta, d)?, y.view_as::<Y>("y")?)
         };
         Ok(crate::layers::layer_norm(x, &LayerNormWeights { gamma, beta }, eps, y)?)
     })))

@@ -1489,7 +1489,8 @@ fn typed_layer_norm() {
     let s = unsafe {
         let x = AttnMat { data: xh.as_ptr().cast(), ..mat(&x32, n, d, d, 1, 0) };
         let ym = mat_mut(&mut y32, n, d);
-        attn_layer_norm_typed(x, F16 as i32, g32.as_ptr(), b32.as_ptr(), F32 as i32, eps, ym, 0)
+        let (g, b) = (g32.as_ptr().cast(), b32.as_ptr().cast());
+        attn_layer_norm_typed(x, F16 as i32, g, b, F32 as i32, eps, ym, 0)
     };
     assert_eq!(s, AttnStatus::Ok, "{}", last_error());
     let mut want32 = vec![0.0f32; n * d];
@@ -1504,7 +1505,7 @@ fn typed_layer_norm() {
     unsafe {
         let (x, g, bt) = (mat(&x32, n, d, d, 1, 0), g32.as_ptr(), b32.as_ptr());
         assert_eq!(attn_layer_norm(x, g, bt, eps, mat_mut(&mut a, n, d)), AttnStatus::Ok);
-        let s = attn_layer_norm_typed(x, 0, g, bt, 0, eps, mat_mut(&mut b, n, d), 0);
+        let s = attn_layer_norm_typed(x, 0, g.cast(), bt.cast(), 0, eps, mat_mut(&mut b, n, d), 0);
         assert_eq!(s, AttnStatus::Ok);
     }
     assert!(a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits()));
@@ -1526,10 +1527,10 @@ fn typed_layer_norm() {
     // SAFETY: refused before any view is made.
     unsafe {
         let (x, g, bt) = (mat(&x32, n, d, d, 1, 0), g32.as_ptr(), b32.as_ptr());
-        let s = attn_layer_norm_typed(x, 0, g, bt, 3, eps, mat_mut(&mut a, n, d), 0);
+        let s = attn_layer_norm_typed(x, 0, g.cast(), bt.cast(), 3, eps, mat_mut(&mut a, n, d), 0);
         assert_eq!(s, AttnStatus::UnsupportedDtype);
         assert!(last_error().contains("w_dtype"), "{}", last_error());
-        let s = attn_layer_norm_typed(x, 0, g, bt, 0, eps, mat_mut(&mut a, n, d), 9);
+        let s = attn_layer_norm_typed(x, 0, g.cast(), bt.cast(), 0, eps, mat_mut(&mut a, n, d), 9);
         assert_eq!(s, AttnStatus::InvalidParameter);
         assert!(last_error().contains("y_dtype"), "{}", last_error());
     }
