@@ -960,9 +960,9 @@ enum AttnStatus attn_layer_norm(struct AttnMat x,
 // [`attn_layer_norm`] with element types: `x_dtype` for `x`, `w_dtype` for `gamma` and
 // `beta` (each `d` elements of that type, aligned for it), `y_dtype` for `y` ([`AttnDtype`]
 // values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types,
-// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32, and each output is rounded
-// once (to nearest even) to `y_dtype`: bit for bit the Rust `layers::layer_norm` on the same
-// typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
+// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32,
+// and each output is rounded once (to nearest even) to `y_dtype`: bit for bit the Rust
+// `layers::layer_norm` on the same typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
 // `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each
 // view's own bytes.
 //

@@ -121,8 +121,7 @@ pub(crate) const DECODE_PV_VECS: [usize; 4] = [8, 4, 2, 2];
 
 /// [`DECODE_PV_VECS`] for ISAs with 32 vector registers (AVX-512): twice the columns per tile
 /// from two rows on, so each broadcast weight feeds twice the FMAs (4 × 4: 16 accumulators,
-/// 4 value vectors). Measured 4–6 % faster for GQA groups of 4 and 8 on Zen 5 (perf journal,
-/// 2026-12-04).
+/// 4 value vectors); measured in `docs/perf-journal.md`, 2026-12-04.
 pub(crate) const DECODE_PV_VECS_32: [usize; 4] = [8, 8, 4, 4];
 
 #[cfg(test)]

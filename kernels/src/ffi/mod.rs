@@ -1782,19 +1782,17 @@ pub unsafe extern "C" fn attn_layer_norm(
     eps: f32,
     y: AttnMatMut,
 ) -> AttnStatus {
+    let f32 = AttnDtype::F32 as i32;
     // SAFETY: the caller's contract (f32 elements everywhere).
-    guard(|| unsafe {
-        use AttnDtype::F32;
-        layer_norm_call(x, F32, gamma.cast(), beta.cast(), F32, eps, y, F32)
-    })
+    unsafe { attn_layer_norm_typed(x, f32, gamma.cast(), beta.cast(), f32, eps, y, f32) }
 }
 
 /// [`attn_layer_norm`] with element types: `x_dtype` for `x`, `w_dtype` for `gamma` and
 /// `beta` (each `d` elements of that type, aligned for it), `y_dtype` for `y` ([`AttnDtype`]
 /// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types,
-/// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32, and each output is rounded
-/// once (to nearest even) to `y_dtype`: bit for bit the Rust `layers::layer_norm` on the same
-/// typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
+/// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32,
+/// and each output is rounded once (to nearest even) to `y_dtype`: bit for bit the Rust
+/// `layers::layer_norm` on the same typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
 /// `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each
 /// view's own bytes.
 ///
@@ -1818,38 +1816,19 @@ pub unsafe extern "C" fn attn_layer_norm_typed(
         let xt = AttnDtype::not_q8("x_dtype", x_dtype, what)?;
         let wt = AttnDtype::not_q8("w_dtype", w_dtype, what)?;
         let yt = AttnDtype::not_q8("y_dtype", y_dtype, what)?;
-        // SAFETY: the caller's contract.
-        unsafe { layer_norm_call(x, xt, gamma, beta, wt, eps, y, yt) }
+        with_dtype!(xt, X => with_dtype!(wt, W => with_dtype!(yt, Y => {
+            let d = x.cols;
+            let (gamma, beta) = (gamma.cast::<W>(), beta.cast::<W>());
+            let ins = [x.span_as::<X>("x")?, span("gamma", gamma, d)?, span("beta", beta, d)?];
+            disjoint(&[y.span_as::<Y>("y")?], &ins)?;
+            // SAFETY: the caller's contract; the output checked disjoint.
+            let (x, gamma, beta, y) = unsafe {
+                let x = x.view_as::<X>("x")?;
+                (x, slice("gamma", gamma, d)?, slice("beta", beta, d)?, y.view_as::<Y>("y")?)
+            };
+            Ok(crate::layers::layer_norm(x, &LayerNormWeights { gamma, beta }, eps, y)?)
+        })))
     })
-}
-
-/// The body of [`attn_layer_norm`] and [`attn_layer_norm_typed`] (no type int8).
-///
-/// # Safety
-/// As [`attn_layer_norm_typed`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn layer_norm_call(
-    x: AttnMat,
-    xt: AttnDtype,
-    gamma: *const std::ffi::c_void,
-    beta: *const std::ffi::c_void,
-    wt: AttnDtype,
-    eps: f32,
-    y: AttnMatMut,
-    yt: AttnDtype,
-) -> Result<(), Failure> {
-    with_dtype!(xt, X => with_dtype!(wt, W => with_dtype!(yt, Y => {
-        let d = x.cols;
-        let (gamma, beta) = (gamma.cast::<W>(), beta.cast::<W>());
-        let ins = [x.span_as::<X>("x")?, span("gamma", gamma, d)?, span("beta", beta, d)?];
-        disjoint(&[y.span_as::<Y>("y")?], &ins)?;
-        // SAFETY: the caller's contract; the output checked disjoint.
-        let (x, gamma, beta, y) = unsafe {
-            let x = x.view_as::<X>("x")?;
-            (x, slice("gamma", gamma, d)?, slice("beta", beta, d)?, y.view_as::<Y>("y")?)
-        };
-        Ok(crate::layers::layer_norm(x, &LayerNormWeights { gamma, beta }, eps, y)?)
-    })))
 }
 
 /// Writes the workspace size (in floats) of [`attn_mha_forward`] (`n_q = n_kv = n`) or
