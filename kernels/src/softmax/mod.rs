@@ -93,6 +93,11 @@ const STREAM_TASK_BYTES: usize = 1 << 20;
 /// `docs/perf-journal.md`.
 pub const STREAM_MIN_BYTES: usize = 16 << 20;
 
+/// Elements per chunk of the half-precision fast path (`Ctx::run_contiguous_half`): the f32
+/// chunk (16 KiB) and its half-precision rows stay in L1 between the widening, the passes and
+/// the narrowing.
+const HALF_CHUNK: usize = 4096;
+
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
 /// ISA [`arch::selected`] returns. Conventions, accuracy and passes: see the module docs.
 ///
@@ -509,6 +514,29 @@ fn as_f32_row<Y: Convertible>(
     scratch.y = buf;
 }
 
+/// Runs `f(r0, rows, lse)` on blocks of whole rows of `y` (`cols > 0` elements each), with
+/// their logsumexp slots: one block when the call is too small for threads, else blocks of
+/// `per_task` rows as rayon tasks.
+fn row_blocks<T: Send>(
+    y: &mut [T],
+    cols: usize,
+    lse: Option<&mut [f32]>,
+    par: Parallelism,
+    per_task: usize,
+    f: impl Fn(usize, &mut [T], Option<&mut [f32]>) + Sync,
+) {
+    if !use_threads(par, y.len()) {
+        return f(0, y, lse);
+    }
+    let mut lse = lse.map(|l| l.chunks_mut(per_task));
+    let tasks: Vec<_> = y
+        .chunks_mut(per_task * cols)
+        .enumerate()
+        .map(|(t, yc)| (t * per_task, yc, lse.as_mut().and_then(Iterator::next)))
+        .collect();
+    par.install(|| tasks.into_par_iter().for_each(|(r0, yc, l)| f(r0, yc, l)));
+}
+
 fn take_slot<'a>(slots: &mut [Option<&'a mut f32>], r: usize) -> Option<&'a mut f32> {
     slots.get_mut(r).and_then(Option::take)
 }
@@ -584,6 +612,15 @@ impl<X: Convertible> Ctx<'_, '_, X> {
                 return self.run_contiguous(src.flatten(), y, lse, par, stream);
             }
         }
+        if cols > 0
+            && mask_rows_contiguous
+            && y.layout == contiguous
+            && self.x.as_ref().is_none_or(|x| x.layout == contiguous)
+        {
+            let n = contiguous.len();
+            let x = self.x.as_ref().map(|x| &x.data[..n]);
+            return self.run_contiguous_half(x, &mut y.data[..n], lse, par);
+        }
         for_each_row(self.isa, y, lse, par, self.x.is_none(), |scratch, pos, yrow, l| {
             let v = self.row(scratch, pos, rows, cols, yrow, stream, l.is_some());
             if let Some(l) = l {
@@ -603,12 +640,36 @@ impl<X: Convertible> Ctx<'_, '_, X> {
         par: Parallelism,
         stream: bool,
     ) {
-        let [_, _, rows, cols] = self.dims;
+        let cols = self.dims[3];
         let n = y.layout.len();
         let y = &mut y.data[..n];
         let x = x.map(|x| &x[..n]);
+        let task = if stream {
+            min_rows_per_task(cols).max(STREAM_TASK_BYTES / 4 / cols)
+        } else {
+            min_rows_per_task(cols)
+        };
+        row_blocks(y, cols, lse, par, task, |r0, yc, lse| {
+            let src = x.map(|x| &x[r0 * cols..r0 * cols + yc.len()]);
+            self.rows_block(r0, src, yc, lse, stream);
+        });
+    }
+
+    /// Rows `r0..` of the call (`yc`: whole rows) through [`dispatch::softmax_rows`]: their
+    /// input `src` (`None`: in place) and logsumexp slots, with a stage of their own when
+    /// `stream`.
+    fn rows_block(
+        &self,
+        r0: usize,
+        src: Option<&[f32]>,
+        yc: &mut [f32],
+        lse: Option<&mut [f32]>,
+        stream: bool,
+    ) {
+        let [_, _, rows, cols] = self.dims;
+        let count = yc.len() / cols;
         // Where the mask rows of flat rows `r0 .. r0 + count` start in the mask's slice.
-        let starts = |layout: &Tensor4Layout, r0: usize, count: usize| {
+        let starts = |layout: &Tensor4Layout| {
             let mut pos = RowPos::of(r0, self.dims);
             let mut v = Vec::with_capacity(count);
             for _ in 0..count {
@@ -617,46 +678,79 @@ impl<X: Convertible> Ctx<'_, '_, X> {
             }
             v
         };
-        // Rows `r0..` of the call: `yc` (whole rows), the matching input and lse slots.
-        let block = |r0: usize, yc: &mut [f32], lse: Option<&mut [f32]>| {
-            let src = x.map(|x| &x[r0 * cols..r0 * cols + yc.len()]);
-            let count = yc.len() / cols;
-            let at;
-            let mask = match *self.mask {
-                Mask::None => RowsMask::Causal(None),
-                Mask::Causal { offset } => {
-                    RowsMask::Causal(Some((Mask::causal_offset(offset, rows, cols), rows, r0)))
-                }
-                Mask::Keep { keep, layout } => {
-                    at = starts(&layout, r0, count);
-                    RowsMask::Keep { keep, starts: &at }
-                }
-                Mask::Bias { bias, layout } => {
-                    at = starts(&layout, r0, count);
-                    RowsMask::Bias { bias, starts: &at }
-                }
-            };
-            let mut stage = if stream { vec![0.0; stream::stage_len(cols)] } else { Vec::new() };
-            let stage = stream.then_some(&mut stage[..]);
-            let job = RowsJob { src, y: yc, cols, mask, scale: self.scale, lse, stage };
-            dispatch::softmax_rows(self.isa, job);
+        let at;
+        let mask = match *self.mask {
+            Mask::None => RowsMask::Causal(None),
+            Mask::Causal { offset } => {
+                RowsMask::Causal(Some((Mask::causal_offset(offset, rows, cols), rows, r0)))
+            }
+            Mask::Keep { keep, layout } => {
+                at = starts(&layout);
+                RowsMask::Keep { keep, starts: &at }
+            }
+            Mask::Bias { bias, layout } => {
+                at = starts(&layout);
+                RowsMask::Bias { bias, starts: &at }
+            }
         };
-        if !use_threads(par, n) {
-            block(0, y, lse);
-            return;
-        }
-        let task = if stream {
-            min_rows_per_task(cols).max(STREAM_TASK_BYTES / 4 / cols)
-        } else {
-            min_rows_per_task(cols)
+        let mut stage = if stream { vec![0.0; stream::stage_len(cols)] } else { Vec::new() };
+        let stage = stream.then_some(&mut stage[..]);
+        let job = RowsJob { src, y: yc, cols, mask, scale: self.scale, lse, stage };
+        dispatch::softmax_rows(self.isa, job);
+    }
+
+    /// The fast path's layouts with a half-precision `x` or `y` (`n` elements each; `x`
+    /// `None`: in place): chunks of about [`HALF_CHUNK`] elements are widened into an f32
+    /// buffer (or straight into an f32 `y`), run in place there by [`Self::rows_block`], and
+    /// narrowed into `y`. The same values as row by row: widening is exact, the in-place
+    /// passes compute what they compute from a separate input, and each output is rounded
+    /// once.
+    fn run_contiguous_half<Y: Convertible>(
+        &self,
+        x: Option<&[X]>,
+        y: &mut [Y],
+        lse: Option<&mut [f32]>,
+        par: Parallelism,
+    ) {
+        let cols = self.dims[3];
+        let per = (HALF_CHUNK / cols).max(1);
+        let isa = self.isa;
+        let task = |r0: usize, yt: &mut [Y], mut lse: Option<&mut [f32]>| {
+            let mut buf: Vec<f32> = Vec::new();
+            for (c, ys) in yt.chunks_mut(per * cols).enumerate() {
+                let r = r0 + c * per;
+                let count = ys.len() / cols;
+                let l = lse.as_deref_mut().map(|l| &mut l[c * per..c * per + count]);
+                let xs = x.map(|x| &x[r * cols..r * cols + ys.len()]);
+                if let Some(yf) = Y::as_f32_mut(ys) {
+                    // A half-precision input widened straight into the f32 output.
+                    if let Some(xs) = xs {
+                        convert_into(isa, xs, yf);
+                    }
+                    self.rows_block(r, None, yf, l, false);
+                    continue;
+                }
+                if buf.len() < ys.len() {
+                    buf.resize(ys.len(), 0.0);
+                }
+                let bf = &mut buf[..ys.len()];
+                match xs {
+                    Some(xs) => match X::as_f32(xs) {
+                        Some(xf) => self.rows_block(r, Some(xf), bf, l, false),
+                        None => {
+                            convert_into(isa, xs, bf);
+                            self.rows_block(r, None, bf, l, false);
+                        }
+                    },
+                    None => {
+                        convert_into(isa, &*ys, bf);
+                        self.rows_block(r, None, bf, l, false);
+                    }
+                }
+                convert_into(isa, &*bf, ys);
+            }
         };
-        let mut lse = lse.map(|l| l.chunks_mut(task));
-        let tasks: Vec<_> = y
-            .chunks_mut(task * cols)
-            .enumerate()
-            .map(|(t, yc)| (t * task, yc, lse.as_mut().and_then(Iterator::next)))
-            .collect();
-        par.install(|| tasks.into_par_iter().for_each(|(r0, yc, l)| block(r0, yc, l)));
+        row_blocks(y, cols, lse, par, min_rows_per_task(cols), task);
     }
 
     #[allow(clippy::too_many_arguments)]

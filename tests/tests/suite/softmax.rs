@@ -770,6 +770,63 @@ fn half_precision_threaded_equals_sequential_bitwise() {
     }
 }
 
+/// Contiguous half-precision calls run their rows in chunks of a few thousand elements
+/// (here 42 rows of 97, so chunks end inside a head and inside each thread's share): every
+/// mask kind, with logsumexps, bf16 → bf16 in and out of place, bf16 → f32 and f32 → bf16,
+/// sequential and on two threads, bit for bit the f32 call on the widened logits, rounded.
+#[test]
+fn half_precision_chunks_equal_f32_bitwise() {
+    let dims = [1, 4, 400, 97];
+    let n: usize = dims.iter().product();
+    assert!(n >= attn_kernels::softmax::PAR_MIN_ELEMENTS);
+    let rows = n / dims[3];
+    let l = Tensor4Layout::bhsd(dims[0], dims[1], dims[2], dims[3]);
+    let x: Vec<bf16> =
+        (0..n).map(|k| bf16::from_f32(((k * 7919 % 1000) as f32 - 500.0) * 0.03)).collect();
+    let xw: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let keep: Vec<bool> = (0..n).map(|k| k % 5 != 1).collect();
+    let bias: Vec<f32> = (0..n).map(|k| (k % 7) as f32 * -0.5).collect();
+    let masks = [
+        Mask::None,
+        Mask::Causal { offset: Some(-3) },
+        Mask::Keep { keep: &keep, layout: l },
+        Mask::Bias { bias: &bias, layout: l },
+    ];
+    let round = |v: &[f32]| v.iter().map(|&v| bf16::from_f32(v).to_bits()).collect::<Vec<_>>();
+    let half_bits = |v: &[bf16]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for isa in Isa::supported() {
+        for mask in &masks {
+            for par in [Parallelism::Sequential, Parallelism::threads(2)] {
+                let what = format!("{isa} {mask:?} {par:?}");
+                let (mut want, mut want_lse) = (vec![0.0f32; n], vec![0.0; rows]);
+                let (xv, yv) = (TensorRef::new(&xw, l), TensorMut::new(&mut want, l));
+                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut want_lse), par)
+                    .unwrap();
+                let (mut y, mut lse) = (vec![bf16::ZERO; n], vec![0.0; rows]);
+                let (xv, yv) = (TensorRef::new(&x, l), TensorMut::new(&mut y, l));
+                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
+                assert_eq!(half_bits(&y), round(&want), "{what} bf16 -> bf16");
+                assert_eq!(bits(&lse), bits(&want_lse), "{what} bf16 -> bf16 lse");
+                let (mut z, mut lse) = (x.clone(), vec![0.0; rows]);
+                let zv = TensorMut::new(&mut z, l);
+                scale_mask_softmax_inplace_with_isa(isa, zv, 0.7, mask, Some(&mut lse), par)
+                    .unwrap();
+                assert_eq!(half_bits(&z), round(&want), "{what} bf16 in place");
+                assert_eq!(bits(&lse), bits(&want_lse), "{what} bf16 in place lse");
+                let (mut y32, mut lse) = (vec![0.0f32; n], vec![0.0; rows]);
+                let (xv, yv) = (TensorRef::new(&x, l), TensorMut::new(&mut y32, l));
+                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
+                assert_eq!(bits(&y32), bits(&want), "{what} bf16 -> f32");
+                assert_eq!(bits(&lse), bits(&want_lse), "{what} bf16 -> f32 lse");
+                let mut yb = vec![bf16::ZERO; n];
+                let (xv, yv) = (TensorRef::new(&xw, l), TensorMut::new(&mut yb, l));
+                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, None, par).unwrap();
+                assert_eq!(half_bits(&yb), round(&want), "{what} f32 -> bf16");
+            }
+        }
+    }
+}
+
 /// Pass A takes the elements before the input's first vector boundary on their own: a row's
 /// result is the same bits at every alignment of its input, the row's max, its min, a NaN, a
 /// `+∞` or a `−∞` among those first elements or not, every mask kind, in place too.
