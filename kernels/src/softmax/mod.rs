@@ -31,7 +31,9 @@
 //! the call has at least [`PAR_MIN_ELEMENTS`] elements. Contiguous tensors (the attention case)
 //! whose mask, if it is a keep-mask or a bias, has contiguous columns (stride 1) run whole blocks
 //! of rows per call into the row kernel, where a streamed row's writes overlap the next row's
-//! passes; other layouts go row by row (gathering strided rows and masks); both give the same bits.
+//! passes; with bf16/f16 input or output they do so on chunks of rows widened into an f32
+//! buffer and narrowed back. Other layouts go row by row (gathering strided rows and masks); all
+//! give the same bits.
 //!
 //! Files: `mod.rs` (public API, argument checks, row iteration and threading), `dispatch.rs`
 //! (row jobs, row loops and their entry points, run through
