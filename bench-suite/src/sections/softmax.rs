@@ -8,8 +8,10 @@
 //! Last, the typed calls (bf16 logits, bf16 or f32 output) beside f32 on the same values
 //! ([`typed`]), each with the bytes it moves.
 
+use attn_kernels::softmax::scale_mask_softmax;
 use attn_kernels::{bf16, Parallelism};
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
+use attn_tests::numerics::{BF16_SUBNORMAL_HALF, BF16_U};
 use rayon::prelude::*;
 
 use super::{Call, Ctx, Work};
@@ -309,11 +311,51 @@ pub fn run(ctx: &mut Ctx) {
     typed(ctx);
 }
 
+/// Checks the typed calls of [`typed`] on the odd sizes of [`checks`], causal: bf16 logits,
+/// bf16 or f32 output, against the reference on the values the bf16 logits represent. An f32
+/// output is held to the f32 bound; a bf16 output to that bound plus its one rounding to bf16
+/// (`2⁻⁸` of the value, and half the smallest bf16 subnormal).
+fn typed_checks(ctx: &mut Ctx) {
+    let (batch, heads, rows, cols) = (2, 3, 37, 301);
+    let layout = Tensor4Layout::bhsd(batch, heads, rows, cols);
+    let n = layout.len();
+    let xb: Vec<bf16> = Rng::new(0x50f8).vec(n).into_iter().map(bf16::from_f32).collect();
+    let xf: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+    let mask = Mask::Causal { offset: None };
+    let shape = shape(batch, heads, rows, cols, "causal");
+    let xr = TensorRef::new(&xf[..], layout);
+    let mut want = vec![0.0; n];
+    let wv = TensorMut::new(&mut want, layout);
+    if let Err(e) = attn_reference::softmax::scale_mask_softmax(xr, SCALE, &mask, wv, None) {
+        return ctx.check(OP, "reference", shape, 1, Err(e.to_string()));
+    }
+    let bound = softmax_bound(&xr, SCALE, &want);
+    let rounded: Vec<f64> = bound
+        .iter()
+        .zip(&want)
+        .map(|(b, w)| b * (1.0 + BF16_U) + BF16_U * f64::from(w.abs()) + BF16_SUBNORMAL_HALF)
+        .collect();
+    let x = TensorRef::new(&xb[..], layout);
+    for &t in &ctx.threads.clone() {
+        let par = Parallelism::threads(t);
+        let mut yb = vec![bf16::NAN; n];
+        let r = scale_mask_softmax(x, SCALE, &mask, TensorMut::new(&mut yb[..], layout), None, par);
+        let got: Vec<f32> = yb.iter().map(|v| v.to_f32()).collect();
+        let v = r.map(|()| compare(&got, &want, &rounded)).map_err(|e| e.to_string());
+        ctx.check(OP, "attn-kernels bf16 → bf16", shape.clone(), t, v);
+        let mut yf = vec![f32::NAN; n];
+        let r = scale_mask_softmax(x, SCALE, &mask, TensorMut::new(&mut yf[..], layout), None, par);
+        let v = r.map(|()| compare(&yf, &want, &bound)).map_err(|e| e.to_string());
+        ctx.check(OP, "attn-kernels bf16 → f32", shape.clone(), t, v);
+    }
+}
+
 /// Softmax with bf16 logits writing bf16 or f32, beside the f32 call on the same (widened)
-/// values: what the half-precision row path (each row widened into a per-thread f32 row, the
-/// output narrowed back) costs or saves per element. Each row's bandwidth counts the bytes
-/// that call moves (8, 4 and 6 per element); the rate is elements per second.
+/// values: what the half-precision path (chunks of rows widened into an f32 buffer, run in
+/// place, the output narrowed back) costs or saves per element. Each row's bandwidth counts
+/// the bytes that call moves (8, 4 and 6 per element); the rate is elements per second.
 fn typed(ctx: &mut Ctx) {
+    typed_checks(ctx);
     let cases: &[(usize, usize)] =
         if ctx.quick { &[(512, 1024)] } else { &[(8 * 512, 512), (8192, 4096)] };
     for &(rows, cols) in cases {

@@ -25,9 +25,10 @@
 //! tolerances from exactly these terms.
 //!
 //! Passes: the input row is read twice (max, then exp) while it sits in L1/L2, and the output
-//! written once (costs and where the cycles go: `passes.rs`); calls whose output reaches
-//! [`STREAM_MIN_BYTES`] are staged in a per-thread (or per-task) buffer and written with
-//! non-temporal stores so the output costs no read-for-ownership. Rows are spread over threads when
+//! written once (costs and where the cycles go: `passes.rs`); calls whose f32 output reaches
+//! [`STREAM_MIN_BYTES`] (and whose input is f32 or whose layout is not contiguous) are staged in
+//! a per-thread (or per-task) buffer and written with non-temporal stores so the output costs
+//! no read-for-ownership. Rows are spread over threads when
 //! the call has at least [`PAR_MIN_ELEMENTS`] elements. Contiguous tensors (the attention case)
 //! whose mask, if it is a keep-mask or a bias, has contiguous columns (stride 1) run whole blocks
 //! of rows per call into the row kernel, where a streamed row's writes overlap the next row's
@@ -84,7 +85,9 @@ const PAR_MIN_TASK_ELEMENTS: usize = 1 << 13;
 /// its last row's alone and fences, so a task of a few rows would lose most of the overlap.
 /// 1 MiB is 64 rows of 4096 columns, 128 tasks for 8192 such rows.
 const STREAM_TASK_BYTES: usize = 1 << 20;
-/// Outputs at least this large (bytes) are written with non-temporal stores: with the input it
+/// f32 outputs at least this large (bytes) are written with non-temporal stores, but for
+/// contiguous calls with a half-precision input (the chunked path, whose output is written
+/// right after its chunk is widened; see `Ctx::run_contiguous_half`): with the input it
 /// exceeds half of the 32 MiB L3, so it would be evicted before reuse anyway, and skipping the
 /// read-for-ownership saves a third of the memory traffic.
 ///
@@ -95,9 +98,9 @@ const STREAM_TASK_BYTES: usize = 1 << 20;
 /// `docs/perf-journal.md`.
 pub const STREAM_MIN_BYTES: usize = 16 << 20;
 
-/// Elements per chunk of the half-precision fast path (`Ctx::run_contiguous_half`): the f32
-/// chunk (16 KiB) and its half-precision rows stay in L1 between the widening, the passes and
-/// the narrowing.
+/// Elements per chunk of the half-precision fast path (`Ctx::run_contiguous_half`; a chunk
+/// is one row when rows are longer): the f32 chunk (16 KiB) and its half-precision rows stay
+/// in L1 between the widening, the passes and the narrowing.
 const HALF_CHUNK: usize = 4096;
 
 /// `y = softmax(scale·x + mask)` over each row of a `[batch, heads, rows, cols]` view, with the
@@ -589,7 +592,8 @@ impl<X: Convertible> Ctx<'_, '_, X> {
 
     fn run<Y: Convertible>(&self, y: TensorMut<'_, Y>, lse: Option<&mut [f32]>, par: Parallelism) {
         let [batch, heads, rows, cols] = self.dims;
-        // A half-precision output row is computed in a scratch row: nothing to stream.
+        // A half-precision output is computed in scratch, and a contiguous half-precision
+        // input takes the chunked path, which does not stream: only f32 rows stream.
         let stream = self.isa != Isa::Portable
             && Y::DTYPE == DType::F32
             && y.layout.len().saturating_mul(4) >= STREAM_MIN_BYTES;

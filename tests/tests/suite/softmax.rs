@@ -731,8 +731,8 @@ fn threaded_equals_sequential_bitwise() {
     }
 }
 
-/// bf16 logits on the threaded path (rows split over two threads, each converting its rows in
-/// its own scratch): bf16 → bf16 in and out of place, and bf16 → f32, bit for bit the
+/// bf16 logits on the threaded path (rows split over two threads, each converting its chunks
+/// of rows in its own buffer): bf16 → bf16 in and out of place, and bf16 → f32, bit for bit the
 /// sequential call and the f32 call on the widened logits, rounded.
 #[test]
 fn half_precision_threaded_equals_sequential_bitwise() {
@@ -770,13 +770,19 @@ fn half_precision_threaded_equals_sequential_bitwise() {
     }
 }
 
-/// Contiguous half-precision calls run their rows in chunks of a few thousand elements
-/// (here 42 rows of 97, so chunks end inside a head and inside each thread's share): every
-/// mask kind, with logsumexps, bf16 → bf16 in and out of place, bf16 → f32 and f32 → bf16,
-/// sequential and on two threads, bit for bit the f32 call on the widened logits, rounded.
+/// Contiguous half-precision calls run their rows in chunks of a few thousand elements: with
+/// 97 columns 42 rows per chunk, so chunks end inside a head and inside each thread's share;
+/// with 5000 columns one row per chunk. Every mask kind, with logsumexps, bf16 → bf16 in and
+/// out of place, bf16 → f32, f32 → bf16 and f16 → f16, sequential and on two threads: bit for
+/// bit the f32 call on the widened logits, rounded.
 #[test]
 fn half_precision_chunks_equal_f32_bitwise() {
-    let dims = [1, 4, 400, 97];
+    for dims in [[1, 4, 400, 97], [1, 2, 14, 5000]] {
+        half_chunks_case(dims);
+    }
+}
+
+fn half_chunks_case(dims: [usize; 4]) {
     let n: usize = dims.iter().product();
     assert!(n >= attn_kernels::softmax::PAR_MIN_ELEMENTS);
     let rows = n / dims[3];
@@ -784,6 +790,9 @@ fn half_precision_chunks_equal_f32_bitwise() {
     let x: Vec<bf16> =
         (0..n).map(|k| bf16::from_f32(((k * 7919 % 1000) as f32 - 500.0) * 0.03)).collect();
     let xw: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let xh: Vec<f16> =
+        (0..n).map(|k| f16::from_f32(((k * 4099 % 1000) as f32 - 500.0) * 0.03)).collect();
+    let xhw: Vec<f32> = xh.iter().map(|v| v.to_f32()).collect();
     let keep: Vec<bool> = (0..n).map(|k| k % 5 != 1).collect();
     let bias: Vec<f32> = (0..n).map(|k| (k % 7) as f32 * -0.5).collect();
     let masks = [
@@ -794,14 +803,18 @@ fn half_precision_chunks_equal_f32_bitwise() {
     ];
     let round = |v: &[f32]| v.iter().map(|&v| bf16::from_f32(v).to_bits()).collect::<Vec<_>>();
     let half_bits = |v: &[bf16]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    // The f32 call on `x`: output and logsumexps.
+    let f32_call = |isa, x: &[f32], mask: &Mask<'_>, par| {
+        let (mut y, mut lse) = (vec![0.0f32; n], vec![0.0; rows]);
+        let (xv, yv) = (TensorRef::new(x, l), TensorMut::new(&mut y, l));
+        scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
+        (y, lse)
+    };
     for isa in Isa::supported() {
         for mask in &masks {
             for par in [Parallelism::Sequential, Parallelism::threads(2)] {
-                let what = format!("{isa} {mask:?} {par:?}");
-                let (mut want, mut want_lse) = (vec![0.0f32; n], vec![0.0; rows]);
-                let (xv, yv) = (TensorRef::new(&xw, l), TensorMut::new(&mut want, l));
-                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut want_lse), par)
-                    .unwrap();
+                let what = format!("{isa} {dims:?} {mask:?} {par:?}");
+                let (want, want_lse) = f32_call(isa, &xw, mask, par);
                 let (mut y, mut lse) = (vec![bf16::ZERO; n], vec![0.0; rows]);
                 let (xv, yv) = (TensorRef::new(&x, l), TensorMut::new(&mut y, l));
                 scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
@@ -818,10 +831,19 @@ fn half_precision_chunks_equal_f32_bitwise() {
                 scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
                 assert_eq!(bits(&y32), bits(&want), "{what} bf16 -> f32");
                 assert_eq!(bits(&lse), bits(&want_lse), "{what} bf16 -> f32 lse");
-                let mut yb = vec![bf16::ZERO; n];
+                let (mut yb, mut lse) = (vec![bf16::ZERO; n], vec![0.0; rows]);
                 let (xv, yv) = (TensorRef::new(&xw, l), TensorMut::new(&mut yb, l));
-                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, None, par).unwrap();
+                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
                 assert_eq!(half_bits(&yb), round(&want), "{what} f32 -> bf16");
+                assert_eq!(bits(&lse), bits(&want_lse), "{what} f32 -> bf16 lse");
+                let (want_h, want_h_lse) = f32_call(isa, &xhw, mask, par);
+                let (mut yh, mut lse) = (vec![f16::ZERO; n], vec![0.0; rows]);
+                let (xv, yv) = (TensorRef::new(&xh, l), TensorMut::new(&mut yh, l));
+                scale_mask_softmax_with_isa(isa, xv, 0.7, mask, yv, Some(&mut lse), par).unwrap();
+                let got: Vec<u16> = yh.iter().map(|v| v.to_bits()).collect();
+                let want: Vec<u16> = want_h.iter().map(|&v| f16::from_f32(v).to_bits()).collect();
+                assert_eq!(got, want, "{what} f16 -> f16");
+                assert_eq!(bits(&lse), bits(&want_h_lse), "{what} f16 -> f16 lse");
             }
         }
     }
