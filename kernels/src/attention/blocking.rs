@@ -5,7 +5,7 @@
 
 use crate::arch::cache::{self, CacheSizes};
 use crate::arch::Isa;
-use crate::gemm::ukernel::kernel_for;
+use crate::gemm::ukernel::tile_kernel_for;
 
 /// Query vectors per tile: the flash tile is the column width `NR` of the ISA's GEMM
 /// micro-kernel (`sgemm_6x16_avx2`, `sgemm_4x16_portable`: 2 × 8 = 16 queries;
@@ -74,7 +74,7 @@ impl FlashBlocking {
     /// The flash blocks of `isa`'s GEMM micro-kernel on this machine's detected caches
     /// ([`crate::arch::cache::detected`]); a few divisions, so computed per call.
     pub(crate) fn for_isa(isa: Isa) -> FlashBlocking {
-        let k = kernel_for(isa);
+        let k = tile_kernel_for(isa);
         FlashBlocking::derive(&cache::detected(), k.mr, k.nr)
     }
 }

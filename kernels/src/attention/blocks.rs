@@ -29,7 +29,7 @@ use wide::bytemuck;
 
 use crate::arch::convert::{bf16_bits, load_elems, SimdElement};
 use crate::arch::{load, prefetch_l1, store, Isa, Simd};
-use crate::gemm::ukernel::{kernel_for, panel_product, Kernel as GemmKernel};
+use crate::gemm::ukernel::{panel_product, tile_kernel_for, Kernel as GemmKernel};
 use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
 
 // ---------------------------------------------------------------------------------------------
@@ -71,19 +71,19 @@ impl<T> Strided<'_, T> {
     }
 }
 
-/// The GEMM micro-kernel of the ISA `S` (see [`crate::gemm`]'s `ukernel` module): the flash
-/// block products run on it. Its register tile is `MR` rows by `NR = QV·LANES` columns, and
+/// The tile micro-kernel of the ISA `S` (`tile_kernel_for` in [`crate::gemm`]'s `ukernel`
+/// module): the flash block products run on it. Its register tile is `MR` rows by `NR = QV·LANES` columns, and
 /// the columns are the query tile.
 #[inline(always)]
 fn gemm_kernel<S: Simd>() -> &'static GemmKernel {
-    let kern = kernel_for(S::ISA);
+    let kern = tile_kernel_for(S::ISA);
     debug_assert_eq!(kern.nr, QV * S::LANES, "query tile must be the micro-kernel's NR");
     kern
 }
 
-/// Query rows per flash tile for `isa`: the column width `NR` of its GEMM micro-kernel.
+/// Query rows per flash tile for `isa`: the column width `NR` of its tile micro-kernel.
 pub(crate) fn tile_rows(isa: Isa) -> usize {
-    kernel_for(isa).nr
+    tile_kernel_for(isa).nr
 }
 
 /// One block product of the flash loop as the GEMM layer runs it (see [`panel_product`]):

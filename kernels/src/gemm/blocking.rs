@@ -3,10 +3,7 @@
 //! ([`crate::arch::cache`]) by a pure function of a [`CacheSizes`], so one binary sizes its
 //! blocks for the machine it runs on and every configuration can be checked on any machine.
 
-use std::sync::OnceLock;
-
 use crate::arch::cache::{self, CacheSizes};
-use crate::arch::Isa;
 
 /// Bytes per element.
 const F32: usize = 4;
@@ -62,8 +59,8 @@ impl Blocking {
     ///   L3, which is shared by the cores and by other processes. `NC = L3 / (8 · 4·KC)`,
     ///   rounded down to a multiple of NR.
     ///
-    /// On Zen 4 (32 KiB L1d, 1 MiB L2, 32 MiB L3) that is KC = 256, MC = 252, NC = 4096 for
-    /// `sgemm_12x32_avx512`.
+    /// On Zen 4 (32 KiB L1d, 1 MiB L2, 32 MiB L3) that is KC = 128, MC = 510, NC = 8192 for
+    /// `sgemm_6x64_avx512`; on Zen 5 (48 KiB L1d) KC = 192, MC = 336, NC = 5440.
     pub const fn derive(c: &CacheSizes, mr: usize, nr: usize) -> Blocking {
         let mr = if mr == 0 { 1 } else { mr };
         let nr = if nr == 0 { 1 } else { nr };
@@ -84,13 +81,10 @@ const fn clamp(x: usize, lo: usize, hi: usize) -> usize {
     }
 }
 
-/// The blocking of `isa`'s `mr × nr` kernel on this machine's caches ([`cache::detected`]),
-/// derived once per ISA and cached.
-pub(crate) fn for_kernel(isa: Isa, mr: usize, nr: usize) -> Blocking {
-    static CACHED: [OnceLock<Blocking>; Isa::ALL.len()] =
-        [const { OnceLock::new() }; Isa::ALL.len()];
-    let slot = Isa::ALL.iter().position(|&i| i == isa).unwrap_or(0);
-    *CACHED[slot].get_or_init(|| Blocking::derive(&cache::detected(), mr, nr))
+/// The blocking of an `mr × nr` kernel on this machine's caches ([`cache::detected`], read
+/// once); a few divisions, so derived per call.
+pub(crate) fn for_kernel(mr: usize, nr: usize) -> Blocking {
+    Blocking::derive(&cache::detected(), mr, nr)
 }
 
 #[cfg(test)]
@@ -98,8 +92,8 @@ mod tests {
     use super::*;
 
     /// The kernel shapes (MR, NR) of the three ISAs, and a few others.
-    const TILES: [(usize, usize); 7] =
-        [(12, 32), (6, 16), (4, 16), (1, 1), (14, 64), (0, 0), (5000, 20000)];
+    const TILES: [(usize, usize); 8] =
+        [(6, 64), (12, 32), (6, 16), (4, 16), (1, 1), (14, 64), (0, 0), (5000, 20000)];
 
     #[test]
     fn derived_blocks_are_valid_for_any_caches() {
@@ -122,7 +116,7 @@ mod tests {
     fn derived_blocks_fit_their_caches() {
         for (l1, l2, l3) in [(32, 1024, 32 << 10), (48, 1024, 32 << 10), (48, 1280, 48 << 10)] {
             let c = CacheSizes::new(l1 << 10, l2 << 10, l3 << 10);
-            for (mr, nr) in [(12, 32), (6, 16), (4, 16)] {
+            for (mr, nr) in [(6, 64), (12, 32), (6, 16), (4, 16)] {
                 let b = Blocking::derive(&c, mr, nr);
                 assert!(F32 * b.kc * nr <= c.l1d, "{c:?} {mr}x{nr}: {b:?}");
                 assert!(F32 * b.kc * b.mc <= c.l2 / 4, "{c:?} {mr}x{nr}: {b:?}");
@@ -134,8 +128,11 @@ mod tests {
     }
 
     #[test]
-    fn zen4_values() {
-        let b = Blocking::derive(&CacheSizes::DEFAULT, 12, 32);
-        assert_eq!(b, Blocking { kc: 256, mc: 252, nc: 4096 });
+    fn zen4_and_zen5_values() {
+        let b = Blocking::derive(&CacheSizes::DEFAULT, 6, 64);
+        assert_eq!(b, Blocking { kc: 128, mc: 510, nc: 8192 });
+        let zen5 = CacheSizes::new(48 << 10, 1 << 20, 32 << 20);
+        assert_eq!(Blocking::derive(&zen5, 6, 64), Blocking { kc: 192, mc: 336, nc: 5440 });
+        assert_eq!(Blocking::derive(&CacheSizes::DEFAULT, 12, 32).kc, 256);
     }
 }

@@ -5,12 +5,13 @@
 //! - `loops`: the five-loop nest and the split between threads;
 //! - `pack`: packing A into MR-row and B into NR-column micro-panels, reusable aligned buffers;
 //! - `ukernel`: the micro-kernel contract, one generic register-blocked body, its per-ISA
-//!   instances (`sgemm_12x32_avx512`, `sgemm_6x16_avx2`, `sgemm_4x16_portable`, each with a
+//!   instances (`sgemm_6x64_avx512`, `sgemm_6x16_avx2`, `sgemm_4x16_portable`, each with a
 //!   strided-A and partial-row variants) and the macro-kernel with its bounce-tile edge path.
 //!
 //! The flash attention kernels run their block products on `ukernel`'s macro-kernel directly
 //! (K and V as the in-place A operand, the query tile and probability block as one packed B
-//! micro-panel each), not through the entry points below.
+//! micro-panel each), not through the entry points below, with the ISA's kernel whose `NR` is
+//! two vectors (on AVX-512 `sgemm_12x32_avx512`, the same body in a taller, narrower tile).
 //!
 //! A is packed into MR-row micro-panels, except when it has a unit stride and C is at most
 //! [`blocking::DIRECT_A_MAX_N`] wide: then packing (a full pass over A per NC block) would
@@ -266,7 +267,7 @@ unsafe fn launch<TA: Convertible, TB: Convertible>(
 ) {
     let pb = Problem {
         kern,
-        bl: blocking::for_kernel(kern.isa, kern.mr, kern.nr),
+        bl: blocking::for_kernel(kern.mr, kern.nr),
         m: cl.rows,
         n: cl.cols,
         k,
@@ -402,7 +403,7 @@ pub(crate) struct PackedPanels {
 
 impl PackedPanels {
     fn empty(kern: &'static Kernel) -> Self {
-        let bl = blocking::for_kernel(kern.isa, kern.mr, kern.nr);
+        let bl = blocking::for_kernel(kern.mr, kern.nr);
         PackedPanels { kern, bl, k: 0, n: 0, buf: AlignedBuf::default() }
     }
 

@@ -26,8 +26,8 @@ fn isas() -> Vec<Isa> {
 }
 
 /// The register tiles (MR, NR) of the micro-kernels: `sgemm_4x16_portable`,
-/// `sgemm_6x16_avx2`, `sgemm_12x32_avx512`.
-const TILES: [(usize, usize); 3] = [(4, 16), (6, 16), (12, 32)];
+/// `sgemm_6x16_avx2`, `sgemm_6x64_avx512` (GEMM) and `sgemm_12x32_avx512` (flash tiles).
+const TILES: [(usize, usize); 4] = [(4, 16), (6, 16), (6, 64), (12, 32)];
 
 /// Edge sizes of every kernel: 0, 1, MR±1, NR±1 for each ISA, 17, 63, 257.
 fn edge_sizes() -> Vec<usize> {

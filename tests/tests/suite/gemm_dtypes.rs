@@ -45,11 +45,11 @@ fn is_bf16<T: Convertible>() -> bool {
     T::DTYPE == attn_kernels::DType::BF16
 }
 
-/// Edge sizes of every kernel tile (4×16, 6×16, 12×32, and the pairs of `vdpbf16ps`): 0, 1, 2,
-/// 3, MR±1, NR±1, and a few odd ones.
+/// Edge sizes of every kernel tile (4×16, 6×16, 6×64, 12×32, and the pairs of `vdpbf16ps`): 0,
+/// 1, 2, 3, MR±1, NR±1, and a few odd ones.
 fn edge_sizes() -> Vec<usize> {
     let mut v = vec![0, 1, 2, 3, 5, 17, 63, 65];
-    for (mr, nr) in [(4, 16), (6, 16), (12, 32)] {
+    for (mr, nr) in [(4, 16), (6, 16), (6, 64), (12, 32)] {
         v.extend([mr - 1, mr, mr + 1, nr - 1, nr, nr + 1]);
     }
     v.sort_unstable();

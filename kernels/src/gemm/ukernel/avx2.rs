@@ -7,7 +7,7 @@
 use crate::arch::Isa;
 
 super::define_kernels! {
-    isa: Isa::Avx2, simd: crate::arch::Avx2, step: super::Fma, pairs: false,
+    isa: Isa::Avx2, simd: crate::arch::Avx2, step: crate::gemm::ukernel::Fma, pairs: false,
     mr: 6, nv: 2,
     packed: sgemm_6x16_avx2, strided: sgemm_6x16_avx2_strided_a, rows: [1, 2, 3, 4, 5],
     name: "sgemm_6x16_avx2",

@@ -203,8 +203,9 @@ pub(crate) type UkrFn = unsafe fn(
     rs_c: usize,
 );
 
-/// Defines an ISA's two micro-kernels (packed A, and A read in place) as thin wrappers around
-/// [`sgemm_body`] carrying the ISA's `#[target_feature]`, and its [`Kernel`] table entry.
+/// Defines one kernel shape of an ISA in the invoking module: its micro-kernels (packed A, A
+/// read in place, and partial row panels) as thin wrappers around [`sgemm_body`] carrying the
+/// ISA's `#[target_feature]`, and its [`Kernel`] table entry `KERNEL`. One shape per module.
 macro_rules! define_kernels {
     (
         isa: $isa:expr, simd: $simd:ty, step: $step:ty, pairs: $pairs:expr,
@@ -218,8 +219,8 @@ macro_rules! define_kernels {
         ///
         /// # Safety
         ///
-        /// The CPU supports this ISA; as [`sgemm_body`](super::sgemm_body) with `MR = R`,
-        /// without `PACKED_A`.
+        /// The CPU supports this ISA; as
+        /// [`sgemm_body`](crate::gemm::ukernel::sgemm_body) with `MR = R`, without `PACKED_A`.
         $(#[$attr])*
         #[allow(clippy::too_many_arguments)]
         unsafe fn partial_rows<const R: usize>(
@@ -229,7 +230,7 @@ macro_rules! define_kernels {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
-                super::sgemm_body::<$simd, $step, R, { $nv }, false>(
+                $crate::gemm::ukernel::sgemm_body::<$simd, $step, R, { $nv }, false>(
                     s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
@@ -239,7 +240,8 @@ macro_rules! define_kernels {
         ///
         /// # Safety
         ///
-        /// The CPU supports this ISA; as [`sgemm_body`](super::sgemm_body) with `PACKED_A`.
+        /// The CPU supports this ISA; as
+        /// [`sgemm_body`](crate::gemm::ukernel::sgemm_body) with `PACKED_A`.
         $(#[$attr])*
         #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $packed(
@@ -249,7 +251,7 @@ macro_rules! define_kernels {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
-                super::sgemm_body::<$simd, $step, { $mr }, { $nv }, true>(
+                $crate::gemm::ukernel::sgemm_body::<$simd, $step, { $mr }, { $nv }, true>(
                     s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
@@ -259,7 +261,8 @@ macro_rules! define_kernels {
         ///
         /// # Safety
         ///
-        /// The CPU supports this ISA; as [`sgemm_body`](super::sgemm_body) without `PACKED_A`.
+        /// The CPU supports this ISA; as
+        /// [`sgemm_body`](crate::gemm::ukernel::sgemm_body) without `PACKED_A`.
         $(#[$attr])*
         #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $strided(
@@ -269,14 +272,14 @@ macro_rules! define_kernels {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
-                super::sgemm_body::<$simd, $step, { $mr }, { $nv }, false>(
+                $crate::gemm::ukernel::sgemm_body::<$simd, $step, { $mr }, { $nv }, false>(
                     s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
                 )
             }
         }
 
         /// This ISA's entry of the kernel table.
-        pub(crate) static KERNEL: super::Kernel = super::Kernel {
+        pub(crate) static KERNEL: $crate::gemm::ukernel::Kernel = $crate::gemm::ukernel::Kernel {
             isa: $isa,
             name: $name,
             mr: $mr,
@@ -290,13 +293,13 @@ macro_rules! define_kernels {
 }
 pub(crate) use define_kernels;
 
-/// A micro-kernel with its shape: everything the loop nest needs to know about an ISA (the
+/// A micro-kernel with its shape: everything the loop nest needs to know about a kernel (the
 /// block sizes come from `blocking::for_kernel`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Kernel {
     /// The ISA it runs on.
     pub isa: Isa,
-    /// Name, e.g. `sgemm_12x32_avx512`.
+    /// Name, e.g. `sgemm_6x64_avx512`.
     pub name: &'static str,
     /// Rows of the register tile (A micro-panel height).
     pub mr: usize,
@@ -313,11 +316,23 @@ pub(crate) struct Kernel {
     pub ukr_rows: &'static [UkrFn],
 }
 
-/// The kernel of `isa`. The caller must have checked `isa.is_supported()` before running it.
+/// The GEMM kernel of `isa` (`sgemm_6x64_avx512`, `sgemm_6x16_avx2`, `sgemm_4x16_portable`).
+/// The caller must have checked `isa.is_supported()` before running it.
 pub(crate) fn kernel_for(isa: Isa) -> &'static Kernel {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => &avx512::KERNEL,
+        Isa::Avx512 => &avx512::wide::KERNEL,
+        _ => tile_kernel_for(isa),
+    }
+}
+
+/// The kernel of `isa` whose `NR` is two vectors (`sgemm_12x32_avx512`, `sgemm_6x16_avx2`,
+/// `sgemm_4x16_portable`): the flash block products run on it, its `NR` being their query
+/// tile. The caller must have checked `isa.is_supported()` before running it.
+pub(crate) fn tile_kernel_for(isa: Isa) -> &'static Kernel {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => &avx512::tile::KERNEL,
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => &avx2::KERNEL,
         _ => &portable::KERNEL,

@@ -8,7 +8,7 @@
 use crate::arch::Isa;
 
 super::define_kernels! {
-    isa: Isa::Portable, simd: crate::arch::Portable, step: super::Fma, pairs: false,
+    isa: Isa::Portable, simd: crate::arch::Portable, step: crate::gemm::ukernel::Fma, pairs: false,
     mr: 4, nv: 2,
     packed: sgemm_4x16_portable, strided: sgemm_4x16_portable_strided_a, rows: [1, 2, 3],
     name: "sgemm_4x16_portable",
