@@ -18,7 +18,7 @@
 //!    rational tanh [`tanh_rational_simd`] (within
 //!    [`TANH_RATIONAL_MAX_ULP`](crate::math::TANH_RATIONAL_MAX_ULP)).
 //! 3. One task per `(batch, query head, tile of QR queries)`, `QR` the column width of the
-//!    ISA's GEMM micro-kernel; for each block of `BLOCK_K` keys (stopping at the causal
+//!    ISA's tile micro-kernel (`tile_kernel_for`); for each block of `BLOCK_K` keys (stopping at the causal
 //!    diagonal of the tile's last query, and per row at its own), per query row: the scores
 //!    (exp or tanh path), then the mask, then the online softmax of
 //!    the flash path: running maximum `m` from `f32::MIN` (so `m − m'` is never `−∞ − (−∞)`),
@@ -49,7 +49,7 @@ use crate::math::exp::{exp_rr2_p7, exp_rr2_p7_scalar, exp_slice_with_isa};
 use crate::math::tanh::tanh_rational_simd;
 use crate::par::Parallelism;
 
-/// Largest query tile of any ISA (the GEMM micro-kernel's `NR`: 32 with AVX-512); the scratch
+/// Largest query tile of any ISA (the tile micro-kernel's `NR`: 32 with AVX-512); the scratch
 /// is sized for it.
 const MAX_QR: usize = 32;
 /// Keys per block: with `da ≤ 128` the block's projections (`da × 256 × 4` bytes ≤ 128 KiB)

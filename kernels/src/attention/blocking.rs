@@ -7,8 +7,8 @@ use crate::arch::cache::{self, CacheSizes};
 use crate::arch::Isa;
 use crate::gemm::ukernel::tile_kernel_for;
 
-/// Query vectors per tile: the flash tile is the column width `NR` of the ISA's GEMM
-/// micro-kernel (`sgemm_6x16_avx2`, `sgemm_4x16_portable`: 2 × 8 = 16 queries;
+/// Query vectors per tile: the flash tile is the column width `NR` of the ISA's tile
+/// micro-kernel (`tile_kernel_for`: `sgemm_6x16_avx2`, `sgemm_4x16_portable`: 2 × 8 = 16 queries;
 /// `sgemm_12x32_avx512`: 2 × 16 = 32), so the packed query tile and the probability block are
 /// each exactly one packed B micro-panel. The softmax steps of the flash loop work on these
 /// `QV` vectors of queries at a time.
@@ -71,7 +71,7 @@ impl FlashBlocking {
 }
 
 impl FlashBlocking {
-    /// The flash blocks of `isa`'s GEMM micro-kernel on this machine's detected caches
+    /// The flash blocks of `isa`'s tile micro-kernel on this machine's detected caches
     /// ([`crate::arch::cache::detected`]); a few divisions, so computed per call.
     pub(crate) fn for_isa(isa: Isa) -> FlashBlocking {
         let k = tile_kernel_for(isa);

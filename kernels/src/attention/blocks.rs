@@ -72,8 +72,8 @@ impl<T> Strided<'_, T> {
 }
 
 /// The tile micro-kernel of the ISA `S` (`tile_kernel_for` in [`crate::gemm`]'s `ukernel`
-/// module): the flash block products run on it. Its register tile is `MR` rows by `NR = QV·LANES` columns, and
-/// the columns are the query tile.
+/// module): the flash block products run on it. Its register tile is `MR` rows by
+/// `NR = QV·LANES` columns, and the columns are the query tile.
 #[inline(always)]
 fn gemm_kernel<S: Simd>() -> &'static GemmKernel {
     let kern = tile_kernel_for(S::ISA);

@@ -3,7 +3,7 @@
 //! the task's tiles while it is in cache. BC and QT come from the detected caches
 //! ([`FlashBlocking::for_isa`]). Written once over the [`Simd`] trait.
 //!
-//! Per task, with `QR = QV·LANES` queries on the vector lanes (the width `NR` of the ISA's GEMM
+//! Per task, with `QR = QV·LANES` queries on the vector lanes (the width `NR` of the ISA's tile
 //! micro-kernel, see [`super::simd`]):
 //! 1. pack the query tile transposed and pre-scaled, as a GEMM B micro-panel:
 //!    `qp[d·QR + r] = scale·q(i0 + r, d)` (padding rows are 0);
@@ -66,7 +66,7 @@ use crate::par::Parallelism;
 const MAX_QR: usize = 32;
 
 /// Per-thread scratch of the flash loop: a few tiles, independent of the sequence lengths. The
-/// packed query tiles and the probability block are B micro-panels of the GEMM micro-kernel,
+/// packed query tiles and the probability block are B micro-panels of the tile micro-kernel,
 /// hence 64-byte aligned.
 pub(super) struct Scratch {
     /// The task's QT packed query tiles, `dk·QR` floats each.

@@ -6,6 +6,7 @@
 //! widens exactly, the micro-kernels are the same).
 
 use attn_kernels::arch::convert::Convertible;
+use attn_kernels::gemm::blocking::Blocking;
 use attn_kernels::gemm::{gemm_with_isa, sgemm, sgemm_packed_b, sgemm_with_isa, PackedB};
 use attn_kernels::{bf16, f16, Isa, Parallelism};
 use attn_reference::matmul::matmul;
@@ -25,9 +26,13 @@ fn isas() -> Vec<Isa> {
     s
 }
 
-/// The register tiles (MR, NR) of the micro-kernels: `sgemm_4x16_portable`,
-/// `sgemm_6x16_avx2`, `sgemm_6x64_avx512` (GEMM) and `sgemm_12x32_avx512` (flash tiles).
-const TILES: [(usize, usize); 4] = [(4, 16), (6, 16), (6, 64), (12, 32)];
+/// The register tiles (MR, NR) of the GEMM micro-kernels, in [`Isa::ALL`]'s order:
+/// `sgemm_4x16_portable`, `sgemm_6x16_avx2`, `sgemm_6x64_avx512`.
+const GEMM_TILES: [(usize, usize); 3] = [(4, 16), (6, 16), (6, 64)];
+
+/// Every register tile: the GEMM ones and `sgemm_12x32_avx512`, which the flash block products
+/// run on; the edge sizes cover them all.
+const TILES: [(usize, usize); 4] = [GEMM_TILES[0], GEMM_TILES[1], GEMM_TILES[2], (12, 32)];
 
 /// Edge sizes of every kernel: 0, 1, MR±1, NR±1 for each ISA, 17, 63, 257.
 fn edge_sizes() -> Vec<usize> {
@@ -362,11 +367,11 @@ fn packed_b_equals_sgemm() {
     }
 }
 
-/// [`TILES`] names the kernels the ISAs run (their names carry the tile), so the edge sizes
-/// follow the kernels.
+/// [`GEMM_TILES`] names the kernels the ISAs run (their names carry the tile), so the edge
+/// sizes follow the kernels.
 #[test]
 fn tiles_are_the_kernels() {
-    for (isa, (mr, nr)) in Isa::ALL.into_iter().zip(TILES) {
+    for (isa, (mr, nr)) in Isa::ALL.into_iter().zip(GEMM_TILES) {
         if let Ok(pb) = PackedB::empty(isa) {
             let want = format!("sgemm_{mr}x{nr}_{isa}");
             assert!(format!("{pb:?}").contains(&want), "{pb:?} is not {want}");
@@ -374,12 +379,17 @@ fn tiles_are_the_kernels() {
     }
 }
 
-/// A packed B wider than a B block and deeper than a k-block (on the machines this runs on:
-/// NC ≤ 6 K columns, KC ≤ 512) gives the bits of `sgemm`: the loop nest finds each block of
-/// the packed operand where it was packed.
+/// A packed B wider than a B block and deeper than a k-block of this machine's blocking gives
+/// the bits of `sgemm`: the loop nest finds each block of the packed operand where it was
+/// packed: two whole column blocks and a partial third, one whole k-block and part of a second,
+/// for the largest NC and KC of the GEMM tiles.
 #[test]
 fn packed_b_spans_blocks() {
-    let (m, n, k) = (13, 6200, 600);
+    let caches = attn_kernels::arch::cache::detected();
+    let blocks = GEMM_TILES.map(|(mr, nr)| Blocking::derive(&caches, mr, nr));
+    let nc = blocks.iter().map(|b| b.nc).max().unwrap_or(0);
+    let kc = blocks.iter().map(|b| b.kc).max().unwrap_or(0);
+    let (m, n, k) = (13, 2 * nc + 37, kc + 77);
     let case = Case::new(m, n, k, [Layout::RowMajor; 3], 1.0, 21, Rng::unit);
     for isa in isas() {
         let want = case.run(isa, 1.0, 1.0, Parallelism::Sequential);
