@@ -7,8 +7,8 @@
 //! the B vectors + 1 broadcast in the 32 zmm registers:
 //!
 //! - **6 × 64** (6 rows × 4 zmm): 4 vector loads + 6 broadcasts per 24 FMAs. The GEMM kernel:
-//!   on Zen 5 it runs 1.02–1.17× the 12 × 32 tile at every shape measured, from 128³ to 2048³
-//!   and the skinny shapes (`docs/perf-journal.md`, 2026-12-04 11:30).
+//!   on Zen 5 it beats the 12 × 32 tile at every shape measured, from 1.02× (1024 × 64 × 1024)
+//!   to 1.15× (128³, 256³) and 1.2–1.4× (m = 33, 64) (`docs/perf-journal.md`, 2026-12-04 11:30).
 //! - **12 × 32** (12 rows × 2 zmm): 2 vector loads + 12 broadcasts per 24 FMAs. Flash
 //!   attention's query tile is the kernel's `NR` and its softmax steps work on two vectors of
 //!   queries (`QV` in `attention::blocking`), so the flash products run on this one.
