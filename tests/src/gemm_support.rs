@@ -5,6 +5,14 @@ use attn_reference::MatLayout;
 
 pub use crate::numerics::U;
 
+/// The register tiles (MR, NR) of the GEMM micro-kernels, in `Isa::ALL`'s order:
+/// `sgemm_4x16_portable`, `sgemm_6x16_avx2`, `sgemm_6x64_avx512`.
+pub const GEMM_TILES: [(usize, usize); 3] = [(4, 16), (6, 16), (6, 64)];
+
+/// Every register tile: the GEMM ones and `sgemm_12x32_avx512` (also the tile of the
+/// `vdpbf16ps` kernel), which the flash block products run on; edge sizes cover them all.
+pub const TILES: [(usize, usize); 4] = [GEMM_TILES[0], GEMM_TILES[1], GEMM_TILES[2], (12, 32)];
+
 /// A small deterministic generator (xorshift64*), so proptest only has to shrink a seed.
 #[derive(Clone, Debug)]
 pub struct Rng(u64);

@@ -18,9 +18,9 @@
 //!    rational tanh [`tanh_rational_simd`] (within
 //!    [`TANH_RATIONAL_MAX_ULP`](crate::math::TANH_RATIONAL_MAX_ULP)).
 //! 3. One task per `(batch, query head, tile of QR queries)`, `QR` the column width of the
-//!    ISA's tile micro-kernel (`tile_kernel_for`); for each block of `BLOCK_K` keys (stopping at the causal
-//!    diagonal of the tile's last query, and per row at its own), per query row: the scores
-//!    (exp or tanh path), then the mask, then the online softmax of
+//!    ISA's tile micro-kernel (`tile_kernel_for`); for each block of `BLOCK_K` keys (stopping
+//!    at the causal diagonal of the tile's last query, and per row at its own), per query row:
+//!    the scores (exp or tanh path), then the mask, then the online softmax of
 //!    the flash path: running maximum `m` from `f32::MIN` (so `m − m'` is never `−∞ − (−∞)`),
 //!    `α = e^(m − m')`, `P_j = e^(S_j − m')` with the 1-ULP exp, `l ← α·l + Σ P_j`. The row's
 //!    `P` goes into column `r` of the tile's probability block, laid out as one packed B

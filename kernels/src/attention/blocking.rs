@@ -8,8 +8,8 @@ use crate::arch::Isa;
 use crate::gemm::ukernel::tile_kernel_for;
 
 /// Query vectors per tile: the flash tile is the column width `NR` of the ISA's tile
-/// micro-kernel (`tile_kernel_for`: `sgemm_6x16_avx2`, `sgemm_4x16_portable`: 2 × 8 = 16 queries;
-/// `sgemm_12x32_avx512`: 2 × 16 = 32), so the packed query tile and the probability block are
+/// micro-kernel (`tile_kernel_for`: `sgemm_6x16_avx2`, `sgemm_4x16_portable`: 2 × 8 = 16
+/// queries; `sgemm_12x32_avx512`: 2 × 16 = 32), so the packed query tile and the probability block are
 /// each exactly one packed B micro-panel. The softmax steps of the flash loop work on these
 /// `QV` vectors of queries at a time.
 pub(crate) const QV: usize = 2;

@@ -11,7 +11,7 @@ use attn_kernels::gemm::{gemm_with_isa, sgemm, sgemm_packed_b, sgemm_with_isa, P
 use attn_kernels::{bf16, f16, Isa, Parallelism};
 use attn_reference::matmul::matmul;
 use attn_reference::{Error, MatLayout, MatMut, MatRef};
-use attn_tests::gemm_support::{bound, buffer, outside, Layout, Rng};
+use attn_tests::gemm_support::{bound, buffer, outside, Layout, Rng, GEMM_TILES, TILES};
 use proptest::prelude::*;
 
 /// The ISAs to test, printing the ones this CPU cannot run.
@@ -25,14 +25,6 @@ fn isas() -> Vec<Isa> {
     });
     s
 }
-
-/// The register tiles (MR, NR) of the GEMM micro-kernels, in [`Isa::ALL`]'s order:
-/// `sgemm_4x16_portable`, `sgemm_6x16_avx2`, `sgemm_6x64_avx512`.
-const GEMM_TILES: [(usize, usize); 3] = [(4, 16), (6, 16), (6, 64)];
-
-/// Every register tile: the GEMM ones and `sgemm_12x32_avx512`, which the flash block products
-/// run on; the edge sizes cover them all.
-const TILES: [(usize, usize); 4] = [GEMM_TILES[0], GEMM_TILES[1], GEMM_TILES[2], (12, 32)];
 
 /// Edge sizes of every kernel: 0, 1, MR±1, NR±1 for each ISA, 17, 63, 257.
 fn edge_sizes() -> Vec<usize> {
@@ -367,7 +359,7 @@ fn packed_b_equals_sgemm() {
     }
 }
 
-/// [`GEMM_TILES`] names the kernels the ISAs run (their names carry the tile), so the edge
+/// `GEMM_TILES` names the kernels the ISAs run (their names carry the tile), so the edge
 /// sizes follow the kernels.
 #[test]
 fn tiles_are_the_kernels() {

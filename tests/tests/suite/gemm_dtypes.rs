@@ -11,7 +11,7 @@ use attn_kernels::gemm::{bf16_dot_available, gemm_with_path, HalfPath, BF16_DOT_
 use attn_kernels::{bf16, f16, Isa, Parallelism};
 use attn_reference::matmul::matmul;
 use attn_reference::{Error, MatLayout, MatMut, MatRef};
-use attn_tests::gemm_support::{buffer, outside, Layout, Rng};
+use attn_tests::gemm_support::{buffer, outside, Layout, Rng, TILES};
 use attn_tests::numerics::{dot_bound, SUBNORMAL_ULP};
 use proptest::prelude::*;
 
@@ -49,7 +49,7 @@ fn is_bf16<T: Convertible>() -> bool {
 /// 1, 2, 3, MR±1, NR±1, and a few odd ones.
 fn edge_sizes() -> Vec<usize> {
     let mut v = vec![0, 1, 2, 3, 5, 17, 63, 65];
-    for (mr, nr) in [(4, 16), (6, 16), (6, 64), (12, 32)] {
+    for (mr, nr) in TILES {
         v.extend([mr - 1, mr, mr + 1, nr - 1, nr, nr + 1]);
     }
     v.sort_unstable();

@@ -15,8 +15,8 @@
 //! values, row `p` at `b[p·NR ..]`, 64-byte aligned), and C a row-major tile: element `(i, j)`
 //! at `c[i·rs_c + j]`. The vectors run along N (`NR = NV · lanes`) and A is broadcast, so a
 //! row-major C is stored with plain vector stores; the loop nest transposes the whole problem
-//! when C is column-major. Each kernel shape has three instances of the one body ([`define_kernels`]):
-//! the packed-A kernel, a `_strided_a` kernel reading A in place through its strides (used
+//! when C is column-major. Each kernel shape has three instances of the one body
+//! ([`define_kernels`]): the packed-A kernel, a `_strided_a` kernel reading A in place through its strides (used
 //! when A has a unit stride and C is narrow, so packing A would not pay), and `R < MR`-row
 //! kernels for the last, partial row panel (no wasted FMAs, nothing read past A's last row).
 //! Partial column panels and C views whose column stride is not 1 go through a bounce tile in
