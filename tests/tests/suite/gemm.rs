@@ -300,12 +300,14 @@ fn alpha_zero_does_not_touch_the_product() {
 
 /// Threads only split C between workers; each element sees the same operations in the same
 /// order, so the result is bitwise equal to the sequential one. Shapes exercise both splits
-/// (rows, and columns when m is short) and a column-major C (the transposed problem).
+/// (rows; columns when m is short, or when C is wider than tall and a column split packs less)
+/// and a column-major C (the transposed problem).
 #[test]
 fn threaded_is_bitwise_sequential() {
     let shapes = [
         (300, 200, 300, Layout::RowMajor),
         (20, 700, 260, Layout::RowMajor),
+        (130, 400, 150, Layout::RowMajor),
         (150, 301, 200, Layout::ColMajor),
     ];
     for (m, n, k, lc) in shapes {
