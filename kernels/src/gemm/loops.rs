@@ -128,19 +128,19 @@ pub(crate) unsafe fn run<TA: SimdElement, TB: SimdElement>(
     }
 }
 
-/// Whether [`run`] splits C by rows (else by columns) between `threads ≥ 2` threads: by rows
-/// when each thread gets at least two micro-panel rows and a row split packs no more than a
-/// column split would. Each thread packs the B blocks of its columns and the A blocks of its
-/// rows, so per unit of depth a row split packs `n + ⌈m/t⌉` elements per thread and a column
-/// split `⌈n/t⌉ + m`: for a wide C (`n > m`) the column split packs less. At 64 × 1024 × 1024 on
-/// two threads it moved the call from 0.74× to 0.96× of `gemm`'s speed (perf journal,
-/// 2026-12-04 14:00).
+/// Whether [`run`] splits C by rows (else by columns) between `threads ≥ 2` threads. Each
+/// thread packs the B blocks of its columns and the A blocks of its rows, so per unit of depth
+/// a row split packs `n + ⌈m/t⌉` elements per thread and a column split `⌈n/t⌉ + m`. Rows, when
+/// each thread gets at least two micro-panel rows, unless a column split (with two micro-panel
+/// columns per thread) packs at most 3/4 of that. Measured on two threads (perf journal,
+/// 2026-12-04 14:00): at 64 × 1024 × 1024 (columns pack 0.55 of rows) the call went from 0.74×
+/// to 0.96× of `gemm`'s speed; at 256 × 512 × 64 (0.8) the two splits were within the noise.
 fn split_rows(m: usize, n: usize, mr: usize, nr: usize, threads: usize) -> bool {
     let rows_ok = m.div_ceil(mr) >= threads.saturating_mul(2);
     let cols_ok = n.div_ceil(nr) >= threads.saturating_mul(2);
     let packs_rows = n.saturating_add(m.div_ceil(threads));
     let packs_cols = n.div_ceil(threads).saturating_add(m);
-    rows_ok && !(cols_ok && packs_cols < packs_rows)
+    rows_ok && !(cols_ok && packs_cols.saturating_mul(4) <= packs_rows.saturating_mul(3))
 }
 
 /// The depth of a packed block of `kc` steps, in the kernel's steps: `kc`, or `ceil(kc/2)` pairs
@@ -287,7 +287,8 @@ mod tests {
         assert!(split_rows(512, 512, 6, 64, 2));
         // Wide: a column split packs B once per column half, not whole per thread.
         assert!(!split_rows(64, 1024, 6, 64, 2));
-        assert!(!split_rows(256, 512, 6, 64, 2));
+        // Wide, but a column split would save too little packing to pay.
+        assert!(split_rows(256, 512, 6, 64, 2));
         // Tall: rows.
         assert!(split_rows(1024, 64, 12, 32, 2));
         // Too few rows for two micro-panels per thread: columns, whatever the packing.

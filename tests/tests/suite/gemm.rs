@@ -300,7 +300,7 @@ fn alpha_zero_does_not_touch_the_product() {
 
 /// Threads only split C between workers; each element sees the same operations in the same
 /// order, so the result is bitwise equal to the sequential one. Shapes exercise both splits
-/// (rows; columns when m is short, or when C is wider than tall and a column split packs less)
+/// (rows; columns when m is short, or when C is wide enough that a column split packs much less)
 /// and a column-major C (the transposed problem).
 #[test]
 fn threaded_is_bitwise_sequential() {
