@@ -85,11 +85,11 @@ pub(crate) struct Problem<'a, TA = f32, TB = f32> {
 }
 
 /// Runs the whole nest: on the calling thread below [`PAR_MIN_MNK`], else split into one
-/// rectangle of C per thread (rows or columns, [`split_rows`]), each running the complete nest with its own packing buffers. There is
-/// one fork-join per call and no barrier per block, which keeps a loaded machine (a worker
-/// descheduled for a while) from stalling the others; the price is that each thread packs the
-/// B blocks of its columns itself (B is packed twice with a row split, a k·n copy, small next
-/// to the 2·m·n·k / threads FLOPs of each thread).
+/// rectangle of C per thread (rows or columns, see [`split_rows`]), each running the complete
+/// nest with its own packing buffers. There is one fork-join per call and no barrier per block,
+/// which keeps a loaded machine (a worker descheduled for a while) from stalling the others;
+/// the price is that each thread packs the B blocks of its columns and the A blocks of its rows
+/// itself (with a row split every thread packs the whole B), which [`split_rows`] keeps down.
 ///
 /// # Safety
 ///
@@ -282,7 +282,7 @@ mod tests {
     use super::split_rows;
 
     #[test]
-    fn the_split_packs_the_least() {
+    fn columns_only_where_they_pack_much_less() {
         // Square: the same packing either way, rows.
         assert!(split_rows(512, 512, 6, 64, 2));
         // Wide: a column split packs B once per column half, not whole per thread.
