@@ -761,7 +761,7 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
     let split = 2 * R * C <= S::REGISTERS / 2;
     let mut acc2 = [[s.splat(0.0); C]; R];
     // Windows of U vectors per row: one bounds check per row and window, none per load.
-    const U: usize = 4;
+    const U: usize = 4; // even: the vectors go to the two sets in pairs
     let mut d = 0;
     while d + U * l <= dk {
         let mut kw = [K::Row::empty(); C];
@@ -772,18 +772,18 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         for (w, qr) in qw.iter_mut().zip(&qs) {
             *w = &qr[d..d + U * l];
         }
-        for u in 0..U {
-            let mut kv = [s.splat(0.0); C];
-            for (x, kc) in kv.iter_mut().zip(&kw) {
-                *x = kc.vec(s, u * l);
+        // Even vectors to `acc`, odd ones to `acc2` (or `acc`): chosen at compile time, so
+        // both arrays stay in registers (a run-time `&mut` choice between them put them on the
+        // stack, a store and a load around every FMA).
+        let mut u = 0;
+        while u < U {
+            dec_qk_fma(s, &mut acc, &kw, &qw, u * l);
+            if split {
+                dec_qk_fma(s, &mut acc2, &kw, &qw, (u + 1) * l);
+            } else {
+                dec_qk_fma(s, &mut acc, &kw, &qw, (u + 1) * l);
             }
-            let a_u = if split && u % 2 == 1 { &mut acc2 } else { &mut acc };
-            for (ar, qr) in a_u.iter_mut().zip(&qw) {
-                let qv = load(s, &qr[u * l..]);
-                for (a, x) in ar.iter_mut().zip(&kv) {
-                    *a = s.fma(qv, *x, *a);
-                }
-            }
+            u += 2;
         }
         d += U * l;
     }
@@ -795,16 +795,7 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         }
     }
     while d + l <= dk {
-        let mut kv = [s.splat(0.0); C];
-        for (x, kc) in kv.iter_mut().zip(&ks) {
-            *x = kc.vec(s, d);
-        }
-        for (ar, qr) in acc.iter_mut().zip(&qs) {
-            let qv = load(s, &qr[d..]);
-            for (a, x) in ar.iter_mut().zip(&kv) {
-                *a = s.fma(qv, *x, *a);
-            }
-        }
+        dec_qk_fma(s, &mut acc, &ks, &qs, d);
         d += l;
     }
     let tail = d;
@@ -835,6 +826,27 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
                 }
                 *o = x;
             }
+        }
+    }
+}
+
+/// One vector step of [`dec_qk_tile`]: `acc[r][c] += q_r[at..] · k_c[at..]` (`LANES` lanes).
+#[inline(always)]
+fn dec_qk_fma<S: Simd, KR: KvRow, const R: usize, const C: usize>(
+    s: S,
+    acc: &mut [[S::V; C]; R],
+    ks: &[KR; C],
+    qs: &[&[f32]; R],
+    at: usize,
+) {
+    let mut kv = [s.splat(0.0); C];
+    for (x, kc) in kv.iter_mut().zip(ks) {
+        *x = kc.vec(s, at);
+    }
+    for (ar, qr) in acc.iter_mut().zip(qs) {
+        let qv = load(s, &qr[at..]);
+        for (a, x) in ar.iter_mut().zip(&kv) {
+            *a = s.fma(qv, *x, *a);
         }
     }
 }
