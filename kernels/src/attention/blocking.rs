@@ -115,8 +115,8 @@ pub(crate) const DECODE_MAX_CHUNKS: usize = 64;
 /// beside them (1 × 4: 5 loads per 4 FMAs; 4 × 2: 6 loads per 8 FMAs). `R·C` is a multiple of
 /// four so the transposed reduction has no padding. A tile reads its `C` key rows side by
 /// side, and the memory system streams 4 such rows from DRAM better than 8: one row at
-/// 1 × 4 runs 1.2× faster out of cache than at 1 × 8, 0.93–0.97× in cache (perf journal,
-/// 2026-12-04 08:10).
+/// 1 × 8 ran 0.75–0.85× of 1 × 4 with int8 K/V, in and out of cache, and 1.00–1.04× with f32
+/// (perf journal, 2026-12-04 16:15).
 pub(crate) const DECODE_QK_KEYS: [usize; 4] = [4, 4, 4, 2];
 
 /// Value vectors per decode P·V tile for `R = 1..=4` rows (index `R − 1`): `R × CT`

@@ -755,13 +755,8 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         *x = k.row(j + c, 0, dk);
     }
     let mut acc = [[s.splat(0.0); C]; R];
-    // Where registers allow, odd vectors of a window go to a second set of accumulators: two
-    // FMA chains per (row, key), half as long, summed before the reduction. Measured 1.03–1.08×
-    // on AVX-512 and 1.11–1.17× on AVX2 for one row in cache (perf journal, 2026-12-04 14:00).
-    let split = 2 * R * C <= S::REGISTERS / 2;
-    let mut acc2 = [[s.splat(0.0); C]; R];
     // Windows of U vectors per row: one bounds check per row and window, none per load.
-    const U: usize = 4; // even: the vectors go to the two sets in pairs
+    const U: usize = 4;
     let mut d = 0;
     while d + U * l <= dk {
         let mut kw = [K::Row::empty(); C];
@@ -772,27 +767,10 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         for (w, qr) in qw.iter_mut().zip(&qs) {
             *w = &qr[d..d + U * l];
         }
-        // Even vectors to `acc`, odd ones to `acc2` (or `acc`): chosen at compile time, so
-        // both arrays stay in registers (a run-time `&mut` choice between them put them on the
-        // stack, a store and a load around every FMA).
-        let mut u = 0;
-        while u < U {
+        for u in 0..U {
             dec_qk_fma(s, &mut acc, &kw, &qw, u * l);
-            if split {
-                dec_qk_fma(s, &mut acc2, &kw, &qw, (u + 1) * l);
-            } else {
-                dec_qk_fma(s, &mut acc, &kw, &qw, (u + 1) * l);
-            }
-            u += 2;
         }
         d += U * l;
-    }
-    if split {
-        for (ar, br) in acc.iter_mut().zip(&acc2) {
-            for (a, b) in ar.iter_mut().zip(br) {
-                *a = s.add(*a, *b);
-            }
-        }
     }
     while d + l <= dk {
         dec_qk_fma(s, &mut acc, &ks, &qs, d);
