@@ -216,6 +216,64 @@ mod tests {
         }
     }
 
+    /// [`Simd::reduce_add4`] of four vectors loaded from `x` (`4·LANES` floats used).
+    struct Reduce4<'a>(&'a [f32]);
+
+    impl Kernel for Reduce4<'_> {
+        type Output = [f32; 4];
+
+        fn run<S: Simd>(self, s: S) -> [f32; 4] {
+            let l = S::LANES;
+            let x = self.0;
+            s.reduce_add4([
+                load(s, x),
+                load(s, &x[l..]),
+                load(s, &x[2 * l..]),
+                load(s, &x[3 * l..]),
+            ])
+        }
+    }
+
+    #[test]
+    fn reduce_add4_sums_each_vector_in_its_place() {
+        // Distinct powers of two per lane and vector: every partial sum is exact in any order,
+        // so each result must equal its vector's sum exactly and no lane may land in the wrong
+        // sum. Then a NaN or ∞ in one vector reaches its own sum only.
+        for isa in Isa::ALL {
+            if !isa.is_supported() {
+                eprintln!("reduce_add4: skipping {isa} (not supported by this CPU)");
+                continue;
+            }
+            let l = vectorize(isa, Lanes);
+            let x: Vec<f32> = (0..4 * l).map(|i| 2.0f32.powi(i as i32 - 40)).collect();
+            let want: Vec<f32> = x.chunks(l).map(|v| v.iter().sum()).collect();
+            assert_eq!(vectorize(isa, Reduce4(&x)).to_vec(), want, "{isa}");
+            for (v, special) in [(1, f32::NAN), (2, f32::INFINITY), (3, f32::NEG_INFINITY)] {
+                let mut y = x.clone();
+                y[v * l + l - 1] = special;
+                let got = vectorize(isa, Reduce4(&y));
+                for (u, (g, w)) in got.iter().zip(&want).enumerate() {
+                    if u == v {
+                        assert!(g.to_bits() == special.to_bits() || special.is_nan() && g.is_nan());
+                    } else {
+                        assert_eq!(g, w, "{isa}: vector {u} with a special value in vector {v}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The ISA's lane count.
+    struct Lanes;
+
+    impl Kernel for Lanes {
+        type Output = usize;
+
+        fn run<S: Simd>(self, _: S) -> usize {
+            S::LANES
+        }
+    }
+
     #[test]
     fn selected_is_supported() {
         assert!(selected().is_supported());
