@@ -1030,11 +1030,12 @@ pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
     while r0 < rows {
         let rt = (rows - r0).min(4);
         let (qt, ot) = (&q[r0 * dk..], &mut out[r0 * os..]);
-        // The value rows are prefetched once, with the first row tile.
+        // The key rows ahead and the value rows are prefetched once, with the first row tile.
         let pv = match prefetch_v {
             Some((v, j0, dv)) if r0 == 0 => Some(PrefetchV { v, j0, dv }),
             _ => None,
         };
+        let ahead = if r0 == 0 { ahead } else { None };
         match rt {
             1 => dec_qk_rows::<S, K, 1, { W[0] }>(s, dk, qt, k, j0, nb, ot, os, ahead, pv),
             2 => dec_qk_rows::<S, K, 2, { W[1] }>(s, dk, qt, k, j0, nb, ot, os, ahead, pv),
