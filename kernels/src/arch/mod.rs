@@ -216,21 +216,25 @@ mod tests {
         }
     }
 
-    /// [`Simd::reduce_add4`] of four vectors loaded from `x` (`4·LANES` floats used).
-    struct Reduce4<'a>(&'a [f32]);
+    /// [`Simd::reduce_add4`] of four vectors of distinct powers of two, with `special` (vector,
+    /// value) in the last lane of that vector; with each vector's sum taken in order.
+    struct Reduce4(Option<(usize, f32)>);
 
-    impl Kernel for Reduce4<'_> {
-        type Output = [f32; 4];
+    impl Kernel for Reduce4 {
+        type Output = ([f32; 4], [f32; 4]);
 
-        fn run<S: Simd>(self, s: S) -> [f32; 4] {
+        fn run<S: Simd>(self, s: S) -> ([f32; 4], [f32; 4]) {
             let l = S::LANES;
-            let x = self.0;
-            s.reduce_add4([
-                load(s, x),
-                load(s, &x[l..]),
-                load(s, &x[2 * l..]),
-                load(s, &x[3 * l..]),
-            ])
+            let mut x: Vec<f32> = (0..4 * l).map(|i| 2.0f32.powi(i as i32 - 40)).collect();
+            if let Some((v, value)) = self.0 {
+                x[v * l + l - 1] = value;
+            }
+            let mut want = [0.0f32; 4];
+            for (w, v) in want.iter_mut().zip(x.chunks(l)) {
+                *w = v.iter().sum();
+            }
+            let v = [load(s, &x), load(s, &x[l..]), load(s, &x[2 * l..]), load(s, &x[3 * l..])];
+            (s.reduce_add4(v), want)
         }
     }
 
@@ -238,39 +242,21 @@ mod tests {
     fn reduce_add4_sums_each_vector_in_its_place() {
         // Distinct powers of two per lane and vector: every partial sum is exact in any order,
         // so each result must equal its vector's sum exactly and no lane may land in the wrong
-        // sum. Then a NaN or ∞ in one vector reaches its own sum only.
+        // sum; a NaN or ∞ in one vector reaches its own sum only.
         for isa in Isa::ALL {
             if !isa.is_supported() {
                 eprintln!("reduce_add4: skipping {isa} (not supported by this CPU)");
                 continue;
             }
-            let l = vectorize(isa, Lanes);
-            let x: Vec<f32> = (0..4 * l).map(|i| 2.0f32.powi(i as i32 - 40)).collect();
-            let want: Vec<f32> = x.chunks(l).map(|v| v.iter().sum()).collect();
-            assert_eq!(vectorize(isa, Reduce4(&x)).to_vec(), want, "{isa}");
-            for (v, special) in [(1, f32::NAN), (2, f32::INFINITY), (3, f32::NEG_INFINITY)] {
-                let mut y = x.clone();
-                y[v * l + l - 1] = special;
-                let got = vectorize(isa, Reduce4(&y));
-                for (u, (g, w)) in got.iter().zip(&want).enumerate() {
-                    if u == v {
-                        assert!(g.to_bits() == special.to_bits() || special.is_nan() && g.is_nan());
-                    } else {
-                        assert_eq!(g, w, "{isa}: vector {u} with a special value in vector {v}");
-                    }
+            let specials =
+                [None, Some((1, f32::NAN)), Some((2, f32::INFINITY)), Some((3, f32::NEG_INFINITY))];
+            for special in specials {
+                let (got, want) = vectorize(isa, Reduce4(special));
+                for (g, w) in got.iter().zip(&want) {
+                    let same = g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan();
+                    assert!(same, "{isa}, {special:?}: {got:?} against {want:?}");
                 }
             }
-        }
-    }
-
-    /// The ISA's lane count.
-    struct Lanes;
-
-    impl Kernel for Lanes {
-        type Output = usize;
-
-        fn run<S: Simd>(self, _: S) -> usize {
-            S::LANES
         }
     }
 
