@@ -486,6 +486,40 @@ fn q8_special_scales() {
     }
 }
 
+/// An infinite K scale over a zero int8 value gives a NaN score (`0·∞`), as the same f32
+/// values would, on every path: here the scale is −∞ and the block's other values positive,
+/// so a kernel that applied the scale to the block's partial product (`t·(−∞) = −∞`, a zero
+/// weight) would return a finite row instead of NaN. One query row, so the decode path takes
+/// its block-scaled tile for the finite rows.
+#[test]
+fn q8_infinite_key_scale_over_zero_is_nan() {
+    let (n, d) = (5, 64);
+    let mut kv = vec![1i8; n * d];
+    kv[d] = 0; // row 1, block 0
+    let l = Tensor4Layout::bhsd(1, 1, n, d);
+    let sl = Tensor4Layout::bhsd(1, 1, n, 2);
+    let mut ks = vec![1.0f32; n * 2];
+    ks[2] = f32::NEG_INFINITY;
+    let vs = vec![1.0f32; n * 2];
+    let q = vec![bf16::from_f32(0.25); d];
+    let ql = Tensor4Layout::bhsd(1, 1, 1, d);
+    for isa in Isa::supported() {
+        for path in PATHS {
+            let mut o = vec![0.0f32; d];
+            Attention::new(
+                TensorRef::new(&q[..], ql),
+                Q8Ref::new(TensorRef::new(&kv[..], l), TensorRef::new(&ks[..], sl)),
+                Q8Ref::new(TensorRef::new(&kv[..], l), TensorRef::new(&vs[..], sl)),
+            )
+            .isa(isa)
+            .path(path)
+            .run(TensorMut::new(&mut o[..], ql))
+            .unwrap();
+            assert!(o.iter().all(|x| x.is_nan()), "{isa} {path:?}: {o:?}");
+        }
+    }
+}
+
 /// Mismatched scale tensors and other bad typed operands are typed errors, the same on every
 /// path, and nothing is written.
 #[test]
