@@ -504,12 +504,8 @@ pub(crate) fn pos_inf_weights(x: &mut [f32], n: usize, stride: usize, lane: usiz
 // The K and V rows are read in their stored type through [`KvMat`] / [`KvRow`]: f32 in place;
 // bf16/f16 widened in registers (exact, [`SimdElement`]); int8 widened and multiplied by its
 // block's scale in registers (`fl(q·scale)`, one rounding: within `2⁻²⁴` relative, or `2⁻¹⁵⁰`
-// absolute among subnormals, of the exact value `q·scale`, and `±∞` past `f32::MAX`). One
-// query row's scores against int8 keys instead apply each block's (finite) scale once to the
-// block's partial product: every product `q_d·k_d` is then exact inside its FMA, with one
-// rounding per accumulation step and one per block, at most `(dk + ⌈dk/32⌉)·u` relative to
-// `Σ|q_d·s_b·k_d|` to first order, below the `2·dk·u` of the per-element form. No K/V row is
-// ever converted in memory on this path. One body per tile for every storage type.
+// absolute among subnormals, of the exact value `q·scale`, and `±∞` past `f32::MAX`). No K/V
+// row is ever converted in memory on this path. One body per tile for every storage type.
 
 /// One K/V row (or a run of it) as the decode tiles read it: vectors and single elements,
 /// widened (or dequantised) to f32.
@@ -522,26 +518,6 @@ pub(crate) trait KvRow: Copy {
     fn vec<S: Simd>(self, s: S, at: usize) -> S::V;
     /// Element `at` as f32, the same value as the lane [`vec`](Self::vec) gives it.
     fn get(self, at: usize) -> f32;
-    /// True when the elements are values times one scale per block of [`Q8_BLOCK`] columns
-    /// (int8), so that a tile may apply the scale once per block ([`raw`](Self::raw),
-    /// [`block_scale`](Self::block_scale)) instead of once per element.
-    const BLOCK_SCALED: bool = false;
-    /// `LANES` elements from `at` before their block's scale (the int8 values, exact); the
-    /// same as [`vec`](Self::vec) for rows without scales. Panics unless inside.
-    #[inline(always)]
-    fn raw<S: Simd>(self, s: S, at: usize) -> S::V {
-        self.vec(s, at)
-    }
-    /// The scale of the block holding element `at` (1 for rows without scales).
-    #[inline(always)]
-    fn block_scale(self, _at: usize) -> f32 {
-        1.0
-    }
-    /// True when every block scale of the row is finite (rows without scales: always).
-    #[inline(always)]
-    fn finite_scales(self) -> bool {
-        true
-    }
 }
 
 impl<T: SimdElement> KvRow for &[T] {
@@ -596,21 +572,6 @@ impl KvRow for Q8Row<'_> {
     #[inline(always)]
     fn get(self, at: usize) -> f32 {
         f32::from(self.v[at]) * self.sc[(self.base + at) / Q8_BLOCK]
-    }
-    const BLOCK_SCALED: bool = true;
-    #[inline(always)]
-    fn raw<S: Simd>(self, s: S, at: usize) -> S::V {
-        let x = &self.v[at..at + S::LANES];
-        // SAFETY: `x` has exactly LANES elements.
-        unsafe { s.load_i8(x.as_ptr()) }
-    }
-    #[inline(always)]
-    fn block_scale(self, at: usize) -> f32 {
-        self.sc[(self.base + at) / Q8_BLOCK]
-    }
-    #[inline(always)]
-    fn finite_scales(self) -> bool {
-        self.sc.iter().all(|x| x.is_finite())
     }
 }
 
@@ -794,34 +755,9 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         *x = k.row(j + c, 0, dk);
     }
     let mut acc = [[s.splat(0.0); C]; R];
-    let mut d = 0;
-    // One row against int8 keys: each block's scale multiplies the block's partial product
-    // once (`acc += s_b · Σ_{d∈b} q_d·k_d`, the int8 values exact), not every element. With
-    // more rows the per-element product is shared by the rows and costs less than a scale
-    // FMA per row. Only with finite scales: an infinite one must give the NaN of `0·∞` that
-    // the per-element product gives for a zero value. Bound: see the section comment above.
-    if R == 1 && K::Row::BLOCK_SCALED && ks.iter().all(|kc| kc.finite_scales()) {
-        while d + Q8_BLOCK <= dk {
-            let mut kb = [K::Row::empty(); C];
-            for (w, kc) in kb.iter_mut().zip(&ks) {
-                *w = kc.sub(d, Q8_BLOCK);
-            }
-            let qb = &qs[0][d..d + Q8_BLOCK];
-            let mut part = [s.splat(0.0); C];
-            for u in 0..Q8_BLOCK / l {
-                let qv = load(s, &qb[u * l..]);
-                for (x, kc) in part.iter_mut().zip(&kb) {
-                    *x = s.fma(qv, kc.raw(s, u * l), *x);
-                }
-            }
-            for ((a, x), kc) in acc[0].iter_mut().zip(&part).zip(&kb) {
-                *a = s.fma(*x, s.splat(kc.block_scale(0)), *a);
-            }
-            d += Q8_BLOCK;
-        }
-    }
     // Windows of U vectors per row: one bounds check per row and window, none per load.
     const U: usize = 4;
+    let mut d = 0;
     while d + U * l <= dk {
         let mut kw = [K::Row::empty(); C];
         for (w, kc) in kw.iter_mut().zip(&ks) {

@@ -180,9 +180,8 @@ impl Path {
 /// one f32 scale each), every combination on every path; an f32 view converts by `Into`, so
 /// f32 callers write nothing new. The result is the f32 computation on the exact values the
 /// operands represent (half types widened exactly, an int8 element `q` of scale `s` read as
-/// `fl(q·s)`, within `2⁻²⁴` relative of `q·s`, or as `q·s` exactly where one-row decode scores
-/// apply finite scales once per block): scores, softmax and weighted sums in f32, the bound
-/// of the f32 call; the output is then rounded once to its type (nearest, ties to
+/// `fl(q·s)`, within `2⁻²⁴` relative of `q·s`): scores, softmax and weighted sums in f32, the
+/// bound of the f32 call; the output is then rounded once to its type (nearest, ties to
 /// even: half an ULP more, at most `2⁻⁸` relative for bf16, `2⁻¹¹` for f16), so an f16 output
 /// overflows to `±∞` where the f32 result reaches 65520 (bf16 near `f32::MAX`). The logsumexp
 /// stays f32. Decode reads bf16/f16/int8 K/V in place and widens (or dequantises) in

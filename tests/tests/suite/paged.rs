@@ -26,11 +26,8 @@
 //! Appends (the stress test) quantise with full-precision scales, whose `fl(q·scale)` rounds
 //! once (`u` relative, documented with the decode tiles); there the reference is given the
 //! f32 pool of the values the kernel reads (`q·scale` rounded once, like the kernel), and the
-//! bound is that of the computation on those values. One-row decode scores apply finite
-//! scales per block and so read `q·scale` exactly: `u` per term away from those values, well
-//! inside the bound's factor `GAMMA` = 2 (`attn_tests::numerics`) on its `dk·u` (the
-//! kernel's own score error is at most `(dk + ⌈dk/32⌉)·u`, documented with the decode tiles).
-//! The exact representation of int8 pages is what the proptest above checks.
+//! bound is that of the computation on those values. The exact representation of int8 pages
+//! is what the proptest above checks.
 
 use attn_kernels::batch::{append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut};
 use attn_kernels::{
