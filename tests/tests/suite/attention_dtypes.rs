@@ -434,6 +434,28 @@ fn bf16_near_f32_limits_and_nan_payloads() {
     }
 }
 
+/// One query of bf16 0.25s (`d` of them) against `n = values.len() / d` int8 keys and values
+/// of width `d` (both `values`, two scale blocks per row: `d` is 64), with K scales `ks` and V
+/// scales `vs`, on `isa` and `path`: the output row.
+fn q8_row(values: &[i8], ks: &[f32], vs: &[f32], d: usize, isa: Isa, path: Path) -> Vec<f32> {
+    let n = values.len() / d;
+    let l = Tensor4Layout::bhsd(1, 1, n, d);
+    let sl = Tensor4Layout::bhsd(1, 1, n, 2);
+    let q = vec![bf16::from_f32(0.25); d];
+    let ql = Tensor4Layout::bhsd(1, 1, 1, d);
+    let mut o = vec![0.0f32; d];
+    Attention::new(
+        TensorRef::new(&q[..], ql),
+        Q8Ref::new(TensorRef::new(values, l), TensorRef::new(ks, sl)),
+        Q8Ref::new(TensorRef::new(values, l), TensorRef::new(vs, sl)),
+    )
+    .isa(isa)
+    .path(path)
+    .run(TensorMut::new(&mut o[..], ql))
+    .unwrap();
+    o
+}
+
 /// Q8 scales of 0 and ±∞: a zero scale makes its block's values ±0; an infinite scale makes
 /// `q·∞ = ±∞` (and `0·∞ = NaN`) flow in as the same f32 values would (here into V, so the
 /// output column is ±∞ or NaN by the f32 rules); infinite K scales give ±∞ scores.
@@ -441,26 +463,13 @@ fn bf16_near_f32_limits_and_nan_payloads() {
 fn q8_special_scales() {
     let (n, d) = (3, 64);
     let qv: Vec<i8> = (0..n * d).map(|i| ((i % 7) as i8) - 3).collect();
-    let l = Tensor4Layout::bhsd(1, 1, n, d);
-    let sl = Tensor4Layout::bhsd(1, 1, n, 2);
-    let q = vec![bf16::from_f32(0.25); d];
-    let ql = Tensor4Layout::bhsd(1, 1, 1, d);
     // K scales all 0: every score 0; V scales: block 0 of row 1 is +∞, the rest 1.
     let ks = vec![0.0f32; n * 2];
     let mut vs = vec![1.0f32; n * 2];
     vs[2] = f32::INFINITY;
     for isa in Isa::supported() {
         for path in PATHS {
-            let mut o = vec![0.0f32; d];
-            Attention::new(
-                TensorRef::new(&q[..], ql),
-                Q8Ref::new(TensorRef::new(&qv[..], l), TensorRef::new(&ks[..], sl)),
-                Q8Ref::new(TensorRef::new(&qv[..], l), TensorRef::new(&vs[..], sl)),
-            )
-            .isa(isa)
-            .path(path)
-            .run(TensorMut::new(&mut o[..], ql))
-            .unwrap();
+            let o = q8_row(&qv, &ks, &vs, d, isa, path);
             for e in 0..d {
                 let qe = |j: usize| f64::from(qv[j * d + e]);
                 let want = if e < 32 {
@@ -496,25 +505,12 @@ fn q8_infinite_key_scale_over_zero_is_nan() {
     let (n, d) = (5, 64);
     let mut kv = vec![1i8; n * d];
     kv[d] = 0; // row 1, block 0
-    let l = Tensor4Layout::bhsd(1, 1, n, d);
-    let sl = Tensor4Layout::bhsd(1, 1, n, 2);
     let mut ks = vec![1.0f32; n * 2];
     ks[2] = f32::NEG_INFINITY;
     let vs = vec![1.0f32; n * 2];
-    let q = vec![bf16::from_f32(0.25); d];
-    let ql = Tensor4Layout::bhsd(1, 1, 1, d);
     for isa in Isa::supported() {
         for path in PATHS {
-            let mut o = vec![0.0f32; d];
-            Attention::new(
-                TensorRef::new(&q[..], ql),
-                Q8Ref::new(TensorRef::new(&kv[..], l), TensorRef::new(&ks[..], sl)),
-                Q8Ref::new(TensorRef::new(&kv[..], l), TensorRef::new(&vs[..], sl)),
-            )
-            .isa(isa)
-            .path(path)
-            .run(TensorMut::new(&mut o[..], ql))
-            .unwrap();
+            let o = q8_row(&kv, &ks, &vs, d, isa, path);
             assert!(o.iter().all(|x| x.is_nan()), "{isa} {path:?}: {o:?}");
         }
     }
