@@ -197,11 +197,7 @@ mod tests {
             }
         }
         ds.resize(ds.len().div_ceil(16) * 16, 1.0);
-        for isa in Isa::ALL {
-            if !isa.is_supported() {
-                eprintln!("recip_is_within_its_bound: skipping {isa} (not supported by this CPU)");
-                continue;
-            }
+        for isa in runnable("recip_is_within_its_bound") {
             let r = vectorize(isa, Recip(&ds));
             let worst = ds
                 .iter()
@@ -214,6 +210,14 @@ mod tests {
             let r = vectorize(isa, Recip(&[f32::NAN; 16]));
             assert!(r.iter().all(|x| x.is_nan()), "{isa}: recip of NaN");
         }
+    }
+
+    /// The ISAs this CPU runs, after naming on stderr each one `test` skips.
+    fn runnable(test: &str) -> Vec<Isa> {
+        for isa in Isa::ALL.into_iter().filter(|i| !i.is_supported()) {
+            eprintln!("{test}: skipping {isa} (not supported by this CPU)");
+        }
+        Isa::supported()
     }
 
     /// [`Simd::reduce_add4`] of four vectors of distinct powers of two, with `special` (vector,
@@ -243,11 +247,7 @@ mod tests {
         // Distinct powers of two per lane and vector: every partial sum is exact in any order,
         // so each result must equal its vector's sum exactly and no lane may land in the wrong
         // sum; a NaN or ∞ in one vector reaches its own sum only.
-        for isa in Isa::ALL {
-            if !isa.is_supported() {
-                eprintln!("reduce_add4: skipping {isa} (not supported by this CPU)");
-                continue;
-            }
+        for isa in runnable("reduce_add4") {
             let specials =
                 [None, Some((1, f32::NAN)), Some((2, f32::INFINITY)), Some((3, f32::NEG_INFINITY))];
             for special in specials {

@@ -435,12 +435,12 @@ fn bf16_near_f32_limits_and_nan_payloads() {
 }
 
 /// One query of bf16 0.25s (`d` of them) against `n = values.len() / d` int8 keys and values
-/// of width `d` (both `values`, two scale blocks per row: `d` is 64), with K scales `ks` and V
-/// scales `vs`, on `isa` and `path`: the output row.
+/// of width `d` (both `values`), with K scales `ks` and V scales `vs` (`⌈d/32⌉` per row), on
+/// `isa` and `path`: the output row.
 fn q8_row(values: &[i8], ks: &[f32], vs: &[f32], d: usize, isa: Isa, path: Path) -> Vec<f32> {
     let n = values.len() / d;
     let l = Tensor4Layout::bhsd(1, 1, n, d);
-    let sl = Tensor4Layout::bhsd(1, 1, n, 2);
+    let sl = Tensor4Layout::bhsd(1, 1, n, d.div_ceil(32));
     let q = vec![bf16::from_f32(0.25); d];
     let ql = Tensor4Layout::bhsd(1, 1, 1, d);
     let mut o = vec![0.0f32; d];
