@@ -95,7 +95,8 @@ pub(crate) const DECODE_BC: usize = 16;
 /// How far ahead (in keys) the decode score pass prefetches key rows: the next block, 8 KiB
 /// at d = 128 in f32. With the hardware prefetchers streaming the rows too, one block ahead
 /// measured 1.02–1.10× two blocks ahead and 0.7× none, in and out of cache (perf journal,
-/// 2026-12-04 08:10).
+/// 2026-12-04 08:10). One-row score tiles over dense f32/bf16/f16 K read their rows in address
+/// order and leave the next block to the hardware prefetcher (2026-12-04 21:30).
 pub(crate) const DECODE_PREFETCH_KEYS: usize = 16;
 
 /// Smallest key chunk of the decode split: below this, the merge and the task overhead cost

@@ -20,7 +20,7 @@
 //! - the online softmax needs no horizontal reductions: the running max, sum and rescale
 //!   factors of `QR` queries are `QV` vectors.
 
-use super::blocking::QV;
+use super::blocking::{DECODE_PREFETCH_KEYS, QV};
 use super::FLUSH_WEIGHTS_BELOW;
 use attn_core::quant::{q8_blocks, Q8_BLOCK};
 use attn_core::{bf16, MatLayout};
@@ -592,6 +592,12 @@ pub(crate) trait KvMat: Copy {
     fn at(self, j: usize, c: usize) -> f32;
     /// Hints that row `j` (`n` columns) will be read soon. Any `j`: nothing is read.
     fn prefetch(self, j: usize, n: usize);
+    /// True when a one-row decode score tile reads its key rows one after the other, front to
+    /// back, and leaves the rows after the block to the hardware prefetcher ([`dec_qk_tile`],
+    /// [`dec_qk_rows`]): the plain element types. Not int8: its tiles are bound by the
+    /// dequantising arithmetic, which the interleaved order's shared query loads serve
+    /// better (key by key ran 0.76× on Zen 4, perf journal, 2026-12-04 21:30).
+    const STREAMED: bool;
 
     /// Rows `j0..j0 + nb`, columns `0..n`, widened (or dequantised) into `buf` as a contiguous
     /// `nb × n` f32 matrix: by vectors when [`in_place`](Self::in_place), element by element
@@ -625,6 +631,7 @@ pub(crate) trait KvMat: Copy {
 
 impl<'a, T: SimdElement> KvMat for Strided<'a, T> {
     type Row = &'a [T];
+    const STREAMED: bool = true;
     #[inline(always)]
     fn in_place(&self, n: usize) -> bool {
         self.cs == 1 || n <= 1
@@ -660,6 +667,7 @@ pub(crate) struct Q8Mat<'a> {
 
 impl<'a> KvMat for Q8Mat<'a> {
     type Row = Q8Row<'a>;
+    const STREAMED: bool = false;
     #[inline(always)]
     fn in_place(&self, n: usize) -> bool {
         (self.v.cs == 1 || n <= 1) && (self.sc.cs == 1 || q8_blocks(n) <= 1)
@@ -755,9 +763,23 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         *x = k.row(j + c, 0, dk);
     }
     let mut acc = [[s.splat(0.0); C]; R];
+    let mut d = 0;
+    if R == 1 && K::STREAMED {
+        // One row: each key row is read front to back before the next, so K streams in
+        // address order, which the hardware prefetcher follows (see `dec_qk_rows`). Each
+        // accumulator sees the same FMAs in the same order as in the loop below.
+        let q = qs[0];
+        for (a, kc) in acc[0].iter_mut().zip(&ks) {
+            let mut dd = 0;
+            while dd + l <= dk {
+                *a = s.fma(load(s, &q[dd..]), kc.vec(s, dd), *a);
+                dd += l;
+            }
+            d = dd;
+        }
+    }
     // Windows of U vectors per row: one bounds check per row and window, none per load.
     const U: usize = 4;
-    let mut d = 0;
     while d + U * l <= dk {
         let mut kw = [K::Row::empty(); C];
         for (w, kc) in kw.iter_mut().zip(&ks) {
@@ -901,10 +923,9 @@ struct PrefetchV<'a> {
 /// (`k` from the block's first key row `j0`, `out` from the tile's first row). Ahead of each
 /// tile it prefetches, when `ahead = Some((m, a))` is given, the same keys' rows of the block
 /// [`DECODE_PREFETCH_KEYS`] further on (rows `a + j` of `m`: where that block lives, which
-/// need not be `k`, e.g. another page) and, when `pv` is given, the value rows of the same
-/// keys, which the P·V pass of the block reads next.
-///
-/// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
+/// need not be `k`, e.g. another page; a one-row tile skips them when they follow this block,
+/// `a = j0 + DECODE_PREFETCH_KEYS`) and, when `pv` is given, the value rows of the same keys,
+/// which the P·V pass of the block reads next.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
@@ -919,6 +940,12 @@ fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     ahead: Option<(K, usize)>,
     pv: Option<PrefetchV<'_>>,
 ) {
+    // A one-row tile of a plain type reads its keys in address order (`dec_qk_tile`); when the
+    // rows ahead follow this block's in memory, the hardware prefetcher streams them, and a
+    // software prefetch only takes an L1 miss buffer from it. Interleaved multi-row tiles,
+    // int8 and the blocks of another page still need it (perf journal, 2026-12-04 21:30).
+    let ahead =
+        ahead.filter(|&(_, a)| R > 1 || !K::STREAMED || a != j0.wrapping_add(DECODE_PREFETCH_KEYS));
     let mut j = 0;
     while j + C <= nb {
         for c in 0..C {
