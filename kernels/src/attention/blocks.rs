@@ -764,34 +764,22 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
     }
     let mut acc = [[s.splat(0.0); C]; R];
     let mut d = 0;
-    // Windows of U vectors per row: one bounds check per row and window, none per load.
-    const U: usize = 4;
     if R == 1 && K::STREAMED {
         // One row: each key row is read front to back before the next, so K streams in
-        // address order, which the hardware prefetcher follows (see `dec_qk_rows`). Per key,
-        // U partial sums over the windows, with no bounds check per load (U short FMA chains,
-        // not one as long as the row: 1.18–1.25× from L2 on Zen 4, perf journal 2026-12-05),
-        // then the vectors after the last window into the first, the partials added pairwise.
-        const { assert!(U == 4) };
+        // address order, which the hardware prefetcher follows (see `dec_qk_rows`). Each
+        // accumulator sees the same FMAs in the same order as in the loop below.
         let q = qs[0];
         for (a, kc) in acc[0].iter_mut().zip(&ks) {
-            let mut part = [s.splat(0.0); U];
             let mut dd = 0;
-            while dd + U * l <= dk {
-                let (kw, qw) = (kc.sub(dd, U * l), &q[dd..dd + U * l]);
-                for (u, pu) in part.iter_mut().enumerate() {
-                    *pu = s.fma(load(s, &qw[u * l..]), kw.vec(s, u * l), *pu);
-                }
-                dd += U * l;
-            }
             while dd + l <= dk {
-                part[0] = s.fma(load(s, &q[dd..]), kc.vec(s, dd), part[0]);
+                *a = s.fma(load(s, &q[dd..]), kc.vec(s, dd), *a);
                 dd += l;
             }
-            *a = s.add(s.add(part[0], part[1]), s.add(part[2], part[3]));
+            d = dd;
         }
-        d = dk / l * l;
     }
+    // Windows of U vectors per row: one bounds check per row and window, none per load.
+    const U: usize = 4;
     while d + U * l <= dk {
         let mut kw = [K::Row::empty(); C];
         for (w, kc) in kw.iter_mut().zip(&ks) {
