@@ -11,10 +11,9 @@
 //! is built to stream: the score pass (`decode_qk_block`) runs register tiles of up to 4 rows ×
 //! 2–4 keys with vectors along the head dimension, finished by a transposed reduction, and
 //! prefetches the key rows ahead (except where one row's tiles stream a dense K in address
-//! order) and the block's value rows; the P·V pass (`decode_pv_block`)
-//! runs tiles of up to 4 rows × 2–8 value vectors, so each K/V vector is loaded once for all
-//! rows. A block is small (16 keys) so its K and V rows are still in L1 when the second pass
-//! reads them.
+//! order) and the block's value rows; the P·V pass (`decode_pv_block`) runs tiles of up to 4
+//! rows × 2–8 value vectors, so each K/V vector is loaded once for all rows. A block is small
+//! (16 keys) so its K and V rows are still in L1 when the second pass reads them.
 //!
 //! Where the blocks come from is a [`Source`]: the problem's own K/V views, or the pages of a
 //! paged cache ([`run_paged`]: each piece of a paged batch is a problem of one sequence). Both
