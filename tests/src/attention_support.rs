@@ -324,7 +324,7 @@ impl Case {
     /// roundings (distance to f32, product) are covered by counting `|alibi|` in the
     /// magnitude, and a softcap `c` adds [`softcap_error`] to `δ_i`.
     pub fn bounds(&self) -> (Vec<f64>, Vec<f64>) {
-        self.bounds_for(false)
+        self.bounds_for(false, false)
     }
 
     /// [`bounds`](Self::bounds) for the flash path on `vdpbf16ps` (`HalfPath::Dot`, bf16
@@ -335,10 +335,19 @@ impl Case {
     /// - the instruction's flushing: `scale·2⁻¹²⁶·(dk + 1 + Σ_d (|q_id| + |k_jd|))` on each
     ///   score (in `δ_i`), `2⁻¹²⁶·(nk + 2)` on each output.
     pub fn bounds_dot(&self) -> (Vec<f64>, Vec<f64>) {
-        self.bounds_for(true)
+        self.bounds_for(true, true)
     }
 
-    fn bounds_for(&self, dot: bool) -> (Vec<f64>, Vec<f64>) {
+    /// [`bounds`](Self::bounds) for the decode path on `vdpbf16ps` (`HalfPath::Dot`, bf16
+    /// operands, even `dk`), which runs only the scores on the instruction: the flushing term
+    /// of [`bounds_dot`](Self::bounds_dot) on each score, and `P·V` in f32 as on the f32 path.
+    pub fn bounds_dot_scores(&self) -> (Vec<f64>, Vec<f64>) {
+        self.bounds_for(true, false)
+    }
+
+    /// `dot`: the scores flush as `vdpbf16ps` does; `dot_pv`: so does `P·V`, on probabilities
+    /// rounded to bf16.
+    fn bounds_for(&self, dot: bool, dot_pv: bool) -> (Vec<f64>, Vec<f64>) {
         let flush = f64::from(f32::MIN_POSITIVE);
         let (q, k, v) = self.qkv();
         let mask = self.mask();
@@ -393,7 +402,7 @@ impl Case {
                     let mut rel =
                         2.0 * delta + GAMMA * (2.0 * self.nk as f64 + self.dk as f64 + 16.0) * U;
                     let mut abs_extra = 0.0;
-                    if dot {
+                    if dot_pv {
                         rel = rel * (1.0 + BF16_U) + BF16_U;
                         abs_extra = flush * (self.nk as f64 + 2.0);
                     }

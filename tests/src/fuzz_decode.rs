@@ -1188,19 +1188,20 @@ impl AttentionCase {
         let q = TensorRef::new(&self.q.data, self.q.layout);
         let k = TensorRef::new(&self.k.data, self.k.layout);
         let v = TensorRef::new(&self.v.data, self.v.layout);
-        self.check_views(q.into(), k.into(), v.into(), false, kernel)
+        self.check_views(q.into(), k.into(), v.into(), (false, false), kernel)
     }
 
     /// [`check`](Self::check) with the kernel reading `qv`, `kv`, `vv`: views of the case's
     /// layouts over storage whose elements represent exactly the case's f32 data (which the
-    /// reference reads), e.g. bf16 copies of data that bf16 holds exactly. `dot`: the kernel
-    /// runs the flash path on `vdpbf16ps`, held to that path's bound ([`Rows::dot`]).
+    /// reference reads), e.g. bf16 copies of data that bf16 holds exactly. `dot = (scores,
+    /// pv)`: the kernel runs the scores, and `P·V`, on `vdpbf16ps`, held to that bound
+    /// ([`Rows::dot`], [`Rows::dot_pv`]).
     pub fn check_views(
         &self,
         qv: AnyRef<'_>,
         kv: KvRef<'_>,
         vv: KvRef<'_>,
-        dot: bool,
+        (dot, dot_pv): (bool, bool),
         kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
     ) -> Result<(), String> {
         let mask = self.mask.mask();
@@ -1240,6 +1241,7 @@ impl AttentionCase {
             o: self.o.layout,
             lse_at: &|b, h, i| (b * hq + h) * nq + i,
             dot,
+            dot_pv,
         };
         let describe = || {
             format!(
@@ -1273,9 +1275,13 @@ pub struct Rows<'a> {
     pub o: Tensor4Layout,
     /// The index in the lse slices of row `(b, h, i)`.
     pub lse_at: &'a dyn Fn(usize, usize, usize) -> usize,
-    /// The kernel ran the flash path on `vdpbf16ps` (`HalfPath::Dot`): the bound adds that
-    /// path's terms (its derivation is in `attn_kernels::attention::Attention`'s docs).
+    /// The kernel ran the scores on `vdpbf16ps` (`HalfPath::Dot`): the bound adds the
+    /// instruction's flushing on each score (the derivation is in
+    /// `attn_kernels::attention::Attention`'s docs).
     pub dot: bool,
+    /// The kernel ran `P·V` on `vdpbf16ps` too, on probabilities rounded to bf16 (the flash
+    /// path with `HalfPath::Dot`): the bound adds that rounding and the flushing in `P·V`.
+    pub dot_pv: bool,
 }
 
 impl Rows<'_> {
@@ -1394,7 +1400,7 @@ impl Rows<'_> {
                         let mut bound = GAMMA * (werr + rb.rel_sum * w)
                             + 2.0 * U * f64::from(want).abs()
                             + GAMMA * nkf * ((MIN_NORMAL + flushed_weight()) * vmax + TINY);
-                        if vdp {
+                        if self.dot_pv {
                             // The weights rounded to bf16 (2⁻⁸ of Σ p|v|, the other terms on
                             // weights up to 1 + 2⁻⁸ times as large) and results below 2⁻¹²⁶
                             // flushed in P·V.
@@ -1627,6 +1633,7 @@ impl VarlenCase {
                 o: packed_seq(&a.o.layout, rq),
                 lse_at: &lse_at,
                 dot: false,
+                dot_pv: false,
             };
             let describe = || format!("sequence {s} of cu_q {cu_q:?} cu_k {cu_k:?}");
             rows.check(&out_ref, out.slice(), lse, &describe)?;
@@ -1774,8 +1781,21 @@ impl DtypeAttentionCase {
     ) -> Result<(), String> {
         let a = &self.attention;
         let [q, k, v] = &self.stored;
-        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), self.dot, kernel);
+        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), (self.dot, self.dot), kernel);
         r.map_err(|e| format!("{e} (Q, K, V stored as {:?})", self.types))
+    }
+
+    /// [`check`](Self::check) for a case made by [`decode_dot`](Self::decode_dot) and run on
+    /// the decode path on `vdpbf16ps`, which runs only the scores on it: held to the bound
+    /// with the scores' flushing and `P·V` in f32.
+    pub fn check_scores_dot(
+        &self,
+        kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
+        let a = &self.attention;
+        let [q, k, v] = &self.stored;
+        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), (self.dot, false), kernel);
+        r.map_err(|e| format!("{e} (Q, K, V stored as {:?}, decode on vdpbf16ps)", self.types))
     }
 }
 
@@ -2067,6 +2087,7 @@ impl PagedCase {
                 o: packed_seq(&a.o.layout, rq),
                 lse_at: &lse_at,
                 dot: false,
+                dot_pv: false,
             };
             let describe = || {
                 format!(

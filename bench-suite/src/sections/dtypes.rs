@@ -6,7 +6,9 @@
 //! holds (`DType::row_bytes`: 4, 2, 2 and 1 + 4/32 bytes per value), each beside a plain read
 //! of those very bytes (`read-<type>`: the `decode` section's stream-sum over the same
 //! buffers, which hold every cache as f32 words whatever its element type). Targets (issue 21):
-//! f16/bf16 time ≤ 0.6× of f32's, int8 ≤ 0.35×, each ≥ 0.85× of its own read.
+//! f16/bf16 time ≤ 0.6× of f32's, int8 ≤ 0.35×, each ≥ 0.85× of its own read. Where the CPU
+//! has AVX512_BF16, also bf16 Q and K/V with the scores on `vdpbf16ps` (`kv-bf16-dot`,
+//! `HalfPath::Dot`), beside the same read.
 //!
 //! Flash (h8, d 64 and 128, N 1024 and 4096, causal and not) in bf16 and f16 beside f32, in
 //! GFLOP/s of the visible pairs (the `attention` section's count): target ≥ 0.9× of f32. Where
@@ -16,8 +18,9 @@
 //! Checks: each cache type on the decode path and each half type on the flash path against the
 //! reference on the exact values the stored elements represent (widened, or `fl(q·scale)`, the
 //! dequantised value the kernels compute on), with the f32 attention bound (f32 output); the
-//! `vdpbf16ps` path with that bound plus its own terms (probabilities rounded to bf16, the
-//! instruction's flushing: `attn_kernels::attention::Attention`'s docs).
+//! `vdpbf16ps` paths with that bound plus their own terms (the instruction's flushing; on the
+//! flash path also the probabilities rounded to bf16: `attn_kernels::attention::Attention`'s
+//! docs).
 
 use std::hint::black_box;
 
@@ -250,15 +253,20 @@ fn check(
     });
     let mut bound = attention_bound(&qe, &ke, scale, &TensorRef::new(&w, lo));
     if half == HalfPath::Dot {
-        // Probabilities rounded to bf16: 2⁻⁸ of Σ p|v| (= w), the other terms on the rounded
-        // weights; flushing below 2⁻¹²⁶: each score off by scale·F·(dk + 1 + Σ|q| + Σ|k|),
-        // twice that relative to w, and F·(nk + 2) on each output.
+        // Flushing below 2⁻¹²⁶: each score off by scale·F·(dk + 1 + Σ|q| + Σ|k|), twice that
+        // relative to w. The flash path also rounds the probabilities to bf16 (2⁻⁸ of Σ p|v|
+        // = w, the other terms on the rounded weights) and flushes in P·V (F·(nk + 2) on each
+        // output); decode runs P·V in f32.
         let f = f64::from(f32::MIN_POSITIVE);
         let mx = |x: &[f32]| x.iter().fold(0.0f64, |a, y| a.max(f64::from(y.abs())));
         let delta = f64::from(scale) * f * (dk as f64 * (1.0 + mx(&q.exact) + mx(&k.exact)) + 1.0);
+        let pv = path == Path::Flash;
         for (b, &wi) in bound.iter_mut().zip(&w) {
             let wi = f64::from(wi);
-            *b = *b * (1.0 + BF16_U) + (BF16_U + 2.0 * delta) * wi + f * (nk as f64 + 2.0);
+            *b += 2.0 * delta * wi;
+            if pv {
+                *b = *b * (1.0 + BF16_U) + BF16_U * wi + f * (nk as f64 + 2.0);
+            }
         }
     }
     let mut o = Out::new(DType::F32, lo);
@@ -283,8 +291,10 @@ pub fn run(ctx: &mut Ctx) {
     }
     let dot = bf16_dot_available();
     if dot {
-        let (t, p) = ((DType::BF16, DType::BF16), (Path::Flash, HalfPath::Dot));
-        check(ctx, flash, t, p, "bf16-dot");
+        let t = (DType::BF16, DType::BF16);
+        check(ctx, flash, t, (Path::Flash, HalfPath::Dot), "bf16-dot");
+        let sh = attn_shape(8, 2, 1, 301, 64, "none");
+        check(ctx, sh, t, (Path::Decode, HalfPath::Dot), "kv-bf16-dot");
     }
 
     // Decode: every cache type beside the read of its own bytes.
@@ -294,7 +304,8 @@ pub fn run(ctx: &mut Ctx) {
         let lk = Tensor4Layout::bhsd(1, kv_heads, nk, d);
         let lq = Tensor4Layout::bhsd(1, heads, 1, d);
         let mut rng = Rng::new((kv_heads * nk) as u64);
-        let q = Stored::new(DType::F32, &rng.vec(lq.len()), lq);
+        let qx = rng.vec(lq.len());
+        let q = Stored::new(DType::F32, &qx, lq);
         let (kx, vx) = (rng.vec(lk.len()), rng.vec(lk.len()));
         let mut o = Out::new(DType::F32, lq);
         for ty in [DType::F32, DType::BF16, DType::F16, DType::Q8] {
@@ -303,6 +314,13 @@ pub fn run(ctx: &mut Ctx) {
             ctx.bench(OP, imp_name("kv", ty), shape.clone(), 1, work, None, || {
                 call(&q, &k, &v, Mask::None, (Path::Decode, HalfPath::Auto), &mut o)
             });
+            if ty == DType::BF16 && dot {
+                // bf16 queries too, as `HalfPath::Dot` needs: the scores on `vdpbf16ps`.
+                let qb = Stored::new(DType::BF16, &qx, lq);
+                ctx.bench(OP, "kv-bf16-dot", shape.clone(), 1, work, None, || {
+                    call(&qb, &k, &v, Mask::None, (Path::Decode, HalfPath::Dot), &mut o)
+                });
+            }
             let bufs: [&[f32]; 4] = [&k.words, &v.words, &k.scales, &v.scales];
             ctx.bench(OP, imp_name("read", ty), shape.clone(), 1, work, None, || {
                 black_box(stream_sum(&bufs, 1));

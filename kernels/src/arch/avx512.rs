@@ -2,6 +2,7 @@
 //! `vscalefps` for `2^n`.
 
 use std::arch::x86_64::*;
+use std::mem::transmute;
 
 use attn_core::dtype::{bf16, f16};
 
@@ -24,6 +25,16 @@ impl Avx512 {
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     unsafe fn vectorize_unchecked<K: Kernel>(self, k: K) -> K::Output {
+        k.run(self)
+    }
+
+    /// Runs `k` compiled for AVX-512F and AVX512_BF16, so that [`Simd::dot_bf16`] inlines as
+    /// `vdpbf16ps` ([`super::simd::vectorize_dot`]).
+    ///
+    /// # Safety
+    /// The CPU must support AVX512_BF16.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(crate) unsafe fn vectorize_bf16<K: Kernel>(self, k: K) -> K::Output {
         k.run(self)
     }
 }
@@ -195,6 +206,15 @@ impl Simd for Avx512 {
     fn fma(self, a: __m512, b: __m512, c: __m512) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn dot_bf16(self, acc: __m512, a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the caller guarantees AVX512_BF16 (the trait's contract); the casts are bit
+        // casts between 64-byte vectors with no invalid bit patterns.
+        unsafe {
+            let (a, b) = (transmute::<__m512, __m512bh>(a), transmute::<__m512, __m512bh>(b));
+            _mm512_dpbf16_ps(acc, a, b)
+        }
     }
     #[inline(always)]
     fn max(self, a: __m512, b: __m512) -> __m512 {

@@ -34,9 +34,10 @@ pub(crate) use avx512::Avx512;
 pub(crate) use portable::Portable;
 pub use simd::RECIP_MAX_REL;
 pub(crate) use simd::{
-    addr, keep, keep_tail, lanes_to_boundary, load, load_cells, load_tail, load_tail_cells,
-    prefetch_l1, store, store_cells, store_fence, store_tail, store_tail_cells, stream_cells,
-    vectorize, Floats, Kernel, Simd, MAX_LANES, ROUND_MAGIC, TWO_POW_M64,
+    addr, bf16_pair_dot, keep, keep_tail, lanes_to_boundary, load, load_cells, load_tail,
+    load_tail_cells, prefetch_l1, store, store_cells, store_fence, store_tail, store_tail_cells,
+    stream_cells, vectorize, vectorize_dot, Floats, Kernel, Simd, MAX_LANES, ROUND_MAGIC,
+    TWO_POW_M64,
 };
 
 /// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.
@@ -155,6 +156,7 @@ fn from_env() -> Option<Isa> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use attn_core::dtype::bf16;
 
     #[test]
     fn names_round_trip() {
@@ -257,6 +259,54 @@ mod tests {
                     assert!(same, "{isa}, {special:?}: {got:?} against {want:?}");
                 }
             }
+        }
+    }
+
+    /// [`Simd::dot_bf16`] lane by lane over `(acc, a, b)`.
+    struct DotBf16<'a>(&'a [f32], &'a [f32], &'a [f32]);
+
+    impl Kernel for DotBf16<'_> {
+        type Output = Vec<f32>;
+
+        fn run<S: Simd>(self, s: S) -> Vec<f32> {
+            let l = S::LANES;
+            let mut out = self.0.to_vec();
+            for (i, o) in out.chunks_exact_mut(l).enumerate() {
+                let (a, b) = (load(s, &self.1[i * l..]), load(s, &self.2[i * l..]));
+                // SAFETY: run by `vectorize_dot` (the instruction only on a CPU with
+                // AVX512_BF16) or on an ISA whose `dot_bf16` is the scalar emulation.
+                let r = unsafe { s.dot_bf16(load(s, o), a, b) };
+                store(s, o, r);
+            }
+            out
+        }
+    }
+
+    #[test]
+    fn dot_bf16_pairs_each_half_with_its_own() {
+        // Small integers: every product and sum is exact, so the instruction and the emulation
+        // must agree bit for bit; distinct halves catch a pair read crosswise or a lane moved.
+        let n = 64;
+        let word = |i: usize, salt: usize| {
+            let h = |k: usize| bf16::from_f32(((k * 7 + salt) % 33) as f32 - 16.0).to_bits();
+            f32::from_bits(u32::from(h(2 * i)) | (u32::from(h(2 * i + 1 + salt)) << 16))
+        };
+        let acc: Vec<f32> = (0..n).map(|i| (i % 9) as f32 * 64.0 - 200.0).collect();
+        let a: Vec<f32> = (0..n).map(|i| word(i, 3)).collect();
+        let b: Vec<f32> = (0..n).map(|i| word(i, 5)).collect();
+        let want: Vec<f32> = (0..n).map(|i| bf16_pair_dot(acc[i], a[i], b[i])).collect();
+        for i in 0..n {
+            let x = |w: f32, k: u32| f64::from(f32::from_bits(w.to_bits() >> k << 16));
+            let exact = f64::from(acc[i]) + x(a[i], 0) * x(b[i], 0) + x(a[i], 16) * x(b[i], 16);
+            assert_eq!(f64::from(want[i]), exact, "emulation, lane {i}");
+        }
+        let got = vectorize_dot(DotBf16(&acc, &a, &b));
+        assert_eq!(got, want, "vectorize_dot");
+        for isa in runnable("dot_bf16").into_iter().filter(|&i| i != Isa::Avx512) {
+            assert_eq!(vectorize(isa, DotBf16(&acc, &a, &b)), want, "{isa}");
+        }
+        if !crate::gemm::bf16_dot_available() {
+            eprintln!("dot_bf16: no AVX512_BF16 on this CPU; vdpbf16ps itself was not run");
         }
     }
 

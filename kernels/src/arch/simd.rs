@@ -150,6 +150,28 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// `a · b + c`: one rounding on the x86 ISAs; [`Portable`] rounds once where the build
     /// target has an FMA and twice otherwise ([`FUSED`](Self::FUSED)).
     fn fma(self, a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// `vdpbf16ps`: per lane `acc + a₁·b₁ + a₀·b₀`, each lane of `a` and `b` holding the bits
+    /// of a pair of bf16 (`x₀` in the low half). The products are exact; the odd one is added
+    /// first, each sum rounded to f32. The avx512 implementation runs the instruction, which
+    /// also reads subnormal inputs as 0 and flushes subnormal results (see [`crate::gemm`]);
+    /// the default, [`bf16_pair_dot`] lane by lane, does not flush.
+    ///
+    /// # Safety
+    /// On [`Avx512`](super::Avx512) the CPU must support AVX512_BF16, and the caller should
+    /// run inside [`vectorize_dot`] (elsewhere the instruction is not inlined). The default
+    /// has no requirement.
+    #[inline(always)]
+    unsafe fn dot_bf16(self, acc: Self::V, a: Self::V, b: Self::V) -> Self::V {
+        let l = Self::LANES;
+        let (mut x, mut y, mut z) = ([0.0f32; MAX_LANES], [0.0f32; MAX_LANES], [0.0f32; MAX_LANES]);
+        store(self, &mut x[..l], acc);
+        store(self, &mut y[..l], a);
+        store(self, &mut z[..l], b);
+        for ((x, &y), &z) in x[..l].iter_mut().zip(&y[..l]).zip(&z[..l]) {
+            *x = bf16_pair_dot(*x, y, z);
+        }
+        load(self, &x[..l])
+    }
     /// Lane-wise maximum; when either lane is NaN the result is `b`'s lane (the x86 `maxps`
     /// rule), so `max(c, x)` propagates a NaN `x`.
     fn max(self, a: Self::V, b: Self::V) -> Self::V;
@@ -253,6 +275,29 @@ pub(crate) fn vectorize<K: Kernel>(isa: Isa, k: K) -> K::Output {
         },
         _ => k.run(Portable),
     }
+}
+
+/// Runs `k` with the avx512 vector code compiled with AVX512_BF16 as well, so that
+/// [`Simd::dot_bf16`] inlines as `vdpbf16ps`; on a CPU without AVX-512F or AVX512_BF16, with
+/// the portable code (whose `dot_bf16` is the scalar [`bf16_pair_dot`]).
+#[inline]
+pub(crate) fn vectorize_dot<K: Kernel>(k: K) -> K::Output {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = super::Avx512::try_new().filter(|_| is_x86_feature_detected!("avx512bf16")) {
+        // SAFETY: the CPU has AVX512_BF16 (checked above).
+        return unsafe { s.vectorize_bf16(k) };
+    }
+    k.run(Portable)
+}
+
+/// One lane of `vdpbf16ps` without its flushing: `acc + a₁·b₁ + a₀·b₀` where `a` and `b` hold
+/// the bits of two bf16 each (`x₀` in the low half), the odd product added first, each sum
+/// rounded once (the products of two bf16 are exact in f32 unless they leave its range).
+#[inline(always)]
+pub(crate) fn bf16_pair_dot(acc: f32, a: f32, b: f32) -> f32 {
+    let hi = |w: f32| f32::from_bits(w.to_bits() & 0xFFFF_0000);
+    let lo = |w: f32| f32::from_bits(w.to_bits() << 16);
+    lo(a).mul_add(lo(b), hi(a).mul_add(hi(b), acc))
 }
 
 /// Loads `LANES` floats from the start of `x` (which must hold that many; panics otherwise).

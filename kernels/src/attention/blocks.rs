@@ -28,7 +28,7 @@ use half::slice::HalfFloatSliceExt;
 use wide::bytemuck;
 
 use crate::arch::convert::{bf16_bits, load_elems, SimdElement};
-use crate::arch::{load, prefetch_l1, store, Isa, Simd};
+use crate::arch::{bf16_pair_dot, load, prefetch_l1, store, Isa, Simd};
 use crate::gemm::ukernel::{panel_product, tile_kernel_for, Kernel as GemmKernel};
 use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
 
@@ -249,7 +249,7 @@ pub(crate) fn pv_update<S: Simd>(
 
 /// The word of the bf16 pair `(lo, hi)` (bit patterns).
 #[inline(always)]
-fn pair(lo: u16, hi: u16) -> f32 {
+pub(crate) fn pair(lo: u16, hi: u16) -> f32 {
     f32::from_bits(u32::from(lo) | (u32::from(hi) << 16))
 }
 
@@ -518,6 +518,17 @@ pub(crate) trait KvRow: Copy {
     fn vec<S: Simd>(self, s: S, at: usize) -> S::V;
     /// Element `at` as f32, the same value as the lane [`vec`](Self::vec) gives it.
     fn get(self, at: usize) -> f32;
+    /// The score tiles' step on a query vector `q` and a vector `k` of this row:
+    /// `acc + q·k` by lanes (an FMA).
+    #[inline(always)]
+    fn mad<S: Simd>(s: S, q: S::V, k: S::V, acc: S::V) -> S::V {
+        s.fma(q, k, acc)
+    }
+    /// [`mad`](Self::mad) on one element (the tiles' scalar tail).
+    #[inline(always)]
+    fn mad1(q: f32, k: f32, acc: f32) -> f32 {
+        q.mul_add(k, acc)
+    }
 }
 
 impl<T: SimdElement> KvRow for &[T] {
@@ -598,6 +609,9 @@ pub(crate) trait KvMat: Copy {
     /// dequantising arithmetic, which the interleaved order's shared query loads serve
     /// better (key by key ran 0.76× on Zen 4, perf journal, 2026-12-04 21:30).
     const STREAMED: bool;
+    /// True for [`Pairs`]: columns are words of bf16 pairs, and the query rows the score tiles
+    /// read must be pairs too.
+    const PAIRS: bool = false;
 
     /// Rows `j0..j0 + nb`, columns `0..n`, widened (or dequantised) into `buf` as a contiguous
     /// `nb × n` f32 matrix: by vectors when [`in_place`](Self::in_place), element by element
@@ -736,9 +750,88 @@ impl KvAny<'_> {
     }
 }
 
+/// A bf16 key matrix read as bf16 pairs, for the decode score tiles on `vdpbf16ps`
+/// ([`HalfPath::Dot`](crate::gemm::HalfPath)): column `w` is the 32-bit word of elements
+/// `2w` (low half) and `2w + 1`, and the tiles' step is [`Simd::dot_bf16`] against query rows
+/// of pairs. A value exists only on a CPU with AVX512_BF16 ([`Pairs::new`]), which is what
+/// makes that step safe; the caller runs its tiles in [`vectorize_dot`](crate::arch::vectorize_dot).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pairs<'a>(Strided<'a, bf16>);
+
+impl<'a> Pairs<'a> {
+    /// `m` read as pairs, when this CPU has AVX512_BF16 (else `None`).
+    pub(crate) fn new(m: Strided<'a, bf16>) -> Option<Self> {
+        crate::gemm::bf16_dot_available().then_some(Pairs(m))
+    }
+}
+
+/// A run of one row of [`Pairs`]: `2·n` bf16 elements, `n` words.
+#[derive(Clone, Copy)]
+pub(crate) struct PairRow<'a>(&'a [bf16]);
+
+impl KvRow for PairRow<'_> {
+    #[inline(always)]
+    fn empty() -> Self {
+        PairRow(&[])
+    }
+    #[inline(always)]
+    fn sub(self, start: usize, len: usize) -> Self {
+        PairRow(&self.0[2 * start..2 * (start + len)])
+    }
+    #[inline(always)]
+    fn vec<S: Simd>(self, s: S, at: usize) -> S::V {
+        let x = &self.0[2 * at..2 * (at + S::LANES)];
+        // SAFETY: `x` holds `2·LANES` bf16, the bytes of `LANES` f32 (read unaligned).
+        unsafe { s.load(x.as_ptr().cast()) }
+    }
+    #[inline(always)]
+    fn get(self, at: usize) -> f32 {
+        pair(self.0[2 * at].to_bits(), self.0[2 * at + 1].to_bits())
+    }
+    #[inline(always)]
+    fn mad<S: Simd>(s: S, q: S::V, k: S::V, acc: S::V) -> S::V {
+        // SAFETY: a `PairRow` comes only from a `Pairs`, which exists only on a CPU with
+        // AVX512_BF16 (`Pairs::new`).
+        unsafe { s.dot_bf16(acc, q, k) }
+    }
+    #[inline(always)]
+    fn mad1(q: f32, k: f32, acc: f32) -> f32 {
+        bf16_pair_dot(acc, q, k)
+    }
+}
+
+impl<'a> KvMat for Pairs<'a> {
+    type Row = PairRow<'a>;
+    const STREAMED: bool = true;
+    const PAIRS: bool = true;
+    #[inline(always)]
+    fn in_place(&self, n: usize) -> bool {
+        self.0.cs == 1 || n == 0
+    }
+    #[inline(always)]
+    fn covers(&self, j0: usize, nb: usize, n: usize) -> bool {
+        n.checked_mul(2).is_some_and(|e| self.0.covers(j0, nb, e))
+    }
+    #[inline(always)]
+    fn row(self, j: usize, c0: usize, n: usize) -> PairRow<'a> {
+        let m = self.0;
+        PairRow(&m.data[m.offset + j * m.rs + 2 * c0..][..2 * n])
+    }
+    #[inline(always)]
+    fn at(self, j: usize, c: usize) -> f32 {
+        let e = |d: usize| self.0.data[self.0.offset + j * self.0.rs + d * self.0.cs].to_bits();
+        pair(e(2 * c), e(2 * c + 1))
+    }
+    #[inline(always)]
+    fn prefetch(self, j: usize, n: usize) {
+        self.0.prefetch(j, 2 * n);
+    }
+}
+
 /// Decode score tile: `out[r·os + c] = Σ_d q[r·dk + d] · k(j + c, d)` for `r < R`, `c < C`,
 /// `d < dk`: vectors along `d`, one accumulator per (row, key), a scalar tail for
-/// `dk mod LANES`. Panics unless `q` holds the `R` rows, `k` the `C` key rows and `out` the
+/// `dk mod LANES`. For [`Pairs`] the columns are words of bf16 pairs (`dk` of them, and as
+/// many in each query row) and each product is [`KvRow::mad`]'s pair dot product. Panics unless `q` holds the `R` rows, `k` the `C` key rows and `out` the
 /// tile.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -772,7 +865,7 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         for (a, kc) in acc[0].iter_mut().zip(&ks) {
             let mut dd = 0;
             while dd + l <= dk {
-                *a = s.fma(load(s, &q[dd..]), kc.vec(s, dd), *a);
+                *a = K::Row::mad(s, load(s, &q[dd..]), kc.vec(s, dd), *a);
                 dd += l;
             }
             d = dd;
@@ -822,7 +915,7 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
                 let o = &mut out[r * os + c];
                 let mut x = *o;
                 for (dd, qd) in qr.iter().enumerate().skip(tail) {
-                    x = qd.mul_add(kc.get(dd), x);
+                    x = K::Row::mad1(*qd, kc.get(dd), x);
                 }
                 *o = x;
             }
@@ -846,7 +939,7 @@ fn dec_qk_fma<S: Simd, KR: KvRow, const R: usize, const C: usize>(
     for (ar, qr) in acc.iter_mut().zip(qs) {
         let qv = load(s, &qr[at..]);
         for (a, x) in ar.iter_mut().zip(&kv) {
-            *a = s.fma(qv, *x, *a);
+            *a = KR::mad(s, qv, *x, *a);
         }
     }
 }
@@ -1025,7 +1118,8 @@ fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
 
 /// Decode scores of one key block: `out[r·os + j] = Σ_d q[r·dk + d] · k(j0 + j, d)` for
 /// `r < rows`, `j < nb`, where `q` holds `rows` pre-scaled query rows of `dk` floats and `k`
-/// is read in place in its storage type (`k.in_place(dk)`; gather otherwise).
+/// is read in place in its storage type (`k.in_place(dk)`; gather otherwise); for [`Pairs`],
+/// unscaled rows of `dk` words of bf16 pairs.
 /// `ahead = Some((m, a))` prefetches key rows `a..a + nb` of `m`, the keys
 /// [`DECODE_PREFETCH_KEYS`] after this block's (the caller says where they are: further on in
 /// `k`, or in another page). `prefetch_v = Some((v, vj0, dv))` also prefetches value rows

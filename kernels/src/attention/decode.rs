@@ -15,6 +15,11 @@
 //! rows × 2–8 value vectors, so each K/V vector is loaded once for all rows. A block is small
 //! (16 keys) so its K and V rows are still in L1 when the second pass reads them.
 //!
+//! With [`HalfPath::Dot`](crate::gemm::HalfPath) (bf16 Q, K and V, even `dk`) the score pass
+//! reads the key rows as bf16 pairs ([`Pairs`]) against query rows of pairs, one `vdpbf16ps`
+//! per 32 elements instead of a widening and two FMAs, and the scale multiplies the scores;
+//! `P·V` stays as above.
+//!
 //! Where the blocks come from is a [`Source`]: the problem's own K/V views, or the pages of a
 //! paged cache ([`run_paged`]: each piece of a paged batch is a problem of one sequence). Both
 //! give a matrix per `(batch, K/V head)` in its storage type and a [`RowMap`] from a
@@ -42,13 +47,13 @@ use super::blocking::{
     DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MAX_Q, DECODE_MIN_CHUNK, DECODE_PREFETCH_KEYS,
 };
 use super::blocks::{
-    axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat, Q8Mat,
-    Strided,
+    axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat, Pairs,
+    Q8Mat, Strided,
 };
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{flash, zeros, Problem};
-use crate::arch::{vectorize, Isa, Kernel, Simd};
+use crate::arch::{vectorize, vectorize_dot, Isa, Kernel, Simd};
 use crate::math::exp::exp_rr2_p7_scalar;
 use crate::par::Parallelism;
 
@@ -431,7 +436,11 @@ fn chunk(
             vectorize(isa, in_place(c, k, keys, v, values, rows))
         }
         (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, in_place(c, k, keys, v, values, rows))
+            // `HalfPath::Dot` (bf16 Q, checked): the scores on `vdpbf16ps`, an even `dk` only.
+            match c.p.dot.and(Pairs::new(k)).filter(|_| dk.is_multiple_of(2)) {
+                Some(kp) => vectorize_dot(in_place(c, kp, keys, v, values, rows)),
+                None => vectorize(isa, in_place(c, k, keys, v, values, rows)),
+            }
         }
         (KvAny::F16(k), KvAny::F16(v)) if k.in_place(dk) && v.in_place(dv) => {
             vectorize(isa, in_place(c, k, keys, v, values, rows))
@@ -488,6 +497,9 @@ struct Block<M> {
 /// Where a task's key (or value) blocks come from: the matrix itself (a view or a pool), read
 /// in place; or an f32 copy gathered block by block.
 trait Blocks {
+    /// True when the blocks are bf16 key rows read as pairs ([`Pairs`]): the query rows are
+    /// then bf16 pairs too, unscaled, and the scale multiplies the scores.
+    const PAIRS: bool = false;
     /// The matrix the tiles read.
     type M<'b>: KvMat
     where
@@ -508,6 +520,7 @@ struct InPlace<'v, 't, K> {
 }
 
 impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
+    const PAIRS: bool = K::PAIRS;
     type M<'b>
         = K
     where
@@ -577,11 +590,17 @@ impl Chunk<'_, '_> {
             l: vec![0.0; rows],
             o: zeros("v", rows.checked_mul(dv))?,
         };
-        // Rows are (head in group, query); every row is pre-scaled by scale.
-        let mut qs = zeros("q", rows.checked_mul(dk))?;
-        for r in 0..rows {
+        // Rows are (head in group, query); every row is pre-scaled by scale, or, for key
+        // pairs, `dk/2` unscaled bf16 pairs (`dq` floats a row).
+        let dq = if KB::PAIRS { dk / 2 } else { dk };
+        let mut qs = zeros("q", rows.checked_mul(dq))?;
+        for (r, row) in qs.chunks_exact_mut(dq.max(1)).enumerate() {
             let h = kh * p.group + r / nq;
-            p.scaled_query(b, h, r % nq, &mut qs[r * dk..(r + 1) * dk]);
+            if KB::PAIRS {
+                p.query_pairs(b, h, r % nq, row);
+            } else {
+                p.scaled_query(b, h, r % nq, row);
+            }
         }
         let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let mut j0 = c0;
@@ -592,7 +611,12 @@ impl Chunk<'_, '_> {
             // of the block DECODE_PREFETCH_KEYS further on, wherever it lives.
             let pf = vb.hint(j0).map(|(v, vj)| (v, vj, dv));
             let Block { m: k, j: kj, ahead } = kb.block(s, j0, nb);
-            decode_qk_block(s, &qs, rows, dk, k, kj, nb, &mut sb, DECODE_BC, ahead, pf);
+            decode_qk_block(s, &qs, rows, dq, k, kj, nb, &mut sb, DECODE_BC, ahead, pf);
+            if KB::PAIRS {
+                for srow in sb.chunks_exact_mut(DECODE_BC) {
+                    srow[..nb].iter_mut().for_each(|x| *x *= p.scale2);
+                }
+            }
             if let Some(c) = p.variants.softcap {
                 softcap(s, &mut sb[..rows * DECODE_BC], c);
             }

@@ -200,8 +200,10 @@ impl Path {
 /// flushes results below `2⁻¹²⁶` (see [`crate::gemm`]): each score may be off by
 /// `scale·2⁻¹²⁶·(dk + 1 + Σ_d (|q_d| + |k_d|))` more, each output by `2⁻¹²⁶·(nk + 2)`, and a
 /// subnormal query or key element meeting an infinite one gives NaN (`0·∞`) where the exact
-/// product is infinite. The decode and unfused paths have no such kernel and widen, as with
-/// [`HalfPath::Widen`].
+/// product is infinite. The decode path (for an even `dk`) runs its scores on the instruction
+/// in the same way, `scale·(q·k)` with the same flushing term on each score, and keeps `P·V`
+/// in f32 on the unrounded probabilities: only the score terms above apply. With an odd `dk`
+/// the decode path, and the unfused path always, widen, as with [`HalfPath::Widen`].
 ///
 /// **Growing.** New settings are new methods with a default that leaves every existing call as
 /// it is, never a new function per combination; varlen batches as a method taking
@@ -289,9 +291,10 @@ impl<'a> Attention<'a> {
         self
     }
 
-    /// How the flash path multiplies bf16 operands (default [`HalfPath::Auto`], which widens
-    /// them to f32 as [`HalfPath::Widen`] does). [`HalfPath::Dot`] runs both block products on
-    /// the `vdpbf16ps` kernel (see "bf16 on `vdpbf16ps`" above); it needs bf16 Q, K and V, the
+    /// How the flash and decode paths multiply bf16 operands (default [`HalfPath::Auto`], which
+    /// widens them to f32 as [`HalfPath::Widen`] does). [`HalfPath::Dot`] runs the flash path's
+    /// block products and the decode path's scores on `vdpbf16ps` (see "bf16 on `vdpbf16ps`"
+    /// above); it needs bf16 Q, K and V, the
     /// `avx512` ISA and a CPU with AVX512_BF16, else [`run`](Self::run) fails with
     /// `InvalidParameter { arg: "path", .. }`.
     pub fn half_path(mut self, half: HalfPath) -> Self {
@@ -722,6 +725,21 @@ impl<'a> Problem<'a> {
             AnyRef::F32(q) => row(q, b, h, i, self.scale2, out),
             AnyRef::BF16(q) => row(q, b, h, i, self.scale2, out),
             AnyRef::F16(q) => row(q, b, h, i, self.scale2, out),
+        }
+    }
+}
+
+impl Problem<'_> {
+    /// Query row `(b, h, i)` of a bf16 Q as `dk/2` words of bf16 pairs (elements `2w`, low
+    /// half, and `2w + 1`), unscaled: the query rows of the decode score tiles on `vdpbf16ps`
+    /// (`dk` even). Leaves `out` alone for another element type, which `HalfPath::Dot` rules
+    /// out.
+    fn query_pairs(&self, b: usize, h: usize, i: usize, out: &mut [f32]) {
+        if let AnyRef::BF16(q) = &self.q {
+            for (w, x) in out[..self.dk / 2].iter_mut().enumerate() {
+                let e = |d: usize| q.at(b, h, i, d).to_bits();
+                *x = blocks::pair(e(2 * w), e(2 * w + 1));
+            }
         }
     }
 }

@@ -247,9 +247,10 @@ fn check_case(case: &Case, threads: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The flash path on `vdpbf16ps` (`HalfPath::Dot`) against the reference with its own bound
-/// (`Case::bounds_dot`), where this CPU has it (else `isas_not_runnable_here_are_named` says
-/// so); the operands are bf16, as the path requires.
+/// The flash and decode paths on `vdpbf16ps` (`HalfPath::Dot`) against the reference with
+/// their own bounds (`Case::bounds_dot`; `Case::bounds_dot_scores` for decode, which runs only
+/// the scores on it, and only for an even `dk`), where this CPU has it (else
+/// `isas_not_runnable_here_are_named` says so); the operands are bf16, as the path requires.
 fn check_dot(
     c: &Case,
     to: Ty,
@@ -260,15 +261,20 @@ fn check_dot(
     if !bf16_dot_available() {
         return Ok(());
     }
-    let bounds = with_output_rounding(c, c.bounds_dot(), to, want);
-    let got = run_typed(c, to, q, k, v, |a| {
-        a.isa(Isa::Avx512)
-            .path(Path::Flash)
-            .half_path(HalfPath::Dot)
-            .parallelism(Parallelism::threads(threads))
-    })
-    .map_err(|e| format!("{e}"))?;
-    compare(c, &format!("BF16/BF16/{to:?} avx512 Flash HalfPath::Dot"), &got, want, &bounds, 1.0)
+    for path in [Path::Flash, Path::Decode] {
+        let raw = if path == Path::Flash { c.bounds_dot() } else { c.bounds_dot_scores() };
+        let bounds = with_output_rounding(c, raw, to, want);
+        let got = run_typed(c, to, q, k, v, |a| {
+            a.isa(Isa::Avx512)
+                .path(path)
+                .half_path(HalfPath::Dot)
+                .parallelism(Parallelism::threads(threads))
+        })
+        .map_err(|e| format!("{e}"))?;
+        let what = format!("BF16/BF16/{to:?} avx512 {path:?} HalfPath::Dot");
+        compare(c, &what, &got, want, &bounds, 1.0)?;
+    }
+    Ok(())
 }
 
 fn mask_kind() -> impl Strategy<Value = MaskKind> {
