@@ -125,6 +125,14 @@ impl Simd for Avx2 {
         }
     }
     #[inline(always)]
+    unsafe fn load_bf16_operand(self, p: *const bf16) -> __m256 {
+        // SAFETY: see the impl.
+        unsafe {
+            let h = _mm_loadu_si128(p.cast());
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        }
+    }
+    #[inline(always)]
     unsafe fn load_f16(self, p: *const f16) -> __m256 {
         // SAFETY: see the impl.
         unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }

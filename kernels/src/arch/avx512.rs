@@ -130,6 +130,14 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
+    unsafe fn load_bf16_operand(self, p: *const bf16) -> __m512 {
+        // SAFETY: see the impl.
+        unsafe {
+            let h = _mm256_loadu_si256(p.cast());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        }
+    }
+    #[inline(always)]
     unsafe fn load_f16(self, p: *const f16) -> __m512 {
         // SAFETY: see the impl.
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }

@@ -84,6 +84,16 @@ pub(crate) trait SimdElement: Element {
     /// # Safety
     /// `p` valid for reading `LANES` elements.
     unsafe fn load<S: Simd>(s: S, p: *const Self) -> S::V;
+    /// [`load`](Self::load) for an operand of arithmetic only: a NaN may keep its signalling
+    /// bit ([`Simd::load_bf16_operand`]), which the arithmetic reading it does not see.
+    ///
+    /// # Safety
+    /// `p` valid for reading `LANES` elements.
+    #[inline(always)]
+    unsafe fn load_operand<S: Simd>(s: S, p: *const Self) -> S::V {
+        // SAFETY: forwarded.
+        unsafe { Self::load(s, p) }
+    }
     /// `k < LANES` elements widened to f32; the other lanes are 0.0 and nothing past `k` is read.
     ///
     /// # Safety
@@ -137,11 +147,10 @@ impl SimdElement for f32 {
 }
 
 /// [`SimdElement`] for a half type whose full-vector conversions are the [`Simd`] methods
-/// `$load` and `$store`, whose scalar widening is `$widen` and bf16 bits `$bf16_bits`; the tails
-/// go through a stack
-/// buffer.
+/// `$load` and `$store` (`$operand` for an arithmetic operand), whose scalar widening is
+/// `$widen` and bf16 bits `$bf16_bits`; the tails go through a stack buffer.
 macro_rules! half_element {
-    ($t:ty, $load:ident, $store:ident, $widen:path, $bf16_bits:expr) => {
+    ($t:ty, $load:ident, $operand:ident, $store:ident, $widen:path, $bf16_bits:expr) => {
         impl SimdElement for $t {
             #[inline(always)]
             fn widen(self) -> f32 {
@@ -155,6 +164,11 @@ macro_rules! half_element {
             unsafe fn load<S: Simd>(s: S, p: *const $t) -> S::V {
                 // SAFETY: forwarded.
                 unsafe { s.$load(p) }
+            }
+            #[inline(always)]
+            unsafe fn load_operand<S: Simd>(s: S, p: *const $t) -> S::V {
+                // SAFETY: forwarded.
+                unsafe { s.$operand(p) }
             }
             #[inline(always)]
             unsafe fn load_tail<S: Simd>(s: S, p: *const $t, k: usize) -> S::V {
@@ -189,8 +203,10 @@ macro_rules! half_element {
     };
 }
 
-half_element!(bf16, load_bf16, store_bf16, bf16::to_f32_const, bf16::to_bits);
-half_element!(f16, load_f16, store_f16, f16_to_f32, |h: f16| bf16_bits(f16_to_f32(h).to_bits()));
+half_element!(bf16, load_bf16, load_bf16_operand, store_bf16, bf16::to_f32_const, bf16::to_bits);
+half_element!(f16, load_f16, load_f16, store_f16, f16_to_f32, |h: f16| {
+    bf16_bits(f16_to_f32(h).to_bits())
+});
 
 /// `LANES` elements from the start of `x` widened to f32 (panics if `x` has fewer).
 #[inline(always)]
@@ -198,6 +214,14 @@ pub(crate) fn load_elems<S: Simd, T: SimdElement>(s: S, x: &[T]) -> S::V {
     let x = &x[..S::LANES];
     // SAFETY: `x` has exactly LANES elements.
     unsafe { T::load(s, x.as_ptr()) }
+}
+
+/// [`load_elems`] for an operand of arithmetic only ([`SimdElement::load_operand`]).
+#[inline(always)]
+pub(crate) fn load_operands<S: Simd, T: SimdElement>(s: S, x: &[T]) -> S::V {
+    let x = &x[..S::LANES];
+    // SAFETY: `x` has exactly LANES elements.
+    unsafe { T::load_operand(s, x.as_ptr()) }
 }
 
 /// The `x.len() < LANES` elements of `x` widened to f32; the other lanes are 0.0.

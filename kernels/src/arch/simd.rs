@@ -98,6 +98,18 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// `p` valid for reading `LANES` bf16.
     unsafe fn load_bf16(self, p: *const bf16) -> Self::V;
+    /// [`load_bf16`](Self::load_bf16) for an operand of arithmetic only: a signalling NaN may
+    /// stay signalling. The arithmetic that reads it returns the same bits either way (x86
+    /// returns the first NaN operand, quieted, whether it was signalling or quiet), and the x86
+    /// widening is then the shift alone. Never for values that are stored or compared as bits.
+    ///
+    /// # Safety
+    /// `p` valid for reading `LANES` bf16.
+    #[inline(always)]
+    unsafe fn load_bf16_operand(self, p: *const bf16) -> Self::V {
+        // SAFETY: forwarded.
+        unsafe { self.load_bf16(p) }
+    }
     /// `LANES` f16 widened to f32: exact (`vcvtph2ps`); a NaN keeps its sign and payload and
     /// gets its quiet bit set, as `half`'s `f16::to_f32` does.
     ///

@@ -27,7 +27,7 @@ use attn_core::{bf16, MatLayout};
 use half::slice::HalfFloatSliceExt;
 use wide::bytemuck;
 
-use crate::arch::convert::{bf16_bits, load_elems, SimdElement};
+use crate::arch::convert::{bf16_bits, load_operands, SimdElement};
 use crate::arch::{bf16_pair_dot, load, prefetch_l1, store, Isa, Simd};
 use crate::gemm::ukernel::{panel_product, tile_kernel_for, Kernel as GemmKernel};
 use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
@@ -542,7 +542,10 @@ impl<T: SimdElement> KvRow for &[T] {
     }
     #[inline(always)]
     fn vec<S: Simd>(self, s: S, at: usize) -> S::V {
-        load_elems(s, &self[at..])
+        // Operands of the tiles' FMAs only (or stored to a gathered block that only feeds
+        // FMAs): a bf16 NaN need not be quieted here (the 3 instructions it takes per vector
+        // were most of the widening, perf journal 2026-12-05).
+        load_operands(s, &self[at..])
     }
     #[inline(always)]
     fn get(self, at: usize) -> f32 {
