@@ -411,14 +411,15 @@ pub struct AttnAttentionArgs {
     // Version 4: how bf16 operands are multiplied. Zero: widened to f32, as before.
     /// One of the [`AttnHalfPath`] values (`ATTN_HALF_PATH_*`, 0 = auto), read as an `int32_t`;
     /// any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
-    /// `ATTN_HALF_PATH_DOT` runs the flash path's products on `vdpbf16ps` (bf16 Q, K and V, a
-    /// CPU with AVX512_BF16, else `ATTN_STATUS_INVALID_PARAMETER`; the bound it costs is in the
-    /// Rust `Attention` docs, "bf16 on `vdpbf16ps`").
+    /// `ATTN_HALF_PATH_DOT` runs the flash path's products and the decode path's scores on
+    /// `vdpbf16ps` (bf16 Q, K and V, a CPU with AVX512_BF16, else
+    /// `ATTN_STATUS_INVALID_PARAMETER`; the bound it costs is in the Rust `Attention` docs,
+    /// "bf16 on `vdpbf16ps`").
     pub half_path: i32,
 }
 
-/// The values of [`AttnAttentionArgs::half_path`] (the Rust `HalfPath`): how the flash path
-/// multiplies bf16 operands. The field is an `int32_t`: any other value is refused with
+/// The values of [`AttnAttentionArgs::half_path`] (the Rust `HalfPath`): how the flash and
+/// decode paths multiply bf16 operands. The field is an `int32_t`: any other value is refused with
 /// `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -427,8 +428,9 @@ pub enum AttnHalfPath {
     Auto = 0,
     /// Widen every operand to f32 and run the f32 kernels.
     Widen = 1,
-    /// Both flash block products on the AVX512_BF16 `vdpbf16ps` kernel: bf16 Q, K and V only;
-    /// the probabilities are rounded to bf16.
+    /// Both flash block products on the AVX512_BF16 `vdpbf16ps` kernel, the probabilities
+    /// rounded to bf16; on the decode path the scores only (an even `dk`). bf16 Q, K and V
+    /// only.
     Dot = 2,
 }
 
