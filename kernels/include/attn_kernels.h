@@ -153,16 +153,17 @@ typedef enum AttnDtype {
   ATTN_DTYPE_Q8 = 3,
 } AttnDtype;
 
-// The values of [`AttnAttentionArgs::half_path`] (the Rust `HalfPath`): how the flash path
-// multiplies bf16 operands. The field is an `int32_t`: any other value is refused with
+// The values of [`AttnAttentionArgs::half_path`] (the Rust `HalfPath`): how the flash and
+// decode paths multiply bf16 operands. The field is an `int32_t`: any other value is refused with
 // `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
 typedef enum AttnHalfPath {
   // The library's choice: today, widen to f32 (0, the default).
   ATTN_HALF_PATH_AUTO = 0,
   // Widen every operand to f32 and run the f32 kernels.
   ATTN_HALF_PATH_WIDEN = 1,
-  // Both flash block products on the AVX512_BF16 `vdpbf16ps` kernel: bf16 Q, K and V only;
-  // the probabilities are rounded to bf16.
+  // Both flash block products on the AVX512_BF16 `vdpbf16ps` kernel, the probabilities
+  // rounded to bf16; on the decode path the scores only (an even `dk`). bf16 Q, K and V
+  // only.
   ATTN_HALF_PATH_DOT = 2,
 } AttnHalfPath;
 
@@ -350,9 +351,10 @@ typedef struct AttnAttentionArgs {
   struct AttnTensor v_scales;
   // One of the [`AttnHalfPath`] values (`ATTN_HALF_PATH_*`, 0 = auto), read as an `int32_t`;
   // any other value is `ATTN_STATUS_INVALID_PARAMETER` naming `args.half_path`.
-  // `ATTN_HALF_PATH_DOT` runs the flash path's products on `vdpbf16ps` (bf16 Q, K and V, a
-  // CPU with AVX512_BF16, else `ATTN_STATUS_INVALID_PARAMETER`; the bound it costs is in the
-  // Rust `Attention` docs, "bf16 on `vdpbf16ps`").
+  // `ATTN_HALF_PATH_DOT` runs the flash path's products and the decode path's scores on
+  // `vdpbf16ps` (bf16 Q, K and V, a CPU with AVX512_BF16, else
+  // `ATTN_STATUS_INVALID_PARAMETER`; the bound it costs is in the Rust `Attention` docs,
+  // "bf16 on `vdpbf16ps`").
   int32_t half_path;
 } AttnAttentionArgs;
 

@@ -1779,10 +1779,7 @@ impl DtypeAttentionCase {
         &self,
         kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
     ) -> Result<(), String> {
-        let a = &self.attention;
-        let [q, k, v] = &self.stored;
-        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), (self.dot, self.dot), kernel);
-        r.map_err(|e| format!("{e} (Q, K, V stored as {:?})", self.types))
+        self.check_dot_pv(self.dot, kernel)
     }
 
     /// [`check`](Self::check) for a case made by [`decode_dot`](Self::decode_dot) and run on
@@ -1792,10 +1789,20 @@ impl DtypeAttentionCase {
         &self,
         kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
     ) -> Result<(), String> {
+        self.check_dot_pv(false, kernel)
+    }
+
+    /// The check, with `P·V` on `vdpbf16ps` in the bound when `dot_pv` (the scores when the
+    /// case was made by [`decode_dot`](Self::decode_dot)).
+    fn check_dot_pv(
+        &self,
+        dot_pv: bool,
+        kernel: impl FnOnce(Attention<'_>, TensorMut<'_>) -> attn_reference::Result<()>,
+    ) -> Result<(), String> {
         let a = &self.attention;
         let [q, k, v] = &self.stored;
-        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), (self.dot, false), kernel);
-        r.map_err(|e| format!("{e} (Q, K, V stored as {:?}, decode on vdpbf16ps)", self.types))
+        let r = a.check_views(q.any(&a.q), k.kv(&a.k), v.kv(&a.v), (self.dot, dot_pv), kernel);
+        r.map_err(|e| format!("{e} (Q, K, V stored as {:?}, P·V dot {dot_pv})", self.types))
     }
 }
 

@@ -9,7 +9,7 @@
 //! The oracle itself is tested too: a kernel that is off by a few ULP too many, writes outside its
 //! view, or accepts a call the reference rejects must be caught.
 
-use attn_kernels::attention::Path;
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::gemm::{bf16_dot_available, sgemm, HalfPath};
 use attn_reference::{Mask, MatMut, TensorMut, TensorRef};
 use attn_tests::fuzz_decode::{
@@ -298,10 +298,23 @@ fn fuzz_attention_dtypes_flash() {
 /// AVX512_BF16), held to its own bound; named as skipped on a CPU without it.
 #[test]
 fn fuzz_attention_dtypes_dot() {
+    fuzz_dot("fuzz_attention_dtypes_dot", Path::Flash);
+}
+
+/// The decode path on `vdpbf16ps` (`HalfPath::Dot`: the scores on the instruction for an
+/// even `dk`, widened for an odd one), held to its bound; named as skipped on a CPU without it.
+#[test]
+fn fuzz_attention_dtypes_dot_decode() {
+    fuzz_dot("fuzz_attention_dtypes_dot_decode", Path::Decode);
+}
+
+/// Fuzzes `path` with `HalfPath::Dot` on bf16 cases, each held to that path's bound (flash:
+/// scores and `P·V` on the instruction; decode: the scores only).
+fn fuzz_dot(test: &str, path: Path) {
     if !bf16_dot_available() {
         eprintln!(
-            "fuzz_attention_dtypes_dot: the flash path on vdpbf16ps (HalfPath::Dot) needs \
-             AVX-512F and AVX512_BF16, which this CPU lacks; skipped"
+            "{test}: the {path:?} path on vdpbf16ps (HalfPath::Dot) needs AVX-512F and \
+             AVX512_BF16, which this CPU lacks; skipped"
         );
         return;
     }
@@ -309,35 +322,16 @@ fn fuzz_attention_dtypes_dot() {
     // argument checks.
     let ran = std::cell::Cell::new(0u32);
     run(512, |b| {
-        DtypeAttentionCase::decode_dot(b).check(|a, o| {
-            let r =
-                a.isa(attn_kernels::Isa::Avx512).path(Path::Flash).half_path(HalfPath::Dot).run(o);
+        let case = DtypeAttentionCase::decode_dot(b);
+        let kernel = |a: Attention<'_>, o: TensorMut<'_>| {
+            let r = a.isa(attn_kernels::Isa::Avx512).path(path).half_path(HalfPath::Dot).run(o);
             ran.set(ran.get() + u32::from(r.is_ok()));
             r
-        })
-    });
-    assert!(ran.get() > cases() / 8, "{} of {} calls ran", ran.get(), cases());
-}
-
-/// The decode path on `vdpbf16ps` (`HalfPath::Dot`: the scores on the instruction for an
-/// even `dk`, widened for an odd one), held to its bound; named as skipped on a CPU without it.
-#[test]
-fn fuzz_attention_dtypes_dot_decode() {
-    if !bf16_dot_available() {
-        eprintln!(
-            "fuzz_attention_dtypes_dot_decode: the decode path on vdpbf16ps (HalfPath::Dot) \
-             needs AVX-512F and AVX512_BF16, which this CPU lacks; skipped"
-        );
-        return;
-    }
-    let ran = std::cell::Cell::new(0u32);
-    run(512, |b| {
-        DtypeAttentionCase::decode_dot(b).check_scores_dot(|a, o| {
-            let r =
-                a.isa(attn_kernels::Isa::Avx512).path(Path::Decode).half_path(HalfPath::Dot).run(o);
-            ran.set(ran.get() + u32::from(r.is_ok()));
-            r
-        })
+        };
+        match path {
+            Path::Decode => case.check_scores_dot(kernel),
+            _ => case.check(kernel),
+        }
     });
     assert!(ran.get() > cases() / 8, "{} of {} calls ran", ran.get(), cases());
 }
