@@ -757,7 +757,8 @@ impl KvAny<'_> {
 /// ([`HalfPath::Dot`](crate::gemm::HalfPath)): column `w` is the 32-bit word of elements
 /// `2w` (low half) and `2w + 1`, and the tiles' step is [`Simd::dot_bf16`] against query rows
 /// of pairs. A value exists only on a CPU with AVX512_BF16 ([`Pairs::new`]), which is what
-/// makes that step safe; the caller runs its tiles in [`vectorize_dot`](crate::arch::vectorize_dot).
+/// makes that step safe; the caller runs its tiles in
+/// [`vectorize_dot`](crate::arch::vectorize_dot).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pairs<'a>(Strided<'a, bf16>);
 
@@ -834,8 +835,8 @@ impl<'a> KvMat for Pairs<'a> {
 /// Decode score tile: `out[r·os + c] = Σ_d q[r·dk + d] · k(j + c, d)` for `r < R`, `c < C`,
 /// `d < dk`: vectors along `d`, one accumulator per (row, key), a scalar tail for
 /// `dk mod LANES`. For [`Pairs`] the columns are words of bf16 pairs (`dk` of them, and as
-/// many in each query row) and each product is [`KvRow::mad`]'s pair dot product. Panics unless `q` holds the `R` rows, `k` the `C` key rows and `out` the
-/// tile.
+/// many in each query row) and each product is [`KvRow::mad`]'s pair dot product. Panics
+/// unless `q` holds the `R` rows, `k` the `C` key rows and `out` the tile.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(

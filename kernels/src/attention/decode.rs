@@ -437,7 +437,7 @@ fn chunk(
         }
         (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
             // `HalfPath::Dot` (bf16 Q, checked): the scores on `vdpbf16ps`, an even `dk` only.
-            match c.p.dot.and(Pairs::new(k)).filter(|_| dk.is_multiple_of(2)) {
+            match c.p.dot.filter(|_| dk.is_multiple_of(2)).and_then(|_| Pairs::new(k)) {
                 Some(kp) => vectorize_dot(in_place(c, kp, keys, v, values, rows)),
                 None => vectorize(isa, in_place(c, k, keys, v, values, rows)),
             }
