@@ -711,6 +711,11 @@ typedef struct AttnPagedArgs {
   int32_t q_dtype;
   // The element type of `o`, as `q_dtype`: each value the f32 result rounded once to it.
   int32_t o_dtype;
+  // One of the `AttnHalfPath` values (`ATTN_HALF_PATH_*`, 0 = auto), read as an `int32_t`,
+  // as `AttnAttentionArgs::half_path`: `ATTN_HALF_PATH_DOT` runs the decode pieces' scores
+  // and the chunked-prefill pieces' products on `vdpbf16ps` (bf16 queries and pools, a CPU
+  // with AVX512_BF16, else `ATTN_STATUS_INVALID_PARAMETER` naming `path`).
+  int32_t half_path;
 } AttnPagedArgs;
 
 // The operands of one [`attn_append_kv`] call: new K/V rows of a packed batch appended to a

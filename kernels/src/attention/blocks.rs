@@ -21,6 +21,7 @@
 //!   factors of `QR` queries are `QV` vectors.
 
 use super::blocking::{DECODE_PREFETCH_KEYS, QV};
+use super::decode::RowMap;
 use super::FLUSH_WEIGHTS_BELOW;
 use attn_core::quant::{q8_blocks, Q8_BLOCK};
 use attn_core::{bf16, MatLayout};
@@ -276,12 +277,15 @@ pub(crate) fn query_pairs(
     }
 }
 
-/// Key rows `j0..j0 + nb` of the bf16 matrix `k` (`dk` columns) as the A operand of the paired
-/// score product: row `j` of `out` holds the `⌈dk/2⌉` pairs of key `j0 + j`. Returns that
-/// operand (row stride `⌈dk/2⌉`, unit step). Panics unless `out` holds `nb·⌈dk/2⌉` words.
+/// Keys `j0..j0 + nb` of the bf16 matrix `k` (`dk` columns, key `j` at row
+/// `map.block_row(j)`: a view's own row, or a pool's slot) as the A operand of the paired score
+/// product: row `j` of `out` holds the `⌈dk/2⌉` pairs of key `j0 + j`. Returns that operand
+/// (row stride `⌈dk/2⌉`, unit step). Panics unless `out` holds `nb·⌈dk/2⌉` words and `k` the
+/// rows.
 #[inline(always)]
 pub(crate) fn key_pairs<'o>(
     k: Strided<'_, bf16>,
+    map: RowMap<'_>,
     j0: usize,
     nb: usize,
     dk: usize,
@@ -290,16 +294,23 @@ pub(crate) fn key_pairs<'o>(
     let dkp = dk.div_ceil(2);
     let out = &mut out[..nb * dkp];
     let le = cfg!(target_endian = "little");
-    if dkp > 0 && nb > 0 && le && k.cs == 1 && k.rs == dk && dk.is_multiple_of(2) {
+    if dkp == 0 || nb == 0 {
+        return Strided { data: out, offset: 0, rs: dkp, cs: 1 };
+    }
+    // Consecutive rows (a view, or a block within one page) are one run of memory.
+    let first = map.block_row(j0);
+    let one_run = map.block_row(j0 + nb - 1).wrapping_sub(first) == nb - 1;
+    if le && k.cs == 1 && k.rs == dk && dk.is_multiple_of(2) && one_run {
         // The rows are one run of memory, and so are their pairs: one copy for the block.
-        assert!(k.covers(j0, nb, dk));
-        let at = k.offset + j0 * k.rs;
+        assert!(k.covers(first, nb, dk));
+        let at = k.offset + first * k.rs;
         let halves: &mut [u16] = bytemuck::cast_slice_mut(out);
         halves.copy_from_slice(k.data[at..at + nb * dk].reinterpret_cast());
-    } else if dkp > 0 {
-        assert!(k.covers(j0, nb, dk));
+    } else {
         for (j, dst) in out.chunks_exact_mut(dkp).enumerate() {
-            let at = k.offset + (j0 + j) * k.rs;
+            let row = map.block_row(j0 + j);
+            assert!(k.covers(row, 1, dk));
+            let at = k.offset + row * k.rs;
             if k.cs == 1 && le {
                 // Contiguous: the pairs are the row's own bytes (low half first in memory, on
                 // a little-endian CPU), so one copy of the row's halves. An element-wise loop
@@ -318,19 +329,29 @@ pub(crate) fn key_pairs<'o>(
     Strided { data: out, offset: 0, rs: dkp, cs: 1 }
 }
 
-/// Value rows `j0..j0 + nb` of the bf16 matrix `v` (`dv` columns) as the A operand (`Vᵀ`) of
-/// the paired output product: `out[w·dv + c]` = the pair `(v(j0 + 2w, c), v(j0 + 2w + 1, c))`
-/// for `w < ⌈nb/2⌉` (A's row `c`, step `w`: row stride 1, step stride `dv`). Panics unless
-/// `out` holds `⌈nb/2⌉·dv` words.
+/// Values `j0..j0 + nb` of the bf16 matrix `v` (`dv` columns, value `j` at row
+/// `map.block_row(j)`, as in [`key_pairs`]) as the A operand (`Vᵀ`) of the paired output
+/// product: `out[w·dv + c]` = the pair `(v(j0 + 2w, c), v(j0 + 2w + 1, c))` for
+/// `w < ⌈nb/2⌉` (A's row `c`, step `w`: row stride 1, step stride `dv`). Panics unless `out`
+/// holds `⌈nb/2⌉·dv` words and `v` the rows.
 #[inline(always)]
-pub(crate) fn value_pairs(v: Strided<'_, bf16>, j0: usize, nb: usize, dv: usize, out: &mut [f32]) {
+pub(crate) fn value_pairs(
+    v: Strided<'_, bf16>,
+    map: RowMap<'_>,
+    j0: usize,
+    nb: usize,
+    dv: usize,
+    out: &mut [f32],
+) {
     if dv == 0 || nb == 0 {
         return;
     }
-    assert!(v.covers(j0, nb, dv));
     for (w, dst) in out[..nb.div_ceil(2) * dv].chunks_exact_mut(dv).enumerate() {
         let (j, odd) = (j0 + 2 * w, 2 * w + 1 < nb);
-        let (a0, a1) = (v.offset + j * v.rs, v.offset + (j + 1) * v.rs);
+        let r0 = map.block_row(j);
+        let r1 = if odd { map.block_row(j + 1) } else { r0 };
+        assert!(v.covers(r0, 1, dv) && v.covers(r1, 1, dv));
+        let (a0, a1) = (v.offset + r0 * v.rs, v.offset + r1 * v.rs);
         if v.cs == 1 && odd {
             let (r0, r1) = (&v.data[a0..a0 + dv], &v.data[a1..a1 + dv]);
             for ((x, y0), y1) in dst.iter_mut().zip(r0).zip(r1) {

@@ -54,6 +54,7 @@ use super::sink::Sink;
 use super::variants::softcap;
 use super::{flash, zeros, Problem};
 use crate::arch::{vectorize, vectorize_dot, Isa, Kernel, Simd};
+use crate::gemm::ukernel::Kernel as GemmKernel;
 use crate::math::exp::exp_rr2_p7_scalar;
 use crate::par::Parallelism;
 
@@ -103,8 +104,9 @@ pub(crate) struct PagedPiece<'a> {
 /// prefill) on the flash path ([`flash::Source::Pages`]), one after another. `q: [1, hq,
 /// total_q, dk]`, `o: [1, hq, total_q, dv]` (each of any floating type) and `lse`
 /// (`[hq, total_q]`) were checked against `cache` (already [`PagedKv::check`]ed) by the
-/// caller; `hkv` divides `hq`, and `variants` were checked for `hq` heads. Fails only when
-/// scratch cannot be allocated.
+/// caller; `hkv` divides `hq`, and `variants` were checked for `hq` heads. `dot`: the
+/// `vdpbf16ps` kernel when the batch runs on it (checked: bf16 queries and pools, `avx512`).
+/// Fails only when scratch cannot be allocated.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_paged(
     isa: Isa,
@@ -113,35 +115,35 @@ pub(crate) fn run_paged(
     pieces: &[PagedPiece<'_>],
     scale: f32,
     variants: Variants<'_>,
+    dot: Option<&'static GemmKernel>,
     mut o: AnyMut<'_>,
     mut lse: Option<&mut [f32]>,
     par: Parallelism,
 ) -> Result<()> {
     let total_q = q.layout().dims[2];
+    // The piece's problem (a fn, not a closure: its result borrows `pc`).
     fn problem<'p>(
         q: AnyRef<'p>,
         cache: &PagedKv<'_>,
         pc: &'p PagedPiece<'p>,
-        scale: f32,
-        variants: Variants<'p>,
+        (scale, variants, dot): (f32, Variants<'p>, Option<&'static GemmKernel>),
     ) -> Problem<'p> {
         let qv = q.with_layout(packed_seq(q.layout(), pc.rows.clone()));
-        let nk = cache.seq_lens[pc.seq];
-        Problem::piece(qv, cache.kv_heads, nk, cache.dv, scale, &pc.mask, pc.off, variants)
+        let (nk, hkv, dv) = (cache.seq_lens[pc.seq], cache.kv_heads, cache.dv);
+        Problem::piece(qv, hkv, nk, dv, scale, &pc.mask, pc.off, variants, dot)
     }
+    let how = (scale, variants, dot);
     let (short, long): (Vec<_>, Vec<_>) =
         pieces.iter().partition(|pc| pc.rows.len() <= DECODE_MAX_Q);
     for pc in long {
-        let p = problem(q, cache, pc, scale, variants);
+        let p = problem(q, cache, pc, how);
         let layout = packed_seq(o.layout(), pc.rows.clone());
         let l = lse.as_deref_mut().map(|out| &mut out[pc.rows.start..]);
         let sink = Sink::new_any(o.with_layout(layout), l).lse_head_stride(total_q);
         flash::run_from(isa, &p, &sink, par, flash::Source::Pages { cache, seq: pc.seq })?;
     }
-    let problems: Vec<_> = short
-        .iter()
-        .map(|pc| (problem(q, cache, pc, scale, variants), Pages { cache, seq: pc.seq }))
-        .collect();
+    let problems: Vec<_> =
+        short.iter().map(|pc| (problem(q, cache, pc, how), Pages { cache, seq: pc.seq })).collect();
     let jobs: Vec<_> = problems.iter().map(|(p, src)| (p, *src)).collect();
     let partials = run_tasks(isa, &jobs, par)?;
     for ((p, _), (pc, parts)) in problems.iter().zip(short.iter().zip(&partials)) {

@@ -39,7 +39,8 @@
 //! block: one extra key before a window's edge, masked like every key outside it), and the
 //! probabilities are rounded to bf16 and paired along the keys after the softmax step. The
 //! running sums keep the f32 probabilities. The bound this costs is stated in
-//! [`Attention`](super::Attention)'s docs.
+//! [`Attention`](super::Attention)'s docs. From pages, the pairs are read slot by slot through
+//! the block table (one copy per block when its rows are consecutive in one page).
 
 use rayon::prelude::*;
 
@@ -262,8 +263,8 @@ impl Kernel for Task<'_, '_, '_> {
             // as bf16 pairs for `vdpbf16ps`.
             let blk = match dot {
                 Some((kern, _, k, v)) => {
-                    value_pairs(v, j0, nb_task, dv, &mut scr.vb);
-                    let kp = key_pairs(k, j0, nb_task, dk, &mut scr.kb);
+                    value_pairs(v, map, j0, nb_task, dv, &mut scr.vb);
+                    let kp = key_pairs(k, map, j0, nb_task, dk, &mut scr.kb);
                     Block::Pairs { kern, k: kp, v: &scr.vb }
                 }
                 None => Block::F32(

@@ -372,21 +372,32 @@ impl Attention<'_> {
     /// The `vdpbf16ps` kernel when [`HalfPath::Dot`] is asked for and can run (else the
     /// `InvalidParameter` error of [`half_path`](Self::half_path)); `None` for the other paths.
     fn dot_kernel(&self, isa: Isa) -> Result<Option<&'static GemmKernel>> {
-        if self.half != HalfPath::Dot {
-            return Ok(None);
-        }
         let bf16 = matches!(
             (&self.q, &self.k, &self.v),
             (AnyRef::BF16(_), KvRef::BF16(_), KvRef::BF16(_))
         );
-        match bf16_dot_kernel() {
-            Some(kern) if bf16 && isa == Isa::Avx512 => Ok(Some(kern)),
-            _ => Err(Error::InvalidParameter {
-                arg: "path",
-                requirement: "the vdpbf16ps path needs bf16 Q, K and V, the avx512 ISA and a \
-                              CPU with AVX512_BF16",
-            }),
-        }
+        dot_kernel(self.half, bf16, isa)
+    }
+}
+
+/// The `vdpbf16ps` kernel for `half` = [`HalfPath::Dot`] when it can run: `bf16` (Q, K and V
+/// are all bf16), the `avx512` ISA and a CPU with AVX512_BF16; else `InvalidParameter { arg:
+/// "path" }`. `None` for the other paths. Dense and paged attention share the rule.
+pub(crate) fn dot_kernel(
+    half: HalfPath,
+    bf16: bool,
+    isa: Isa,
+) -> Result<Option<&'static GemmKernel>> {
+    if half != HalfPath::Dot {
+        return Ok(None);
+    }
+    match bf16_dot_kernel() {
+        Some(kern) if bf16 && isa == Isa::Avx512 => Ok(Some(kern)),
+        _ => Err(Error::InvalidParameter {
+            arg: "path",
+            requirement: "the vdpbf16ps path needs bf16 Q, K and V, the avx512 ISA and a \
+                          CPU with AVX512_BF16",
+        }),
     }
 }
 
@@ -446,7 +457,8 @@ impl<'a> Problem<'a> {
     /// One piece of a paged batch (see [`decode::run_paged`]): queries `q: [1, hq, nq, dk]`
     /// against `nk` keys that the caller reads from pages, with the piece's `mask` and the
     /// variants' offset `off`. The K/V views carry the shapes `[1, hkv, nk, d]` only (no
-    /// data): nothing may read them. Unchecked: the caller checked the batch they come from.
+    /// data): nothing may read them. `dot`: the `vdpbf16ps` kernel ([`dot_kernel`]) when the
+    /// batch runs on it. Unchecked: the caller checked the batch they come from.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn piece(
         q: AnyRef<'a>,
@@ -457,6 +469,7 @@ impl<'a> Problem<'a> {
         mask: &'a Mask<'a>,
         off: isize,
         variants: Variants<'a>,
+        dot: Option<&'static GemmKernel>,
     ) -> Self {
         let [_, hq, nq, dk] = q.layout().dims;
         let shape = |d| KvRef::F32(TensorRef::new(&[], Tensor4Layout::bhsd(1, hkv, nk, d)));
@@ -476,7 +489,7 @@ impl<'a> Problem<'a> {
             nk,
             dk,
             dv,
-            dot: None,
+            dot,
         }
     }
 

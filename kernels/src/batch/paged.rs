@@ -2,14 +2,15 @@
 //! (one piece per sequence with queries), run by the decode path (up to [`PAGED_Q_PIECE`]
 //! queries) or the flash path (chunked prefill), both reading the pages in place.
 
-use attn_core::batch::{PagedKv, SeqOffsets};
+use attn_core::batch::{PagePool, PagedKv, SeqOffsets};
 use attn_core::{
     check_attention_any, default_scale, expect_dim, AnyMut, AnyRef, Error, KvRef, Mask, Result,
     Tensor4Layout, TensorRef, Variants,
 };
 
 use crate::arch::{self, Isa};
-use crate::attention::{run_paged, PagedPiece};
+use crate::attention::{dot_kernel, run_paged, PagedPiece};
+use crate::gemm::HalfPath;
 use crate::par::Parallelism;
 
 /// Most queries of a sequence that the decode path runs: a sequence with more new queries
@@ -61,7 +62,8 @@ pub const PAGED_Q_PIECE: usize = crate::attention::DECODE_MAX_Q;
 /// row, a page outside the pool); a keep or bias mask; a batch other than 1; those of [`check_attention`] on the
 /// packed views (with the cache's heads and widths); bad offsets ([`SeqOffsets::new`]), a total
 /// other than `total_q` or a sequence count other than the cache's (`ShapeMismatch` on
-/// `cu_seqlens_q`); those of [`Variants::check`]. Nothing is written when a check fails.
+/// `cu_seqlens_q`); those of [`Variants::check`]; then [`half_path`](Self::half_path)'s.
+/// Nothing is written when a check fails.
 ///
 /// ```
 /// use attn_kernels::batch::{PagePool, PagedAttention, PagedKv};
@@ -96,6 +98,7 @@ pub struct PagedAttention<'a> {
     lse: Option<&'a mut [f32]>,
     par: Parallelism,
     isa: Option<Isa>,
+    half: HalfPath,
     variants: Variants<'a>,
 }
 
@@ -112,6 +115,7 @@ impl<'a> PagedAttention<'a> {
             lse: None,
             par: Parallelism::Sequential,
             isa: None,
+            half: HalfPath::Auto,
             variants: Variants::NONE,
         }
     }
@@ -143,6 +147,18 @@ impl<'a> PagedAttention<'a> {
     /// The ISA to run on (default [`arch::selected`]).
     pub fn isa(mut self, isa: Isa) -> Self {
         self.isa = Some(isa);
+        self
+    }
+
+    /// How bf16 operands are multiplied (default [`HalfPath::Auto`], which widens them to f32),
+    /// as [`Attention::half_path`](crate::attention::Attention::half_path) says for dense
+    /// attention: with [`HalfPath::Dot`] the decode pieces run their scores on `vdpbf16ps`
+    /// (for an even `dk`) and the chunked-prefill pieces both block products, with those
+    /// paths' bounds. It needs bf16 queries and bf16 key and value pools, the `avx512` ISA and
+    /// a CPU with AVX512_BF16, else [`run`](Self::run) fails with `InvalidParameter { arg:
+    /// "path", .. }` (after the checks of the operands).
+    pub fn half_path(mut self, half: HalfPath) -> Self {
+        self.half = half;
         self
     }
 
@@ -184,11 +200,17 @@ impl<'a> PagedAttention<'a> {
         expect_dim("cu_seqlens_q", "total", total_q, sq.total())?;
         expect_dim("cu_seqlens_q", "sequences", cache.batch(), sq.count())?;
         self.variants.check(hq)?;
+        let bf16 = matches!(
+            (&self.q, cache.k, cache.v),
+            (AnyRef::BF16(_), PagePool::BF16(_), PagePool::BF16(_))
+        );
+        let dot = dot_kernel(self.half, bf16, isa)?;
         if total_q == 0 {
             return Ok(());
         }
         let pieces = plan(&sq, cache.seq_lens, &self.mask);
-        run_paged(isa, self.q, &cache, &pieces, scale, self.variants, o, lse, self.par)
+        let (var, par) = (self.variants, self.par);
+        run_paged(isa, self.q, &cache, &pieces, scale, var, dot, o, lse, par)
     }
 }
 

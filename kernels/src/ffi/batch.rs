@@ -13,7 +13,7 @@
 
 use super::raw::{self, disjoint, slice, slice_mut, span, Span};
 use super::{guard, mask_span, mask_view, opt_mut, threads, AttnMask, AttnPath, AttnStatus};
-use super::{AttnDtype, AttnTensor, AttnTensorMut, AttnVariants, CVariants, Failure};
+use super::{AttnDtype, AttnHalfPath, AttnTensor, AttnTensorMut, AttnVariants, CVariants, Failure};
 use crate::batch::{
     append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut, VarlenAttention,
 };
@@ -259,6 +259,12 @@ pub struct AttnPagedArgs {
     pub q_dtype: i32,
     /// The element type of `o`, as `q_dtype`: each value the f32 result rounded once to it.
     pub o_dtype: i32,
+    // Version 4: how bf16 operands are multiplied. Zero: widened to f32, as before.
+    /// One of the `AttnHalfPath` values (`ATTN_HALF_PATH_*`, 0 = auto), read as an `int32_t`,
+    /// as `AttnAttentionArgs::half_path`: `ATTN_HALF_PATH_DOT` runs the decode pieces' scores
+    /// and the chunked-prefill pieces' products on `vdpbf16ps` (bf16 queries and pools, a CPU
+    /// with AVX512_BF16, else `ATTN_STATUS_INVALID_PARAMETER` naming `path`).
+    pub half_path: i32,
 }
 
 /// The smallest `struct_size` [`attn_paged_attention`] accepts: the first version of
@@ -266,10 +272,14 @@ pub struct AttnPagedArgs {
 const PAGED_ARGS_MIN_SIZE: usize =
     std::mem::offset_of!(AttnPagedArgs, variants) + std::mem::size_of::<*const AttnVariants>();
 
-/// The sizes of the earlier versions of [`AttnPagedArgs`]: the first, and version 2 (through
-/// `v_scales_len`: the pools' element types).
-const PAGED_ARGS_VERSIONS: [usize; 2] =
-    [PAGED_ARGS_MIN_SIZE, std::mem::offset_of!(AttnPagedArgs, q_dtype)];
+/// The sizes of the earlier versions of [`AttnPagedArgs`]: the first, version 2 (through
+/// `v_scales_len`: the pools' element types) and version 3 (through `o_dtype`: the queries'
+/// and output's).
+const PAGED_ARGS_VERSIONS: [usize; 3] = [
+    PAGED_ARGS_MIN_SIZE,
+    std::mem::offset_of!(AttnPagedArgs, q_dtype),
+    std::mem::offset_of!(AttnPagedArgs, half_path),
+];
 
 /// A pool of a paged cache as a C struct gives it: `len` elements of type `t` at `ptr`, and
 /// for [`AttnDtype::Q8`] `scales_len` f32 scales at `scales`; `names` are the pool's and the
@@ -416,6 +426,7 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
         AttnDtype::floating("args.q_dtype", a.q_dtype)?,
         AttnDtype::floating("args.o_dtype", a.o_dtype)?,
     );
+    let half = AttnHalfPath::from_c(a.half_path)?;
     let hq = a.q.dims[1];
     let cu_len = a
         .batch
@@ -456,7 +467,10 @@ unsafe fn paged_call(a: &AttnPagedArgs) -> Result<(), Failure> {
         max_pages: a.max_pages,
         seq_lens,
     };
-    let mut p = PagedAttention::new(q, cu_q, cache).mask(mask).parallelism(threads(a.threads));
+    let mut p = PagedAttention::new(q, cu_q, cache)
+        .mask(mask)
+        .parallelism(threads(a.threads))
+        .half_path(half);
     if let Some(scale) = scale {
         p = p.scale(scale);
     }
@@ -767,10 +781,10 @@ mod tests {
         #[cfg(target_pointer_width = "64")]
         assert_eq!(
             (std::mem::size_of::<AttnAppendKvArgs>(), std::mem::size_of::<AttnPagedArgs>()),
-            (280 + 48, 328 + 40 + 8)
+            (280 + 48, 328 + 40 + 8 + 8)
         );
         #[cfg(target_pointer_width = "64")]
-        assert_eq!(PAGED_ARGS_VERSIONS, [328, 368]);
+        assert_eq!(PAGED_ARGS_VERSIONS, [328, 368, 376]);
     }
 
     #[test]
@@ -1002,6 +1016,7 @@ mod tests {
                 v_scales_len: 0,
                 q_dtype: 0,
                 o_dtype: 0,
+                half_path: 0,
             }
         }
 
@@ -1213,6 +1228,86 @@ mod tests {
             assert_eq!(run_paged(&a), status, "{}", last_error());
             assert!(last_error().contains(arg), "{}", last_error());
             assert!(oh.iter().all(|x| x.is_nan()), "wrote on error");
+        }
+    }
+
+    /// Version 4 of `AttnPagedArgs`: `half_path`. With bf16 queries and pools,
+    /// `ATTN_HALF_PATH_DOT` gives the same bits as the Rust call with `HalfPath::Dot` where
+    /// this CPU has AVX512_BF16 (else the Rust call's error, naming `path`); a version-3
+    /// struct reads it as 0 (widen); an unknown value, or Dot over f32 pools, is refused.
+    #[test]
+    fn half_path_paged_is_the_rust_api() {
+        use crate::gemm::{bf16_dot_available, HalfPath};
+        let mut b = Paged::new();
+        let half = |x: &[f32]| x.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<bf16>>();
+        let (qb, kb, vb) = (half(&b.q), half(&b.k), half(&b.v));
+        let lo = packed(HQ, 5, D);
+        let base = AttnPagedArgs {
+            q: AttnTensor { data: qb.as_ptr().cast(), ..tensor(&b.q, lo) },
+            k_pool: kb.as_ptr().cast(),
+            v_pool: vb.as_ptr().cast(),
+            q_dtype: AttnDtype::Bf16 as i32,
+            k_dtype: AttnDtype::Bf16 as i32,
+            v_dtype: AttnDtype::Bf16 as i32,
+            half_path: AttnHalfPath::Dot as i32,
+            ..b.args(null())
+        };
+        let cache = PagedKv {
+            k: PagePool::BF16(&kb),
+            v: PagePool::BF16(&vb),
+            page_size: 16,
+            kv_heads: 1,
+            dk: D,
+            dv: D,
+            block_table: &PAGED_TABLE,
+            max_pages: 2,
+            seq_lens: &PAGED_LENS,
+        };
+        let rust = |path: HalfPath| {
+            let (mut o, mut lse) = (vec![f32::NAN; 5 * HQ * D], vec![f32::NAN; HQ * 5]);
+            let r = PagedAttention::new(TensorRef::new(&qb, lo), &PAGED_CU, cache)
+                .lse(&mut lse)
+                .parallelism(crate::Parallelism::threads(2))
+                .half_path(path)
+                .run(TensorMut::new(&mut o, lo));
+            r.map(|()| (bits(&o), bits(&lse)))
+        };
+        let status = run_paged(&base);
+        match rust(HalfPath::Dot) {
+            Ok(want) => {
+                assert!(bf16_dot_available());
+                assert_eq!(status, AttnStatus::Ok, "{}", last_error());
+                assert_eq!((bits(&b.o), bits(&b.lse)), want);
+            }
+            Err(e) => {
+                assert!(!bf16_dot_available(), "{e}");
+                assert_eq!(status, AttnStatus::InvalidParameter, "{}", last_error());
+                assert!(last_error().contains("path"), "{}", last_error());
+            }
+        }
+        // Version 3 (through `o_dtype`): `half_path` is not read, so the call widens.
+        b.o.fill(f32::NAN);
+        let v3 =
+            AttnPagedArgs { struct_size: std::mem::offset_of!(AttnPagedArgs, half_path), ..base };
+        assert_eq!(run_paged(&v3), AttnStatus::Ok, "{}", last_error());
+        let widen = rust(HalfPath::Widen).unwrap();
+        assert_eq!((bits(&b.o), bits(&b.lse)), widen);
+        b.o.fill(f32::NAN);
+        let f32_pools = AttnPagedArgs {
+            k_pool: b.k.as_ptr(),
+            v_pool: b.v.as_ptr(),
+            k_dtype: 0,
+            v_dtype: 0,
+            ..base
+        };
+        for (a, arg) in [
+            (AttnPagedArgs { half_path: 3, ..base }, "args.half_path"),
+            (AttnPagedArgs { half_path: -1, ..base }, "args.half_path"),
+            (f32_pools, "path"),
+        ] {
+            assert_eq!(run_paged(&a), AttnStatus::InvalidParameter, "{}", last_error());
+            assert!(last_error().contains(arg), "{}", last_error());
+            assert!(b.o.iter().all(|x| x.is_nan()), "wrote on error");
         }
     }
 

@@ -29,10 +29,13 @@
 //! bound is that of the computation on those values. The exact representation of int8 pages
 //! is what the proptest above checks.
 
-use attn_kernels::batch::{append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut};
+use attn_kernels::batch::{
+    append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut, PAGED_Q_PIECE,
+};
+use attn_kernels::gemm::{bf16_dot_available, HalfPath};
 use attn_kernels::{
-    alibi_slopes, bf16, f16, quantize_q8, AnyMut, AnyRef, DType, Element, Error, Isa, Mask, Q8Mut,
-    Tensor4Layout, TensorMut, TensorRef,
+    alibi_slopes, bf16, f16, quantize_q8, AnyMut, AnyRef, DType, Element, Error, Isa, Mask,
+    Parallelism, Q8Mut, Tensor4Layout, TensorMut, TensorRef,
 };
 use attn_tests::attention_support::{Case, MaskKind, Rng};
 use attn_tests::fuzz_decode::VariantSpec;
@@ -394,6 +397,25 @@ impl Batch {
         self.kernel_typed(isa, threads, &self.q)
     }
 
+    /// Rounds the queries (the batch's and each case's) to the bf16 values they are nearest,
+    /// so that the reference sees the values bf16 queries represent.
+    fn round_queries_to_bf16(&mut self) {
+        let round = |x: &mut f32| *x = bf16::from_f32(*x).to_f32();
+        self.q.iter_mut().for_each(round);
+        for c in &mut self.cases {
+            c.q.0.iter_mut().for_each(round);
+        }
+    }
+
+    /// The kernel's output and logsumexps with bf16 queries (the batch's, which must be
+    /// bf16 values) and `HalfPath::Dot`, on `threads` threads.
+    fn kernel_dot(&self, threads: usize) -> (Vec<f32>, Vec<f32>) {
+        let qb: Vec<bf16> = self.q.iter().map(|&x| bf16::from_f32(x)).collect();
+        self.run_with(&qb, |p| {
+            p.isa(Isa::Avx512).half_path(HalfPath::Dot).parallelism(Parallelism::threads(threads))
+        })
+    }
+
     /// The kernel's output in `O` and logsumexps, for the queries `q` (in `Q`, the batch's
     /// query layout).
     fn kernel_typed<Q: Element, O: Element>(
@@ -406,11 +428,25 @@ impl Batch {
         for<'a> TensorRef<'a, Q>: Into<AnyRef<'a>>,
         for<'a> TensorMut<'a, O>: Into<AnyMut<'a>>,
     {
+        self.run_with(q, |p| p.isa(isa).parallelism(Parallelism::threads(threads)))
+    }
+
+    /// The kernel's output in `O` and logsumexps for the queries `q`, with the batch's
+    /// settings and then those `how` adds.
+    fn run_with<Q: Element, O: Element>(
+        &self,
+        q: &[Q],
+        how: impl FnOnce(PagedAttention<'_>) -> PagedAttention<'_>,
+    ) -> (Vec<O>, Vec<f32>)
+    where
+        for<'a> TensorRef<'a, Q>: Into<AnyRef<'a>>,
+        for<'a> TensorMut<'a, O>: Into<AnyMut<'a>>,
+    {
         let (tq, l) = (self.total_q(), packed(self.hq, self.total_q(), self.dv));
         let mut o = vec![O::from_f32(f32::NAN); l.required_len().unwrap_or(0) + 3];
         let mut lse = vec![f32::NAN; self.hq * tq];
         let var = self.cases.first().map(|c| c.variants()).unwrap_or_default();
-        PagedAttention::new(
+        let p = PagedAttention::new(
             TensorRef::new(q, packed(self.hq, tq, self.dk)),
             &self.cu_q,
             self.cache(),
@@ -418,11 +454,8 @@ impl Batch {
         .scale(self.scale())
         .mask(self.mask())
         .variants(var)
-        .lse(&mut lse)
-        .isa(isa)
-        .parallelism(attn_kernels::Parallelism::threads(threads))
-        .run(TensorMut::new(&mut o, l))
-        .expect("paged attention failed on a valid batch");
+        .lse(&mut lse);
+        how(p).run(TensorMut::new(&mut o, l)).expect("paged attention failed on a valid batch");
         (o, lse)
     }
 
@@ -434,10 +467,21 @@ impl Batch {
         got: &(Vec<f32>, Vec<f32>),
         want: &(Vec<f32>, Vec<f32>),
     ) -> Result<(), String> {
+        self.compare_by(what, got, want, Case::bounds)
+    }
+
+    /// [`compare`](Self::compare) with each sequence's bounds from `bounds`.
+    fn compare_by(
+        &self,
+        what: &str,
+        got: &(Vec<f32>, Vec<f32>),
+        want: &(Vec<f32>, Vec<f32>),
+        bounds: impl Fn(&Case) -> (Vec<f64>, Vec<f64>),
+    ) -> Result<(), String> {
         let tq = self.total_q();
         let l = packed(self.hq, tq, self.dv);
         for (s, c) in self.cases.iter().enumerate() {
-            let (ob, lb) = c.bounds();
+            let (ob, lb) = bounds(c);
             for h in 0..self.hq {
                 for i in 0..c.nq {
                     let (t, row) = (self.cu_q[s] + i, h * c.nq + i);
@@ -558,6 +602,72 @@ proptest! {
             typed_queries_and_output::<bf16>(&batch, isa)?;
             typed_queries_and_output::<f16>(&batch, isa)?;
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// bf16 queries and pools with `HalfPath::Dot`, where this CPU has AVX512_BF16 (else
+    /// `dot_path_not_runnable_here_is_named` says so): each decode piece (at most
+    /// `PAGED_Q_PIECE` queries) within the bound of the decode path's scores on `vdpbf16ps`
+    /// (`Case::bounds_dot_scores`), each chunked-prefill piece within the flash path's
+    /// (`Case::bounds_dot`, probabilities rounded to bf16); one and two threads agree to the
+    /// bit.
+    #[test]
+    fn paged_dot_matches_reference(
+        seed in any::<u64>(),
+        mut lens in prop::collection::vec(
+            (prop::sample::select(NQ.to_vec()), prop::sample::select(NK.to_vec())), 1..6),
+        (hkv, group) in prop::sample::select(vec![(1usize, 1usize), (2, 2), (1, 4)]),
+        (dk, dv) in prop::sample::select(vec![(1usize, 1usize), (16, 16), (64, 64), (7, 24)]),
+        page_size in prop::sample::select(vec![16usize, 32, 128]),
+        share in any::<bool>(),
+        mask in mask_kind(),
+        (window, softcap, sinks, alibi) in variant_spec(),
+    ) {
+        if !bf16_dot_available() {
+            return Ok(());
+        }
+        let hq = hkv * group;
+        let work = |lens: &[(usize, usize)]| -> usize {
+            lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
+        };
+        while work(&lens) > WORK {
+            let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
+            lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
+        }
+        let mut rng = Rng::new(seed ^ 0xD07B);
+        let spec = VariantSpec {
+            window,
+            softcap,
+            sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
+            alibi: alibi.then(|| alibi_slopes(hq)),
+        };
+        let types = (DType::BF16, DType::BF16);
+        let mut batch =
+            Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec, types);
+        batch.round_queries_to_bf16();
+        let want = batch.reference();
+        let one = batch.kernel_dot(1);
+        let bounds = |c: &Case| {
+            if c.nq <= PAGED_Q_PIECE { c.bounds_dot_scores() } else { c.bounds_dot() }
+        };
+        batch.compare_by("avx512 HalfPath::Dot", &one, &want, bounds).map_err(TestCaseError::fail)?;
+        let two = batch.kernel_dot(2);
+        prop_assert_eq!(bits(&one.0), bits(&two.0), "threads");
+        prop_assert_eq!(bits(&one.1), bits(&two.1), "threads");
+    }
+}
+
+/// Names the path `paged_dot_matches_reference` could not run on this CPU.
+#[test]
+fn dot_path_not_runnable_here_is_named() {
+    if !bf16_dot_available() {
+        eprintln!(
+            "paged: the decode and flash paths on vdpbf16ps (HalfPath::Dot) need AVX-512F and \
+             AVX512_BF16, which this CPU lacks; paged_dot_matches_reference skipped them"
+        );
     }
 }
 
