@@ -459,21 +459,28 @@ pub(crate) fn weights<S: Simd, const K: usize>(s: S, d: [S::V; K]) -> [S::V; K] 
 }
 
 /// `x_j ← e^(x_j − m)` in place, flushed to 0 below `e^(−64)` ([`weights`]); returns their sum
-/// (f32). `m` is the row's running maximum (never below `f32::MIN`), so `−∞` scores give
-/// exactly 0.
+/// (f32) and whether some weight is 0 (a masked key, or one flushed: the decode path's P·V
+/// then needs its guard), found by one `min` per vector beside the exp rather than a scan.
+/// `m` is the row's running maximum (never below `f32::MIN`), so `−∞` scores give exactly 0.
 #[inline(always)]
-pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
+pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> (f32, bool) {
     let l = S::LANES;
     let vm = s.splat(m);
+    // A weight is 0 or at least e^(−64), far above the smallest normal: `p < MIN_POSITIVE`
+    // is `p = 0` (and false for NaN, as `== 0` is).
+    let tiny = s.splat(f32::MIN_POSITIVE);
     let mut sum = s.splat(0.0);
+    let mut low = s.splat(1.0);
     let mut i = 0;
     while i + l <= x.len() {
         let [p] = weights(s, [s.sub(load(s, &x[i..]), vm)]);
         store(s, &mut x[i..], p);
         sum = s.add(sum, p);
+        low = s.min_skip_nan(low, p); // a NaN weight never hides a 0 of its lane
         i += l;
     }
     let mut total = s.reduce_add(sum);
+    let mut zero = s.any_lt(low, tiny);
     if i < x.len() {
         let mut tail = [f32::NEG_INFINITY; 16];
         let n = x.len() - i;
@@ -485,8 +492,9 @@ pub(crate) fn exp_row<S: Simd>(s: S, x: &mut [f32], m: f32) -> f32 {
         }
         x[i..].copy_from_slice(&buf[..n]);
         total += buf[..n].iter().sum::<f32>();
+        zero |= buf[..n].contains(&0.0);
     }
-    total
+    (total, zero)
 }
 
 /// The weights `e^(x_j − m)` of `n` scores `x[lane + j·stride]` whose maximum `m` is `+∞` (a

@@ -636,14 +636,15 @@ impl Chunk<'_, '_> {
                 let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
                 let m_old = part.m[r];
                 let m_new = row_max(s, srow, m_old);
-                // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
-                let sum = if m_new == f32::INFINITY {
-                    pos_inf_weights(srow, nb, 1, 0)
+                // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight. A
+                // zero weight (masked or underflowed) needs the guarded P·V tile.
+                let (sum, zero) = if m_new == f32::INFINITY {
+                    let sum = pos_inf_weights(srow, nb, 1, 0);
+                    (sum, srow.contains(&0.0))
                 } else {
                     exp_row(s, srow, m_new)
                 };
-                // A zero weight (masked or underflowed) needs the guarded P·V tile.
-                guard |= srow.contains(&0.0);
+                guard |= zero;
                 // An unchanged maximum (the common case once it settles) needs no rescale.
                 let alpha = if m_new == m_old { 1.0 } else { exp_rr2_p7_scalar(s, m_old - m_new) };
                 part.l[r] = alpha.mul_add(part.l[r], sum);

@@ -139,7 +139,7 @@ impl Kernel for SoftmaxRows<'_, '_> {
             sums[i] = if m == f32::INFINITY {
                 pos_inf_weights(row, nk, 1, 0)
             } else {
-                exp_row(s, row, m)
+                exp_row(s, row, m).0
             };
             maxes[i] = m;
         }

@@ -1022,17 +1022,7 @@ mod tests {
 
         /// The cache over the f32 pools.
         fn cache(&self) -> PagedKv<'_> {
-            PagedKv {
-                k: PagePool::F32(&self.k),
-                v: PagePool::F32(&self.v),
-                page_size: 16,
-                kv_heads: 1,
-                dk: D,
-                dv: D,
-                block_table: &PAGED_TABLE,
-                max_pages: 2,
-                seq_lens: &PAGED_LENS,
-            }
+            paged_cache(PagePool::F32(&self.k), PagePool::F32(&self.v))
         }
 
         fn rust(&self, mask: Mask<'_>) -> (Vec<f32>, Vec<f32>) {
@@ -1043,6 +1033,21 @@ mod tests {
                 .run(TensorMut::new(&mut o, packed(HQ, 5, D)))
                 .unwrap();
             (o, lse)
+        }
+    }
+
+    /// The test cache's table and lengths over the pools `k` and `v`.
+    fn paged_cache<'a>(k: PagePool<'a>, v: PagePool<'a>) -> PagedKv<'a> {
+        PagedKv {
+            k,
+            v,
+            page_size: 16,
+            kv_heads: 1,
+            dk: D,
+            dv: D,
+            block_table: &PAGED_TABLE,
+            max_pages: 2,
+            seq_lens: &PAGED_LENS,
         }
     }
 
@@ -1131,17 +1136,7 @@ mod tests {
         };
         assert_eq!(run_paged(&base), AttnStatus::Ok, "{}", last_error());
         let (mut o, mut lse) = (vec![f32::NAN; b.o.len()], vec![f32::NAN; HQ * 5]);
-        let cache = PagedKv {
-            k: PagePool::Q8 { values: &kq, scales: &ks },
-            v: PagePool::BF16(&vb),
-            page_size: 16,
-            kv_heads: 1,
-            dk: D,
-            dv: D,
-            block_table: &PAGED_TABLE,
-            max_pages: 2,
-            seq_lens: &PAGED_LENS,
-        };
+        let cache = paged_cache(PagePool::Q8 { values: &kq, scales: &ks }, PagePool::BF16(&vb));
         PagedAttention::new(TensorRef::new(&b.q, packed(HQ, 5, D)), &PAGED_CU, cache)
             .lse(&mut lse)
             .run(TensorMut::new(&mut o, packed(HQ, 5, D)))
@@ -1252,17 +1247,7 @@ mod tests {
             half_path: AttnHalfPath::Dot as i32,
             ..b.args(null())
         };
-        let cache = PagedKv {
-            k: PagePool::BF16(&kb),
-            v: PagePool::BF16(&vb),
-            page_size: 16,
-            kv_heads: 1,
-            dk: D,
-            dv: D,
-            block_table: &PAGED_TABLE,
-            max_pages: 2,
-            seq_lens: &PAGED_LENS,
-        };
+        let cache = paged_cache(PagePool::BF16(&kb), PagePool::BF16(&vb));
         let rust = |path: HalfPath| {
             let (mut o, mut lse) = (vec![f32::NAN; 5 * HQ * D], vec![f32::NAN; HQ * 5]);
             let r = PagedAttention::new(TensorRef::new(&qb, lo), &PAGED_CU, cache)

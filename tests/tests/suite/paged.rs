@@ -565,7 +565,7 @@ proptest! {
     #[test]
     fn paged_matches_reference(
         seed in any::<u64>(),
-        mut lens in prop::collection::vec(
+        lens in prop::collection::vec(
             (prop::sample::select(NQ.to_vec()), prop::sample::select(NK.to_vec())), 1..7),
         (hkv, group) in prop::sample::select(vec![(1usize, 1usize), (2, 2), (1, 3), (2, 1), (1, 8)]),
         (dk, dv) in prop::sample::select(vec![(1usize, 1usize), (16, 16), (64, 64), (8, 24), (40, 0)]),
@@ -575,23 +575,8 @@ proptest! {
         (window, softcap, sinks, alibi) in variant_spec(),
         types in prop::sample::select(POOL_TYPES.to_vec()),
     ) {
-        let hq = hkv * group;
-        let work = |lens: &[(usize, usize)]| -> usize {
-            lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
-        };
-        while work(&lens) > WORK {
-            let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
-            lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
-        }
-        let mut rng = Rng::new(seed ^ 0xBA7C);
-        let spec = VariantSpec {
-            window,
-            softcap,
-            sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
-            alibi: alibi.then(|| alibi_slopes(hq)),
-        };
-        let batch =
-            Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec, types);
+        let variants = (window, softcap, sinks, alibi);
+        let batch = drawn(seed, lens, (hkv, group, dk, dv), page_size, share, mask, variants, types);
         let want = batch.reference();
         for isa in supported_isas("paged") {
             let one = batch.kernel(isa, 1);
@@ -617,7 +602,7 @@ proptest! {
     #[test]
     fn paged_dot_matches_reference(
         seed in any::<u64>(),
-        mut lens in prop::collection::vec(
+        lens in prop::collection::vec(
             (prop::sample::select(NQ.to_vec()), prop::sample::select(NK.to_vec())), 1..6),
         (hkv, group) in prop::sample::select(vec![(1usize, 1usize), (2, 2), (1, 4)]),
         (dk, dv) in prop::sample::select(vec![(1usize, 1usize), (16, 16), (64, 64), (7, 24)]),
@@ -629,31 +614,18 @@ proptest! {
         if !bf16_dot_available() {
             return Ok(());
         }
-        let hq = hkv * group;
-        let work = |lens: &[(usize, usize)]| -> usize {
-            lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
-        };
-        while work(&lens) > WORK {
-            let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
-            lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
-        }
-        let mut rng = Rng::new(seed ^ 0xD07B);
-        let spec = VariantSpec {
-            window,
-            softcap,
-            sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
-            alibi: alibi.then(|| alibi_slopes(hq)),
-        };
+        let variants = (window, softcap, sinks, alibi);
         let types = (DType::BF16, DType::BF16);
         let mut batch =
-            Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec, types);
+            drawn(seed, lens, (hkv, group, dk, dv), page_size, share, mask, variants, types);
         batch.round_queries_to_bf16();
         let want = batch.reference();
         let one = batch.kernel_dot(1);
-        let bounds = |c: &Case| {
-            if c.nq <= PAGED_Q_PIECE { c.bounds_dot_scores() } else { c.bounds_dot() }
-        };
-        batch.compare_by("avx512 HalfPath::Dot", &one, &want, bounds).map_err(TestCaseError::fail)?;
+        batch
+            .compare_by("avx512 HalfPath::Dot", &one, &want, |c| {
+                if c.nq <= PAGED_Q_PIECE { c.bounds_dot_scores() } else { c.bounds_dot() }
+            })
+            .map_err(TestCaseError::fail)?;
         let two = batch.kernel_dot(2);
         prop_assert_eq!(bits(&one.0), bits(&two.0), "threads");
         prop_assert_eq!(bits(&one.1), bits(&two.1), "threads");
@@ -669,6 +641,38 @@ fn dot_path_not_runnable_here_is_named() {
              AVX512_BF16, which this CPU lacks; paged_dot_matches_reference skipped them"
         );
     }
+}
+
+/// The batch of a proptest case: the lengths halved until the work is under [`WORK`], and the
+/// variants drawn (`window`, `softcap`, whether sinks and ALiBi slopes are on) made concrete
+/// for `hq = hkv·group` heads.
+#[allow(clippy::too_many_arguments)]
+fn drawn(
+    seed: u64,
+    mut lens: Vec<(usize, usize)>,
+    (hkv, group, dk, dv): (usize, usize, usize, usize),
+    page_size: usize,
+    share: bool,
+    mask: MaskKind,
+    (window, softcap, sinks, alibi): (Option<(usize, usize)>, Option<f32>, bool, bool),
+    types: (DType, DType),
+) -> Batch {
+    let hq = hkv * group;
+    let work = |lens: &[(usize, usize)]| -> usize {
+        lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
+    };
+    while work(&lens) > WORK {
+        let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
+        lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
+    }
+    let mut rng = Rng::new(seed ^ 0xBA7C);
+    let spec = VariantSpec {
+        window,
+        softcap,
+        sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
+        alibi: alibi.then(|| alibi_slopes(hq)),
+    };
+    Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec, types)
 }
 
 /// Queries and output in the half type `T`: bit for bit the f32 call on the widened queries
