@@ -630,7 +630,9 @@ impl<'a> Problem<'a> {
     /// Applies the ALiBi term and the window to a block of masked scores laid out as for
     /// [`apply_mask`](Self::apply_mask): `s[j·stride + r] += slope·(j0 + j − i0 − r − off)`
     /// (the distance rounded to f32, exact below 2²⁴, then one rounded product), and −∞
-    /// outside the window.
+    /// outside the window. A −∞ score (a key the mask hides, or a bias of −∞) stays −∞: the
+    /// reference gives such a key no logit, or `−∞ + finite` in f64, while `−∞ + slope·d` is
+    /// NaN in f32 once the product overflows to `+∞`.
     /// Nothing to do (and nothing read) without those variants.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)] // into the ISA's kernel body, so that the row loops use its vectors
@@ -656,13 +658,13 @@ impl<'a> Problem<'a> {
                 for j in 0..nb {
                     let dj = (base + j as i32) as f32;
                     for (x, r) in s[j * stride..j * stride + rows].iter_mut().zip(ramp) {
-                        *x += slope * (dj - r);
+                        *x = alibi(*x, slope * (dj - r));
                     }
                 }
             } else {
                 for j in 0..nb {
                     for (r, x) in s[j * stride..j * stride + rows].iter_mut().enumerate() {
-                        *x += slope * ((base + j as i128 - r as i128) as f64) as f32;
+                        *x = alibi(*x, slope * ((base + j as i128 - r as i128) as f64) as f32);
                     }
                 }
             }
@@ -785,6 +787,17 @@ fn kv_matrix<'a>(t: &KvRef<'a>, b: usize, kh: usize) -> KvAny<'a> {
                 },
             })
         }
+    }
+}
+
+/// `score + term`, except that a −∞ score (hidden) stays −∞ whatever the term: see
+/// [`Problem::apply_variants`]. A select, so the row loops still vectorise.
+#[inline(always)]
+fn alibi(score: f32, term: f32) -> f32 {
+    if score == f32::NEG_INFINITY {
+        score
+    } else {
+        score + term
     }
 }
 

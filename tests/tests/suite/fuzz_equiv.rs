@@ -415,4 +415,14 @@ fn fuzz_regressions() {
         31, 147, 99, 84,
     ];
     AttentionCase::decode(bytes).check(|a, o| a.isa(isa).path(Path::Flash).run(o)).unwrap();
+    // Random fuzzing, 2026-12-05: one query, one key hidden by a causal offset of `i64::MIN`,
+    // an ALiBi slope of 1e30. The unfused path added the overflowing term (+∞) to the hidden
+    // key's −∞: NaN where the reference gives zeros and the sink's logsumexp.
+    let bytes: &[u8] = &[
+        130, 4, 0, 1, 1, 1, 20, 0, 0, 5, 0, 85, 146, 64, 0, 35, 0, 224, 0, 6, 176, 0, 16, 145, 68,
+        0, 0, 0, 0, 0, 163, 0, 140, 0, 0, 45, 0, 0, 204,
+    ];
+    for path in [Path::Unfused, Path::Flash, Path::Decode] {
+        AttentionCase::decode(bytes).check(|a, o| a.isa(isa).path(path).run(o)).unwrap();
+    }
 }

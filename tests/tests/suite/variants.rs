@@ -211,6 +211,34 @@ fn long_sequence_with_a_narrow_window() {
     }
 }
 
+/// ALiBi slopes so large that `slope·distance` overflows f32 leave the keys a mask hides
+/// hidden: `−∞ + ∞` would be NaN, while the reference gives a hidden key no logit (and a bias
+/// of −∞ plus a finite f64 term stays −∞). Keys to the left of the diagonal go to −∞, those to
+/// the right (unmasked ones, under a bias) to +∞. The first case is the random fuzzer's find
+/// (`fuzz_attention_unfused`, every key hidden by a causal offset of `isize::MIN`).
+#[test]
+fn overflowing_alibi_leaves_hidden_keys_hidden() {
+    let masks = [
+        MaskKind::Causal(Some(isize::MIN)),
+        MaskKind::Causal(None),
+        MaskKind::Causal(Some(-3)),
+        MaskKind::Causal(Some(40)),
+        MaskKind::Keep { density: 4, broadcast: false },
+        MaskKind::Bias,
+    ];
+    for mask in masks {
+        let mut case = Case::new(16, 1, 1, 2, 37, 70, 16, 8, false, 0, mask, 1.0);
+        case.variants.alibi = Some(vec![f32::MAX, 1e30]);
+        case.variants.sinks = Some(vec![0.5, -1.0]);
+        let want = case.reference();
+        let bounds = case.bounds();
+        all_paths(&case, |name, o, l| {
+            let got = (o.to_vec(), l.to_vec());
+            compare(&case, name, &got, &want, &bounds, 1.0).unwrap();
+        });
+    }
+}
+
 /// `dk = dv = 0` with a logsumexp output: the logsumexps of zero scores plus the mask and the
 /// ALiBi term, with the sink, computed without visiting keys (in closed form for no mask and
 /// a causal one), match the reference.
