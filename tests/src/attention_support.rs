@@ -514,3 +514,32 @@ pub fn with_lse<'a>(a: Attention<'a>, lse: Option<&'a mut [f32]>) -> Attention<'
         None => a,
     }
 }
+
+/// A batch's `(queries, keys)` lengths, the largest pair halved (keys to `n/2 + 1`, so a
+/// sequence keeps a key) until `Σ hq·nq·nk·(dk + dv)` is at most `work`: the cap that keeps
+/// the f64 reference of a proptest case fast.
+pub fn cap_batch_work(lens: &mut [(usize, usize)], hq: usize, dk: usize, dv: usize, work: usize) {
+    let total = |lens: &[(usize, usize)]| -> usize {
+        lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
+    };
+    while total(lens) > work {
+        let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
+        lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
+    }
+}
+
+/// The variants a batch proptest draws (`window`, `softcap`, whether sinks and ALiBi are on)
+/// made concrete for `hq` heads: sinks uniform in `[−3, 3]` from `seed`, the standard slopes.
+pub fn drawn_variants(
+    seed: u64,
+    hq: usize,
+    (window, softcap, sinks, alibi): (Option<(usize, usize)>, Option<f32>, bool, bool),
+) -> VariantSpec {
+    let mut rng = Rng::new(seed ^ 0xBA7C);
+    VariantSpec {
+        window,
+        softcap,
+        sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
+        alibi: alibi.then(|| attn_kernels::alibi_slopes(hq)),
+    }
+}

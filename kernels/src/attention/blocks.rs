@@ -278,7 +278,7 @@ pub(crate) fn query_pairs(
 }
 
 /// Keys `j0..j0 + nb` of the bf16 matrix `k` (`dk` columns, key `j` at row
-/// `map.block_row(j)`: a view's own row, or a pool's slot) as the A operand of the paired score
+/// `map.read_row(j)`: a view's own row, or a pool's slot) as the A operand of the paired score
 /// product: row `j` of `out` holds the `⌈dk/2⌉` pairs of key `j0 + j`. Returns that operand
 /// (row stride `⌈dk/2⌉`, unit step). Panics unless `out` holds `nb·⌈dk/2⌉` words and `k` the
 /// rows.
@@ -298,8 +298,8 @@ pub(crate) fn key_pairs<'o>(
         return Strided { data: out, offset: 0, rs: dkp, cs: 1 };
     }
     // Consecutive rows (a view, or a block within one page) are one run of memory.
-    let first = map.block_row(j0);
-    let one_run = map.block_row(j0 + nb - 1).wrapping_sub(first) == nb - 1;
+    let first = map.read_row(j0);
+    let one_run = map.read_row(j0 + nb - 1).wrapping_sub(first) == nb - 1;
     if le && k.cs == 1 && k.rs == dk && dk.is_multiple_of(2) && one_run {
         // The rows are one run of memory, and so are their pairs: one copy for the block.
         assert!(k.covers(first, nb, dk));
@@ -308,7 +308,7 @@ pub(crate) fn key_pairs<'o>(
         halves.copy_from_slice(k.data[at..at + nb * dk].reinterpret_cast());
     } else {
         for (j, dst) in out.chunks_exact_mut(dkp).enumerate() {
-            let row = map.block_row(j0 + j);
+            let row = map.read_row(j0 + j);
             assert!(k.covers(row, 1, dk));
             let at = k.offset + row * k.rs;
             if k.cs == 1 && le {
@@ -330,7 +330,7 @@ pub(crate) fn key_pairs<'o>(
 }
 
 /// Values `j0..j0 + nb` of the bf16 matrix `v` (`dv` columns, value `j` at row
-/// `map.block_row(j)`, as in [`key_pairs`]) as the A operand (`Vᵀ`) of the paired output
+/// `map.read_row(j)`, as in [`key_pairs`]) as the A operand (`Vᵀ`) of the paired output
 /// product: `out[w·dv + c]` = the pair `(v(j0 + 2w, c), v(j0 + 2w + 1, c))` for
 /// `w < ⌈nb/2⌉` (A's row `c`, step `w`: row stride 1, step stride `dv`). Panics unless `out`
 /// holds `⌈nb/2⌉·dv` words and `v` the rows.
@@ -348,8 +348,8 @@ pub(crate) fn value_pairs(
     }
     for (w, dst) in out[..nb.div_ceil(2) * dv].chunks_exact_mut(dv).enumerate() {
         let (j, odd) = (j0 + 2 * w, 2 * w + 1 < nb);
-        let r0 = map.block_row(j);
-        let r1 = if odd { map.block_row(j + 1) } else { r0 };
+        let r0 = map.read_row(j);
+        let r1 = if odd { map.read_row(j + 1) } else { r0 };
         assert!(v.covers(r0, 1, dv) && v.covers(r1, 1, dv));
         let (a0, a1) = (v.offset + r0 * v.rs, v.offset + r1 * v.rs);
         if v.cs == 1 && odd {

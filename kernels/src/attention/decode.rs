@@ -244,12 +244,13 @@ impl RowMap<'_> {
         }
     }
 
-    /// The row of the first key of a block that a chunk reads (within the sequence's keys, so
-    /// always mapped; past every row otherwise, which the tiles' bounds checks refuse).
+    /// The row of a key that a kernel reads: a block's first key, or any key of a block (the
+    /// paired flash operands map each one). Such a key is within the sequence, so always mapped;
+    /// past every row otherwise, which the tiles' bounds checks refuse.
     #[inline(always)]
-    pub(super) fn block_row(self, j0: usize) -> usize {
-        let row = self.row(j0);
-        debug_assert!(row.is_some(), "block {j0} past the sequence's pages");
+    pub(super) fn read_row(self, j: usize) -> usize {
+        let row = self.row(j);
+        debug_assert!(row.is_some(), "key {j} past the sequence's pages");
         row.unwrap_or(usize::MAX / 2)
     }
 }
@@ -535,7 +536,7 @@ impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
             RowMap::Dense => Some(j0.wrapping_add(DECODE_PREFETCH_KEYS)),
             paged => paged.row(j0 + DECODE_PREFETCH_KEYS),
         };
-        Block { m: self.m, j: self.rows.block_row(j0), ahead: ahead.map(|j| (self.m, j)) }
+        Block { m: self.m, j: self.rows.read_row(j0), ahead: ahead.map(|j| (self.m, j)) }
     }
     #[inline(always)]
     fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)> {
@@ -566,7 +567,7 @@ impl Blocks for Gather<'_, '_> {
         Self: 'b;
     #[inline(always)]
     fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> Block<Strided<'_>> {
-        let j = self.rows.block_row(j0);
+        let j = self.rows.read_row(j0);
         Block { m: gathered(s, self.m, j, nb, self.n, &mut self.buf), j: 0, ahead: None }
     }
     #[inline(always)]

@@ -403,13 +403,13 @@ fn block_f32<'t, S: Simd>(
             if let KvAny::F32(f) = m {
                 if j0 / ps == (j0 + nb - 1) / ps {
                     // The pool holds the page's rows (checked): no overflow.
-                    return (Strided { offset: f.offset + map.block_row(j0) * f.rs, ..f }, j0);
+                    return (Strided { offset: f.offset + map.read_row(j0) * f.rs, ..f }, j0);
                 }
             }
             let mut j = j0;
             while j < j0 + nb {
                 let seg = (ps - j % ps).min(j0 + nb - j);
-                m.gather(s, map.block_row(j), seg, n, &mut buf[(j - j0) * n..]);
+                m.gather(s, map.read_row(j), seg, n, &mut buf[(j - j0) * n..]);
                 j += seg;
             }
             gathered(buf)

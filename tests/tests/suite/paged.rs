@@ -34,10 +34,10 @@ use attn_kernels::batch::{
 };
 use attn_kernels::gemm::{bf16_dot_available, HalfPath};
 use attn_kernels::{
-    alibi_slopes, bf16, f16, quantize_q8, AnyMut, AnyRef, DType, Element, Error, Isa, Mask,
-    Parallelism, Q8Mut, Tensor4Layout, TensorMut, TensorRef,
+    bf16, f16, quantize_q8, AnyMut, AnyRef, DType, Element, Error, Isa, Mask, Parallelism, Q8Mut,
+    Tensor4Layout, TensorMut, TensorRef,
 };
-use attn_tests::attention_support::{Case, MaskKind, Rng};
+use attn_tests::attention_support::{cap_batch_work, drawn_variants, Case, MaskKind, Rng};
 use attn_tests::fuzz_decode::VariantSpec;
 use attn_tests::supported_isas;
 use proptest::prelude::*;
@@ -654,24 +654,12 @@ fn drawn(
     page_size: usize,
     share: bool,
     mask: MaskKind,
-    (window, softcap, sinks, alibi): (Option<(usize, usize)>, Option<f32>, bool, bool),
+    variants: (Option<(usize, usize)>, Option<f32>, bool, bool),
     types: (DType, DType),
 ) -> Batch {
     let hq = hkv * group;
-    let work = |lens: &[(usize, usize)]| -> usize {
-        lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
-    };
-    while work(&lens) > WORK {
-        let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
-        lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
-    }
-    let mut rng = Rng::new(seed ^ 0xBA7C);
-    let spec = VariantSpec {
-        window,
-        softcap,
-        sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
-        alibi: alibi.then(|| alibi_slopes(hq)),
-    };
+    cap_batch_work(&mut lens, hq, dk, dv, WORK);
+    let spec = drawn_variants(seed, hq, variants);
     Batch::new(seed, &lens, hkv, group, dk, dv, page_size, share, mask, &spec, types)
 }
 

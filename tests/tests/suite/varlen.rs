@@ -13,8 +13,8 @@
 
 use attn_kernels::attention::Path;
 use attn_kernels::batch::{append_kv, PagePool, PagePoolMut, PagedKv, PagedKvMut, VarlenAttention};
-use attn_kernels::{alibi_slopes, Error, Isa, Mask, Tensor4Layout, TensorMut, TensorRef};
-use attn_tests::attention_support::{Case, MaskKind, Rng};
+use attn_kernels::{Error, Isa, Mask, Tensor4Layout, TensorMut, TensorRef};
+use attn_tests::attention_support::{cap_batch_work, drawn_variants, Case, MaskKind, Rng};
 use attn_tests::supported_isas;
 use proptest::prelude::*;
 
@@ -296,20 +296,8 @@ proptest! {
         path in prop::sample::select(vec![Path::Auto, Path::Flash, Path::Decode, Path::Unfused]),
     ) {
         let hq = hkv * group;
-        let work = |lens: &[(usize, usize)]| -> usize {
-            lens.iter().map(|&(a, b)| hq * a * b * (dk + dv)).sum()
-        };
-        while work(&lens) > WORK {
-            let big = (0..lens.len()).max_by_key(|&s| lens[s].0 * lens[s].1).unwrap_or(0);
-            lens[big] = (lens[big].0 / 2, lens[big].1 / 2 + 1);
-        }
-        let mut rng = Rng::new(seed ^ 0xBA7C);
-        let spec = attn_tests::fuzz_decode::VariantSpec {
-            window,
-            softcap,
-            sinks: sinks.then(|| (0..hq).map(|_| rng.uniform(-3.0, 3.0)).collect()),
-            alibi: alibi.then(|| alibi_slopes(hq)),
-        };
+        cap_batch_work(&mut lens, hq, dk, dv, WORK);
+        let spec = drawn_variants(seed, hq, (window, softcap, sinks, alibi));
         let batch = Batch::new(seed, &lens, hkv, group, dk, dv, pad, mask, &spec);
         for head_major_out in [false, true] {
             let want = batch.reference(head_major_out);
