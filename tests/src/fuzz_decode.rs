@@ -1881,6 +1881,14 @@ pub struct PagedCase {
     /// Queries, output, scale, mask, logsumexp, threads and variants, as one packed problem
     /// (its `k` and `v` are unused, empty).
     pub attention: AttentionCase,
+    /// The queries as stored: bf16 for a case made by [`decode_dot`](Self::decode_dot), f32
+    /// otherwise.
+    q_store: Stored,
+    /// Made by [`decode_dot`](Self::decode_dot): bf16 queries and pools, checked with the
+    /// bounds of `HalfPath::Dot` (decode pieces: the scores on `vdpbf16ps`; prefill pieces of
+    /// more than [`PAGED_Q_PIECE`](attn_kernels::batch::PAGED_Q_PIECE) queries: both flash
+    /// products).
+    pub dot: bool,
 }
 
 impl PagedCase {
@@ -1890,6 +1898,17 @@ impl PagedCase {
     /// pool of the wrong length once in a while; then storage types, and queries, masks,
     /// scales, layouts, logsumexps, threads and variants as [`VarlenCase::decode`] makes them.
     pub fn decode(data: &[u8]) -> Self {
+        Self::decode_with(data, false)
+    }
+
+    /// [`decode`](Self::decode) with bf16 queries and pools (the storage byte is read and
+    /// ignored), for `HalfPath::Dot`: [`check`](Self::check) then holds each sequence to the
+    /// bound of the path its piece runs.
+    pub fn decode_dot(data: &[u8]) -> Self {
+        Self::decode_with(data, true)
+    }
+
+    fn decode_with(data: &[u8], dot: bool) -> Self {
         let mut bytes = Bytes::new(data);
         let kv_heads = match bytes.u8() % 16 {
             0 => 0,
@@ -1970,7 +1989,11 @@ impl PagedCase {
         let t = bytes.u8();
         let q8_scale = Q8_SCALES[usize::from(bytes.u8()) % Q8_SCALES.len()];
         let kv = [DType::F32, DType::BF16, DType::F16, DType::Q8];
-        let types = [kv[usize::from(t) % 4], kv[usize::from(t / 4) % 4]];
+        let types = if dot {
+            [DType::BF16; 2]
+        } else {
+            [kv[usize::from(t) % 4], kv[usize::from(t / 4) % 4]]
+        };
         let slots = num_pages.saturating_mul(page_size).saturating_mul(kv_heads);
         let mut pools = [
             bytes.values(slots.saturating_mul(dk).min(MAX_SLICE)),
@@ -1983,7 +2006,8 @@ impl PagedCase {
         let scale = bytes.scale(dk);
         let par = bytes.par();
         let (lse, mask) = packed_lse_and_mask(&mut bytes, hq, total_q, 0);
-        let q = decode_tensor(&mut bytes, [1, hq, total_q, dk]);
+        let mut q = decode_tensor(&mut bytes, [1, hq, total_q, dk]);
+        let q_store = Stored::new(&mut q, if dot { DType::BF16 } else { DType::F32 }, 1.0);
         let o = decode_tensor(&mut bytes, [1, hq, total_q, dv]);
         let variants = VariantSpec::decode(&mut bytes, hq);
         let none =
@@ -2003,6 +2027,8 @@ impl PagedCase {
             types,
             stores,
             attention,
+            q_store,
+            dot,
         }
     }
 
@@ -2050,7 +2076,8 @@ impl PagedCase {
                 attn_reference::batch::attention_paged(q, cu_q, &exact, a.scale, &mask, &var, o, l)
             },
             |o, l| {
-                let mut p = attn_kernels::batch::PagedAttention::new(q, cu_q, typed)
+                let qv = self.q_store.any(&a.q);
+                let mut p = attn_kernels::batch::PagedAttention::new(qv, cu_q, typed)
                     .scale(a.scale)
                     .mask(mask)
                     .variants(var)
@@ -2061,7 +2088,7 @@ impl PagedCase {
                 kernel(p, o)
             },
         )
-        .map_err(|e| format!("{e} (pools {:?})", self.types))?;
+        .map_err(|e| format!("{e} (pools {:?}, dot {})", self.types, self.dot))?;
         let Some(Runs { out_ref, lse_ref, out, lse }) = runs else {
             return Ok(());
         };
@@ -2091,15 +2118,15 @@ impl PagedCase {
                 scale: a.scale,
                 mask: &mask,
                 variants: &var,
+                dot_pv: self.dot && rq.len() > attn_kernels::batch::PAGED_Q_PIECE,
                 o: packed_seq(&a.o.layout, rq),
                 lse_at: &lse_at,
-                dot: false,
-                dot_pv: false,
+                dot: self.dot,
             };
             let describe = || {
                 format!(
-                    "sequence {s} of lengths {:?}, pages of {} ({:?} pools)",
-                    self.seq_lens, self.page_size, self.types
+                    "sequence {s} of lengths {:?}, pages of {} ({:?} pools, dot {})",
+                    self.seq_lens, self.page_size, self.types, self.dot
                 )
             };
             rows.check(&out_ref, out.slice(), lse, &describe)?;

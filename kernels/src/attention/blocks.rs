@@ -299,8 +299,7 @@ pub(crate) fn key_pairs<'o>(
     }
     // Consecutive rows (a view, or a block within one page) are one run of memory.
     let first = map.read_row(j0);
-    let one_run = map.read_row(j0 + nb - 1).wrapping_sub(first) == nb - 1;
-    if le && k.cs == 1 && k.rs == dk && dk.is_multiple_of(2) && one_run {
+    if le && k.cs == 1 && k.rs == dk && dk.is_multiple_of(2) && map.one_run(j0, nb) {
         // The rows are one run of memory, and so are their pairs: one copy for the block.
         assert!(k.covers(first, nb, dk));
         let at = k.offset + first * k.rs;

@@ -244,6 +244,17 @@ impl RowMap<'_> {
         }
     }
 
+    /// True when keys `j0..j0 + n` (`n ≥ 1`) sit in consecutive rows because they are in one
+    /// page (or a view): a block that spans pages is not one run even when its first and last
+    /// rows happen to be `n − 1` apart.
+    #[inline(always)]
+    pub(super) fn one_run(self, j0: usize, n: usize) -> bool {
+        match self {
+            RowMap::Dense => true,
+            RowMap::Paged { ps, .. } => j0 / ps == (j0 + n - 1) / ps,
+        }
+    }
+
     /// The row of a key that a kernel reads: a block's first key, or any key of a block (the
     /// paired flash operands map each one). Such a key is within the sequence, so always mapped;
     /// past every row otherwise, which the tiles' bounds checks refuse.

@@ -401,7 +401,7 @@ fn block_f32<'t, S: Simd>(
         }
         (m, RowMap::Paged { ps, .. }) => {
             if let KvAny::F32(f) = m {
-                if j0 / ps == (j0 + nb - 1) / ps {
+                if map.one_run(j0, nb) {
                     // The pool holds the page's rows (checked): no overflow.
                     return (Strided { offset: f.offset + map.read_row(j0) * f.rs, ..f }, j0);
                 }

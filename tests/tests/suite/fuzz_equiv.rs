@@ -282,6 +282,29 @@ fn fuzz_paged() {
     run(512, |b| PagedCase::decode(b).check(|a, o| a.run(o)));
 }
 
+/// Paged attention with `HalfPath::Dot` over bf16 queries and pools: decode pieces run their
+/// scores on `vdpbf16ps`, prefill pieces both flash products; each sequence is held to its
+/// piece's bound. Named as skipped on a CPU without AVX512_BF16.
+#[test]
+fn fuzz_paged_dot() {
+    if !bf16_dot_available() {
+        eprintln!(
+            "fuzz_paged_dot: paged attention on vdpbf16ps (HalfPath::Dot) needs AVX-512F and \
+             AVX512_BF16, which this CPU lacks; skipped"
+        );
+        return;
+    }
+    let ran = std::cell::Cell::new(0u32);
+    run(512, |b| {
+        PagedCase::decode_dot(b).check(|a, o| {
+            let r = a.isa(attn_kernels::Isa::Avx512).half_path(HalfPath::Dot).run(o);
+            ran.set(ran.get() + u32::from(r.is_ok()));
+            r
+        })
+    });
+    assert!(ran.get() > cases() / 8, "{} of {} calls ran", ran.get(), cases());
+}
+
 #[test]
 fn fuzz_attention_dtypes() {
     run(512, |b| DtypeAttentionCase::decode(b).check(|a, o| a.run(o)));
@@ -424,5 +447,17 @@ fn fuzz_regressions() {
     ];
     for path in [Path::Unfused, Path::Flash, Path::Decode] {
         AttentionCase::decode(bytes).check(|a, o| a.isa(isa).path(path).run(o)).unwrap();
+    }
+    // `fuzz_paged_dot`'s first random run, 2026-12-05: a prefill piece's key block over pages
+    // 0, 2, 6, 3 (16 slots each) whose first and last rows happen to be 61 apart for 62 keys;
+    // the paired key operand took that for one run of memory and copied rows 0..62.
+    if bf16_dot_available() {
+        let bytes: &[u8] = &[
+            90, 201, 192, 162, 43, 2, 89, 69, 4, 192, 124, 86, 60, 192, 97, 192, 33, 22, 66, 4, 0,
+            185, 1, 61, 1, 28, 74, 1, 71, 71, 13, 125, 0, 0, 0, 4, 0, 0, 16,
+        ];
+        PagedCase::decode_dot(bytes)
+            .check(|a, o| a.isa(attn_kernels::Isa::Avx512).half_path(HalfPath::Dot).run(o))
+            .unwrap();
     }
 }
