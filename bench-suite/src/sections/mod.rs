@@ -160,22 +160,39 @@ impl Ctx {
         plot: Option<(String, f64)>,
         imps: &mut [(&'static str, Call<'_>)],
     ) {
+        let works = vec![work; imps.len()];
+        self.bench_alternating_each(op, shape, threads, &works, plot, imps);
+    }
+
+    /// [`bench_alternating`](Self::bench_alternating) with the work of each implementation
+    /// (`works[i]` for `imps[i]`): calls of one case that move different bytes, e.g. the
+    /// same softmax reading bf16 or f32.
+    pub fn bench_alternating_each(
+        &mut self,
+        op: &'static str,
+        shape: Shape,
+        threads: usize,
+        works: &[Work],
+        plot: Option<(String, f64)>,
+        imps: &mut [(&'static str, Call<'_>)],
+    ) {
+        assert_eq!(works.len(), imps.len(), "one work per implementation");
         if self.criterion.is_some() {
-            return self.bench_criterion(op, shape, threads, work, imps);
+            return self.bench_criterion(op, shape, threads, works, imps);
         }
         let mut live = Vec::new();
         let mut calls: Vec<Call<'_>> = Vec::new();
-        for (imp, f) in imps.iter_mut() {
+        for ((imp, f), &work) in imps.iter_mut().zip(works) {
             match f() {
                 Ok(()) => {
-                    live.push(*imp);
+                    live.push((*imp, work));
                     calls.push(&mut **f);
                 }
                 Err(e) => self.check(op, imp, shape.clone(), threads, Err(e)),
             }
         }
         let stats = measure_alternating(&self.budget, &mut calls);
-        for (imp, stats) in live.into_iter().zip(stats) {
+        for ((imp, work), stats) in live.into_iter().zip(stats) {
             let t = stats.median_s;
             let (unit, rate, gbs, peak_ref) = match work {
                 Work::Flops(fl) => (Unit::Gflops, fl / t / 1e9, None, PeakRef::Fma { threads }),
@@ -221,19 +238,19 @@ impl Ctx {
 }
 
 impl Ctx {
-    /// [`bench_alternating`](Self::bench_alternating) under criterion: each implementation is
-    /// one benchmark of the group `{op}/{shape}/{threads}t`, with the case's work as its
-    /// throughput (FLOPs and elements as criterion's elements, bytes as bytes). A call that
-    /// fails is a failed check, as in the report.
+    /// [`bench_alternating_each`](Self::bench_alternating_each) under criterion: each
+    /// implementation is one benchmark of the group `{op}/{shape}/{threads}t`, with its work
+    /// as its throughput (FLOPs and elements as criterion's elements, bytes as bytes). A call
+    /// that fails is a failed check, as in the report.
     fn bench_criterion(
         &mut self,
         op: &'static str,
         shape: Shape,
         threads: usize,
-        work: Work,
+        works: &[Work],
         imps: &mut [(&'static str, Call<'_>)],
     ) {
-        let throughput = match work {
+        let throughput = |work: Work| match work {
             Work::Flops(f) => criterion::Throughput::Elements(f as u64),
             Work::Elems { elems, .. } => criterion::Throughput::Elements(elems as u64),
             Work::Bytes(b) => criterion::Throughput::Bytes(b as u64),
@@ -241,8 +258,8 @@ impl Ctx {
         let mut failed = Vec::new();
         if let Some(c) = self.criterion.as_mut() {
             let mut g = c.benchmark_group(format!("{op}/{}/{threads}t", shape.label()));
-            g.throughput(throughput);
-            for (imp, f) in imps.iter_mut() {
+            for ((imp, f), &work) in imps.iter_mut().zip(works) {
+                g.throughput(throughput(work));
                 if let Err(e) = f() {
                     failed.push((*imp, e));
                     continue;

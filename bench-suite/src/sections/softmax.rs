@@ -353,7 +353,8 @@ fn typed_checks(ctx: &mut Ctx) {
 /// Softmax with bf16 logits writing bf16 or f32, beside the f32 call on the same (widened)
 /// values: what the half-precision path (chunks of rows widened into an f32 buffer, run in
 /// place, the output narrowed back) costs or saves per element. Each row's bandwidth counts
-/// the bytes that call moves (8, 4 and 6 per element); the rate is elements per second.
+/// the bytes that call moves (8, 4 and 6 per element); the rate is elements per second. The
+/// three run in alternating calls, so their ratios compare the same moments of the machine.
 fn typed(ctx: &mut Ctx) {
     typed_checks(ctx);
     let cases: &[(usize, usize)] =
@@ -373,17 +374,23 @@ fn typed(ctx: &mut Ctx) {
         let soft_bf = attn_kernels::softmax::scale_mask_softmax::<bf16, f32>;
         for &t in &ctx.threads.clone() {
             let par = Parallelism::threads(t);
-            let x = TensorRef::new(&xf[..], layout);
-            ctx.bench(OP, "attn-kernels f32", shape.clone(), t, work(8.0), None, || {
-                soft(x, SCALE, &Mask::None, TensorMut::new(&mut yf[..], layout), None, par)
-            });
-            let x = TensorRef::new(&xb[..], layout);
-            ctx.bench(OP, "attn-kernels bf16 → bf16", shape.clone(), t, work(4.0), None, || {
-                soft_bb(x, SCALE, &Mask::None, TensorMut::new(&mut yb[..], layout), None, par)
-            });
-            ctx.bench(OP, "attn-kernels bf16 → f32", shape.clone(), t, work(6.0), None, || {
-                soft_bf(x, SCALE, &Mask::None, TensorMut::new(&mut yw[..], layout), None, par)
-            });
+            let (x, xh) = (TensorRef::new(&xf[..], layout), TensorRef::new(&xb[..], layout));
+            let e = |r: attn_kernels::Result<()>| r.map_err(|e| e.to_string());
+            let mut f32_call =
+                || e(soft(x, SCALE, &Mask::None, TensorMut::new(&mut yf[..], layout), None, par));
+            let mut bb_call = || {
+                e(soft_bb(xh, SCALE, &Mask::None, TensorMut::new(&mut yb[..], layout), None, par))
+            };
+            let mut bf_call = || {
+                e(soft_bf(xh, SCALE, &Mask::None, TensorMut::new(&mut yw[..], layout), None, par))
+            };
+            let imps: &mut [(_, Call<'_>)] = &mut [
+                ("attn-kernels f32", &mut f32_call),
+                ("attn-kernels bf16 → bf16", &mut bb_call),
+                ("attn-kernels bf16 → f32", &mut bf_call),
+            ];
+            let works = [work(8.0), work(4.0), work(6.0)];
+            ctx.bench_alternating_each(OP, shape.clone(), t, &works, None, imps);
         }
     }
 }
