@@ -14,8 +14,9 @@ const KC_ALIGN: usize = 16;
 /// Smallest KC: below it the C tile's load and store (once per micro-kernel call) stop being
 /// small next to the `KC` rank-1 updates.
 pub const KC_MIN: usize = 64;
-/// Largest KC: bounds the packing buffers (`MC·KC`, `KC·NC`) whatever the caches claim.
-pub const KC_MAX: usize = 1024;
+/// Largest KC: past it the C tile's traffic (once per k-block) is already under 0.5 % of the
+/// FMAs; it also bounds the packing buffers (`MC·KC`, `KC·NC`) whatever the caches claim.
+pub const KC_MAX: usize = 512;
 /// Largest MC, in rows (bounds the A block buffer).
 pub const MC_MAX: usize = 4096;
 /// Largest NC, in columns (bounds the B block buffer).
@@ -44,13 +45,15 @@ impl Blocking {
     /// The blocking of an `mr × nr` micro-kernel on a machine with caches `c`; any sizes give
     /// valid blocks (zero or absurd ones are clamped).
     ///
-    /// - **KC** (L1): the macro-kernel keeps one B micro-panel (`KC·NR`) while every A
-    ///   micro-panel of the block passes by, so the B micro-panel is sized to the L1:
-    ///   `KC = L1d / (4·NR)`, rounded down to a multiple of 16. The A micro-panels stream from
-    ///   L2, which feeds them easily (`4·MR` bytes per rank-1 update of `MR·NR / lanes` FMAs).
-    ///   Deeper is better up to there: the C tile is loaded and stored once per k-block, and a
-    ///   k-block shallower than `k` adds a pass over C (shallower blocks that also keep the A
-    ///   micro-panel in L1 measured slower, see `docs/perf-journal.md`, 2026-12-02).
+    /// - **KC** (L2): the macro-kernel rereads one B micro-panel (`KC·NR`) for every A
+    ///   micro-panel of the block. From L2 it feeds the micro-kernel easily (`NV` vector loads
+    ///   per `MR·NV` FMAs), so it is sized to an eighth of the L2 (beside the A block's
+    ///   quarter): `KC = L2 / (8 · 4·NR)`, rounded down to a multiple of 16, at most
+    ///   [`KC_MAX`]. Deeper is better up to there: the C tile is loaded and stored once per
+    ///   k-block, and a k-block shallower than `k` adds a pass over C. The A micro-panel
+    ///   (`MR·KC`, 12 KiB at 6 × 512) stays in L1. Sizing the B micro-panel to the L1 instead
+    ///   (KC = 128 for the 6 × 64 tile on Zen 4) measured 2–7 % slower there (perf journal,
+    ///   2026-12-05 08:43).
     /// - **MC** (L2): the packed A block (`MC·KC`) is reread once per B micro-panel, so it
     ///   stays in L2, in a quarter of it: the rest holds the B micro-panels and C tiles that
     ///   stream through, and on AMD the L1's contents (the L2 is inclusive).
@@ -59,12 +62,12 @@ impl Blocking {
     ///   L3, which is shared by the cores and by other processes. `NC = L3 / (8 · 4·KC)`,
     ///   rounded down to a multiple of NR.
     ///
-    /// On Zen 4 (32 KiB L1d, 1 MiB L2, 32 MiB L3) that is KC = 128, MC = 510, NC = 8192 for
-    /// `sgemm_6x64_avx512`; on Zen 5 (48 KiB L1d) KC = 192, MC = 336, NC = 5440.
+    /// On Zen 4 and Zen 5 (1 MiB L2, 32 MiB L3) that is KC = 512, MC = 126, NC = 2048 for
+    /// `sgemm_6x64_avx512`; with AVX2's 6 × 16 tile and a 512 KiB L2, KC = 512, MC = 60.
     pub const fn derive(c: &CacheSizes, mr: usize, nr: usize) -> Blocking {
         let mr = if mr == 0 { 1 } else { mr };
         let nr = if nr == 0 { 1 } else { nr };
-        let kc = clamp(c.l1d / (F32 * nr) / KC_ALIGN * KC_ALIGN, KC_MIN, KC_MAX);
+        let kc = clamp(c.l2 / 8 / (F32 * nr) / KC_ALIGN * KC_ALIGN, KC_MIN, KC_MAX);
         let mc = clamp(c.l2 / 4 / (F32 * kc) / mr * mr, mr, MC_MAX / mr * mr);
         let nc = clamp(c.l3 / 8 / (F32 * kc) / nr * nr, nr, NC_MAX / nr * nr);
         Blocking { kc, mc, nc }
@@ -118,11 +121,13 @@ mod tests {
             let c = CacheSizes::new(l1 << 10, l2 << 10, l3 << 10);
             for (mr, nr) in [(6, 64), (12, 32), (6, 16), (4, 16)] {
                 let b = Blocking::derive(&c, mr, nr);
-                assert!(F32 * b.kc * nr <= c.l1d, "{c:?} {mr}x{nr}: {b:?}");
+                assert!(F32 * b.kc * nr <= c.l2 / 8, "{c:?} {mr}x{nr}: {b:?}");
+                assert!(F32 * b.kc * mr <= c.l1d, "{c:?} {mr}x{nr}: {b:?}");
                 assert!(F32 * b.kc * b.mc <= c.l2 / 4, "{c:?} {mr}x{nr}: {b:?}");
                 assert!(F32 * b.kc * b.nc <= c.l3 / 8, "{c:?} {mr}x{nr}: {b:?}");
-                // Deep enough that the C tile traffic is small, wide enough to amortise packing.
-                assert!(b.kc >= 128 && b.mc >= 8 * mr && b.nc >= 64 * nr, "{c:?}: {b:?}");
+                // Deep enough that the C tile traffic is small, wide enough to amortise packing
+                // (an A block is packed once per B block of NC columns).
+                assert!(b.kc >= 128 && b.mc >= 8 * mr && b.nc >= 32 * nr, "{c:?}: {b:?}");
             }
         }
     }
@@ -130,9 +135,13 @@ mod tests {
     #[test]
     fn zen4_and_zen5_values() {
         let b = Blocking::derive(&CacheSizes::DEFAULT, 6, 64);
-        assert_eq!(b, Blocking { kc: 128, mc: 510, nc: 8192 });
+        assert_eq!(b, Blocking { kc: 512, mc: 126, nc: 2048 });
         let zen5 = CacheSizes::new(48 << 10, 1 << 20, 32 << 20);
-        assert_eq!(Blocking::derive(&zen5, 6, 64), Blocking { kc: 192, mc: 336, nc: 5440 });
-        assert_eq!(Blocking::derive(&CacheSizes::DEFAULT, 12, 32).kc, 256);
+        assert_eq!(Blocking::derive(&zen5, 6, 64), b);
+        assert_eq!(Blocking::derive(&CacheSizes::DEFAULT, 12, 32).kc, 512);
+        // The AVX2 EPYC of 2026-11-30 (32 KiB L1d, 512 KiB L2): the same KC as under the old
+        // L1 rule.
+        let avx2 = CacheSizes::new(32 << 10, 512 << 10, 16 << 20);
+        assert_eq!(Blocking::derive(&avx2, 6, 16), Blocking { kc: 512, mc: 60, nc: 1024 });
     }
 }

@@ -239,7 +239,7 @@ proptest! {
 /// C (the transposed problem, where A and B swap element types).
 #[test]
 fn mixed_precision_large_and_threaded() {
-    for (m, n, k, lc) in [(300, 200, 700, Layout::RowMajor), (150, 301, 200, Layout::ColMajor)] {
+    for (m, n, k, lc) in [(300, 200, 1100, Layout::RowMajor), (150, 301, 200, Layout::ColMajor)] {
         let lays = [Layout::RowMajor, Layout::PaddedCols(1), lc];
         let mut case = Case::new(m, n, k, lays, 0.5, 11, Rng::unit);
         check_mixed::<bf16, f16>(&mut case, 1.5, 0.5, Parallelism::threads(2));
