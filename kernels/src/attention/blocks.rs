@@ -298,9 +298,9 @@ pub(crate) fn key_pairs<'o>(
         return Strided { data: out, offset: 0, rs: dkp, cs: 1 };
     }
     // Consecutive rows (a view, or a block within one page) are one run of memory.
-    let first = map.read_row(j0);
     if le && k.cs == 1 && k.rs == dk && dk.is_multiple_of(2) && map.one_run(j0, nb) {
         // The rows are one run of memory, and so are their pairs: one copy for the block.
+        let first = map.read_row(j0);
         assert!(k.covers(first, nb, dk));
         let at = k.offset + first * k.rs;
         let halves: &mut [u16] = bytemuck::cast_slice_mut(out);
