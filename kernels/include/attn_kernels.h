@@ -25,9 +25,10 @@
 // `(i, j)` at `data[offset + i·row_stride + j·col_stride]`; a 4-D view likewise with four dims
 // and strides (in elements, not bytes). No buffer length is passed: the caller guarantees that
 // `data` addresses every element from `data[0]` to the last one the view reaches, initialised
-// and aligned for `float`. So `ATTN_STATUS_OUT_OF_BOUNDS` never comes from a view (the library
-// computes each view's extent and trusts it); it comes only from a caller workspace shorter
-// than its `*_workspace_len`. A view with a zero dimension is empty: its `data` may be NULL
+// and aligned for the element type: `float` unless the call takes a `*_dtype` for the view
+// (then `data` is a `void*` to elements of that type; see [`AttnDtype`]). So
+// `ATTN_STATUS_OUT_OF_BOUNDS` never comes from a view (the library computes each view's extent
+// and trusts it); it comes only from a caller workspace shorter than its `*_workspace_len`. A view with a zero dimension is empty: its `data` may be NULL
 // and is never read. An extent that overflows `size_t`, or exceeds `PTRDIFF_MAX` bytes or the
 // address space, is `ATTN_STATUS_INDEX_OVERFLOW` naming the view. An output view must map
 // distinct positions to distinct elements (no zero stride on a dimension longer than 1), else
@@ -169,8 +170,9 @@ typedef enum AttnHalfPath {
 
 // A read-only matrix view: element `(i, j)` at `data[offset + i·row_stride + j·col_stride]`.
 typedef struct AttnMat {
-  // The elements (may be null when the view is empty).
-  const float *data;
+  // The elements (may be null when the view is empty): `float`s, or of the element type
+  // that the call's `*_dtype` argument names.
+  const void *data;
   // Rows.
   size_t rows;
   // Columns.
@@ -185,8 +187,9 @@ typedef struct AttnMat {
 
 // A writable matrix view (see [`AttnMat`]).
 typedef struct AttnMatMut {
-  // The elements (may be null when the view is empty).
-  float *data;
+  // The elements (may be null when the view is empty): `float`s, or of the element type
+  // that the call's `*_dtype` argument names.
+  void *data;
   // Rows.
   size_t rows;
   // Columns.
@@ -202,8 +205,9 @@ typedef struct AttnMatMut {
 // A read-only `[batch, heads, seq, dim]` view: element `(b, h, s, d)` at
 // `data[offset + b·strides[0] + h·strides[1] + s·strides[2] + d·strides[3]]`.
 typedef struct AttnTensor {
-  // The elements (may be null when the view is empty).
-  const float *data;
+  // The elements (may be null when the view is empty): `float`s, or of the element type
+  // that the call's `*_dtype` argument names.
+  const void *data;
   // `[batch, heads, seq, dim]`.
   size_t dims[4];
   // Element strides of the four dimensions.
@@ -245,8 +249,9 @@ typedef struct AttnMask {
 
 // A writable `[batch, heads, seq, dim]` view (see [`AttnTensor`]).
 typedef struct AttnTensorMut {
-  // The elements (may be null when the view is empty).
-  float *data;
+  // The elements (may be null when the view is empty): `float`s, or of the element type
+  // that the call's `*_dtype` argument names.
+  void *data;
   // `[batch, heads, seq, dim]`.
   size_t dims[4];
   // Element strides of the four dimensions.
@@ -332,8 +337,8 @@ typedef struct AttnAttentionArgs {
   const float *alibi;
   // The element type of `q` (an [`AttnDtype`] value, `ATTN_DTYPE_*`, read as an `int32_t`):
   // f32, bf16 or f16; `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`. A view's `data`
-  // pointer then addresses elements of that type (cast it to `const float*`) and its
-  // strides and offset count those elements.
+  // pointer (`void*`) then addresses elements of that type and its strides and offset
+  // count those elements.
   int32_t q_dtype;
   // The element type of `k`: f32, bf16, f16, or int8 blocks (`ATTN_DTYPE_Q8`, scales in
   // `k_scales`).
@@ -399,13 +404,13 @@ typedef struct AttnMhaWeights {
   // Output projection.
   struct AttnMat wo;
   // Query bias or null.
-  const float *bq;
+  const void *bq;
   // Key bias or null.
-  const float *bk;
+  const void *bk;
   // Value bias or null.
-  const float *bv;
+  const void *bv;
   // Output bias or null.
-  const float *bo;
+  const void *bo;
 } AttnMhaWeights;
 
 // The attention variants of a layer (see the Rust `Variants`), for
@@ -474,7 +479,7 @@ typedef struct AttnLayerOptions {
   // The element type of every weight matrix, bias and layer-norm vector of the layer: an
   // [`AttnDtype`] value, `ATTN_DTYPE_F32` (0, the default), `ATTN_DTYPE_BF16` or
   // `ATTN_DTYPE_F16`; the pointers of the weights struct then address elements of that
-  // type (`uint16_t` bits for the half types; cast them to the declared `float*`).
+  // type (`uint16_t` bits for the half types; the pointers are `void*`).
   // `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, an unknown value
   // `ATTN_STATUS_INVALID_PARAMETER`, both naming `options.weights_dtype`.
   int32_t weights_dtype;
@@ -503,21 +508,21 @@ typedef struct AttnEncoderWeights {
   // Self-attention weights.
   struct AttnMhaWeights attn;
   // First layer norm's scale.
-  const float *norm1_gamma;
+  const void *norm1_gamma;
   // First layer norm's shift.
-  const float *norm1_beta;
+  const void *norm1_beta;
   // Feed-forward first layer.
   struct AttnMat w1;
   // Feed-forward first bias or null.
-  const float *b1;
+  const void *b1;
   // Feed-forward second layer.
   struct AttnMat w2;
   // Feed-forward second bias or null.
-  const float *b2;
+  const void *b2;
   // Second layer norm's scale.
-  const float *norm2_gamma;
+  const void *norm2_gamma;
   // Second layer norm's shift.
-  const float *norm2_beta;
+  const void *norm2_beta;
 } AttnEncoderWeights;
 
 // The operands and settings of one [`attn_additive_attention`] call,
@@ -649,11 +654,11 @@ typedef struct AttnPagedArgs {
   // `batch + 1` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`.
   const size_t *cu_seqlens_q;
   // The key pool, read only: elements of type `k_dtype` (f32 by default).
-  const float *k_pool;
+  const void *k_pool;
   // Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
   size_t k_pool_len;
   // The value pool, read only: elements of type `v_dtype`.
-  const float *v_pool;
+  const void *v_pool;
   // Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
   size_t v_pool_len;
   // Token slots per page: a power of two from 16 to 256.
@@ -732,11 +737,11 @@ typedef struct AttnAppendKvArgs {
   // `sizeof(AttnAppendKvArgs)` in the caller's header.
   size_t struct_size;
   // The key pool, written in the appended slots only: elements of type `k_dtype`.
-  float *k_pool;
+  void *k_pool;
   // Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
   size_t k_pool_len;
   // The value pool, written in the appended slots only: elements of type `v_dtype`.
-  float *v_pool;
+  void *v_pool;
   // Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
   size_t v_pool_len;
   // Token slots per page: a power of two from 16 to 256.
@@ -857,7 +862,7 @@ enum AttnStatus attn_softmax(struct AttnTensor x,
 
 // [`attn_softmax`] with the element types of `x` and `y`: `x_dtype`, `y_dtype` are
 // [`AttnDtype`] values (`int32_t`), each f32, bf16 or f16; `x.data` and `y.data` then address
-// elements of those types (whatever the declared `float` pointee), and strides and offsets
+// elements of those types (they are `void*`), and strides and offsets
 // count elements. bf16/f16 logits are widened exactly; the result is the f32 softmax of those
 // values with each output rounded once (to nearest even) to `y_dtype`; logsumexps stay
 // `float`. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
@@ -966,8 +971,8 @@ enum AttnStatus attn_layer_norm(struct AttnMat x,
 
 // [`attn_layer_norm`] with element types: `x_dtype` for `x`, `w_dtype` for `gamma` and
 // `beta` (each `d` elements of that type, aligned for it), `y_dtype` for `y` ([`AttnDtype`]
-// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types,
-// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32,
+// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types).
+// Inputs are widened exactly, the arithmetic is f32,
 // and each output is rounded once (to nearest even) to `y_dtype`: bit for bit the Rust
 // `layers::layer_norm` on the same typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
 // `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each

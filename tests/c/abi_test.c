@@ -82,23 +82,23 @@ static void check_close(const char *what, const float *got, const float *want, c
     CHECK(bad == 0, "%s: %zu of %zu elements outside the reference bound", what, bad, n);
 }
 
-static AttnMat mat(const float *data, size_t rows, size_t cols, size_t rs, size_t cs) {
+static AttnMat mat(const void *data, size_t rows, size_t cols, size_t rs, size_t cs) {
     AttnMat m = {data, rows, cols, rs, cs, 0};
     return m;
 }
 
-static AttnMatMut mat_mut(float *data, size_t rows, size_t cols, size_t rs, size_t cs) {
+static AttnMatMut mat_mut(void *data, size_t rows, size_t cols, size_t rs, size_t cs) {
     AttnMatMut m = {data, rows, cols, rs, cs, 0};
     return m;
 }
 
 /* [b, s, h, d] contiguous storage seen as [b, h, s, d]. */
-static AttnTensor bshd(const float *data, size_t b, size_t s, size_t h, size_t d) {
+static AttnTensor bshd(const void *data, size_t b, size_t s, size_t h, size_t d) {
     AttnTensor t = {data, {b, h, s, d}, {s * h * d, d, h * d, 1}, 0};
     return t;
 }
 
-static AttnTensorMut bshd_mut(float *data, size_t b, size_t s, size_t h, size_t d) {
+static AttnTensorMut bshd_mut(void *data, size_t b, size_t s, size_t h, size_t d) {
     AttnTensorMut t = {data, {b, h, s, d}, {s * h * d, d, h * d, 1}, 0};
     return t;
 }
@@ -380,7 +380,7 @@ static void test_mha(const char *dir) {
     _Alignas(4) uint16_t row16[4] = {0x3F80, 0x4000, 0x4040, 0x4080};
     uint16_t g16[4] = {0x3F80, 0x3F80, 0x3F80, 0x3F80}, b16[4] = {0, 0, 0, 0};
     float out2[4];
-    AttnMat x16 = mat((const float *)(const void *)row16, 1, 4, 4, 1);
+    AttnMat x16 = mat(row16, 1, 4, 4, 1);
     EXPECT_STATUS(attn_layer_norm_typed(x16, ATTN_DTYPE_BF16, g16, b16, ATTN_DTYPE_BF16, 0.0f,
                                         mat_mut(out2, 1, 4, 4, 1), ATTN_DTYPE_F32),
                   ATTN_STATUS_OK);
@@ -415,21 +415,21 @@ static void test_mha(const char *dir) {
     size_t lens[9] = {d * qw, d * kw, d * vw, ow * d, qw, kw, vw, d, ny};
     uint16_t *h[9];
     for (int i = 0; i < 9; i++) h[i] = round_to_bf16(arrays[i], lens[i]);
-    AttnMhaWeights wb = {mat((const float *)h[0], d, qw, qw, 1),
-                         mat((const float *)h[1], d, kw, kw, 1),
-                         mat((const float *)h[2], d, vw, vw, 1),
-                         mat((const float *)h[3], ow, d, d, 1),
-                         (const float *)h[4],
-                         (const float *)h[5],
-                         (const float *)h[6],
-                         (const float *)h[7]};
+    AttnMhaWeights wb = {mat(h[0], d, qw, qw, 1),
+                         mat(h[1], d, kw, kw, 1),
+                         mat(h[2], d, vw, vw, 1),
+                         mat(h[3], ow, d, d, 1),
+                         h[4],
+                         h[5],
+                         h[6],
+                         h[7]};
     AttnLayerOptions opt = {0};
     opt.struct_size = sizeof opt;
     opt.weights_dtype = ATTN_DTYPE_BF16;
     opt.activations_dtype = ATTN_DTYPE_BF16;
     uint16_t *yb = calloc(ny, sizeof *yb);
-    AttnTensor txb = bshd((const float *)h[8], b, n, 1, d);
-    AttnTensorMut tyb = bshd_mut((float *)yb, b, n, 1, d);
+    AttnTensor txb = bshd(h[8], b, n, 1, d);
+    AttnTensorMut tyb = bshd_mut(yb, b, n, 1, d);
     EXPECT_STATUS(attn_mha_forward(&cfg, &w, tx, NULL, bshd_mut(y, b, n, 1, d), NULL, 0, 1),
                   ATTN_STATUS_OK);
     EXPECT_STATUS(attn_mha_forward_with_options(&cfg, &wb, NULL, &opt, txb, NULL, tyb, NULL, 0, 1),

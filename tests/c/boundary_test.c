@@ -231,8 +231,8 @@ static void test_batch(void) {
     uint16_t vh[32] = {0};
     lens[0] = 4;
     AttnAppendKvArgs tapp = app;
-    tapp.k_pool = (float *)kq;
-    tapp.v_pool = (float *)vh;
+    tapp.k_pool = kq;
+    tapp.v_pool = vh;
     tapp.k_dtype = ATTN_DTYPE_Q8;
     tapp.v_dtype = ATTN_DTYPE_F16;
     tapp.k_scales = ks;
@@ -245,8 +245,8 @@ static void test_batch(void) {
     bad_tapp.k_new_dtype = ATTN_DTYPE_Q8;
     EXPECT(attn_append_kv(&bad_tapp), ATTN_STATUS_UNSUPPORTED_DTYPE, "args.k_new_dtype");
     AttnPagedArgs tpa = pa;
-    tpa.k_pool = (const float *)kq;
-    tpa.v_pool = (const float *)vh;
+    tpa.k_pool = kq;
+    tpa.v_pool = vh;
     tpa.k_dtype = ATTN_DTYPE_Q8;
     tpa.v_dtype = ATTN_DTYPE_F16;
     tpa.k_scales = ks;

@@ -157,16 +157,23 @@ mod tests {
     /// A contiguous `[b, h, s, d]` view.
     fn tensor(data: &[f32], dims: [usize; 4]) -> AttnTensor {
         let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
-        AttnTensor { data: data.as_ptr(), dims, strides, offset: 0 }
+        AttnTensor { data: data.as_ptr().cast(), dims, strides, offset: 0 }
     }
 
     fn tensor_mut(data: &mut [f32], dims: [usize; 4]) -> AttnTensorMut {
         let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
-        AttnTensorMut { data: data.as_mut_ptr(), dims, strides, offset: 0 }
+        AttnTensorMut { data: data.as_mut_ptr().cast(), dims, strides, offset: 0 }
     }
 
     fn mat(data: &[f32], rows: usize, cols: usize) -> AttnMat {
-        AttnMat { data: data.as_ptr(), rows, cols, row_stride: cols, col_stride: 1, offset: 0 }
+        AttnMat {
+            data: data.as_ptr().cast(),
+            rows,
+            cols,
+            row_stride: cols,
+            col_stride: 1,
+            offset: 0,
+        }
     }
 
     /// `q: [1, 2, 5, 6]`, `k: [1, 1, 9, 4]`, `v: [1, 1, 9, 3]` (GQA, dq ≠ dk ≠ dv), hidden
@@ -374,7 +381,11 @@ mod tests {
             // The output over an input: refused before anything is read or written.
             (
                 AttnAdditiveArgs {
-                    o: AttnTensorMut { data: w_ptr.cast_mut(), dims: [1, 1, 1, 1], ..base.o },
+                    o: AttnTensorMut {
+                        data: w_ptr.cast_mut().cast(),
+                        dims: [1, 1, 1, 1],
+                        ..base.o
+                    },
                     ..base
                 },
                 AttnStatus::AliasedOutput,

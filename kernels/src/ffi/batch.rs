@@ -7,7 +7,7 @@
 //!
 //! Pools of any element type (version 2 of [`AttnPagedArgs`] and [`AttnAppendKvArgs`]):
 //! `k_dtype`/`v_dtype` take an [`AttnDtype`] (zero: f32, as in version 1); a pool pointer then
-//! addresses elements of that type (cast it from `float*`) and its length counts them; an
+//! (`void*`) addresses elements of that type and its length counts them; an
 //! int8 pool (`ATTN_DTYPE_Q8`) comes with a scale pool of `num_pages·page_size·kv_heads·⌈d/32⌉`
 //! floats (`k_scales`, `v_scales`; see the Rust `attn_core::batch::PagePool`).
 
@@ -18,6 +18,7 @@ use crate::batch::{
     append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut, VarlenAttention,
 };
 use crate::{bf16, f16};
+use std::ffi::c_void;
 
 /// The operands and settings of one [`attn_varlen_attention`] call: attention over a packed
 /// batch of sequences of different lengths (FlashAttention's varlen call). Sequence `s` is
@@ -195,11 +196,11 @@ pub struct AttnPagedArgs {
     /// `batch + 1` cumulative query offsets: `0 = cu[0] ≤ cu[1] ≤ … = total_q`.
     pub cu_seqlens_q: *const usize,
     /// The key pool, read only: elements of type `k_dtype` (f32 by default).
-    pub k_pool: *const f32,
+    pub k_pool: *const c_void,
     /// Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
     pub k_pool_len: usize,
     /// The value pool, read only: elements of type `v_dtype`.
-    pub v_pool: *const f32,
+    pub v_pool: *const c_void,
     /// Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
     pub v_pool_len: usize,
     /// Token slots per page: a power of two from 16 to 256.
@@ -283,12 +284,12 @@ const PAGED_ARGS_VERSIONS: [usize; 3] = [
 
 /// A pool of a paged cache as a C struct gives it: `len` elements of type `t` at `ptr`, and
 /// for [`AttnDtype::Q8`] `scales_len` f32 scales at `scales`; `names` are the pool's and the
-/// scales' fields, for errors. (The pointers of a writable pool are the struct's `float*`
+/// scales' fields, for errors. (The pointers of a writable pool are the struct's `void*`
 /// fields, cast back by [`view_mut`](Self::view_mut).)
 #[derive(Clone, Copy)]
 struct CPool {
     t: AttnDtype,
-    ptr: *const f32,
+    ptr: *const c_void,
     len: usize,
     scales: *const f32,
     scales_len: usize,
@@ -300,7 +301,7 @@ impl CPool {
     fn spans(&self) -> Result<Vec<Span>, Failure> {
         let (p, [arg, sarg]) = (self.ptr, self.names);
         Ok(match self.t {
-            AttnDtype::F32 => vec![span(arg, p, self.len)?],
+            AttnDtype::F32 => vec![span(arg, p.cast::<f32>(), self.len)?],
             AttnDtype::Bf16 | AttnDtype::F16 => vec![span(arg, p.cast::<u16>(), self.len)?],
             AttnDtype::Q8 => vec![
                 span(arg, p.cast::<i8>(), self.len)?,
@@ -319,7 +320,7 @@ impl CPool {
         // SAFETY: forwarded from the caller.
         unsafe {
             Ok(match self.t {
-                AttnDtype::F32 => PagePool::F32(slice(arg, p, n)?),
+                AttnDtype::F32 => PagePool::F32(slice(arg, p.cast::<f32>(), n)?),
                 AttnDtype::Bf16 => PagePool::BF16(slice(arg, p.cast::<bf16>(), n)?),
                 AttnDtype::F16 => PagePool::F16(slice(arg, p.cast::<f16>(), n)?),
                 AttnDtype::Q8 => PagePool::Q8 {
@@ -333,14 +334,14 @@ impl CPool {
     /// The writable pool.
     ///
     /// # Safety
-    /// As [`CPool::view`], the elements (from a `float*` field) used by nothing else during
+    /// As [`CPool::view`], the elements (from a `void*` field) used by nothing else during
     /// the call.
     unsafe fn view_mut<'a>(&self) -> Result<PagePoolMut<'a>, Failure> {
         let ([arg, sarg], p, n) = (self.names, self.ptr.cast_mut(), self.len);
         // SAFETY: forwarded from the caller.
         unsafe {
             Ok(match self.t {
-                AttnDtype::F32 => PagePoolMut::F32(slice_mut(arg, p, n)?),
+                AttnDtype::F32 => PagePoolMut::F32(slice_mut(arg, p.cast::<f32>(), n)?),
                 AttnDtype::Bf16 => PagePoolMut::BF16(slice_mut(arg, p.cast::<bf16>(), n)?),
                 AttnDtype::F16 => PagePoolMut::F16(slice_mut(arg, p.cast::<f16>(), n)?),
                 AttnDtype::Q8 => PagePoolMut::Q8 {
@@ -498,11 +499,11 @@ pub struct AttnAppendKvArgs {
     /// `sizeof(AttnAppendKvArgs)` in the caller's header.
     pub struct_size: usize,
     /// The key pool, written in the appended slots only: elements of type `k_dtype`.
-    pub k_pool: *mut f32,
+    pub k_pool: *mut c_void,
     /// Elements at `k_pool`: `num_pages·page_size·kv_heads·dk`.
     pub k_pool_len: usize,
     /// The value pool, written in the appended slots only: elements of type `v_dtype`.
-    pub v_pool: *mut f32,
+    pub v_pool: *mut c_void,
     /// Elements at `v_pool`: `num_pages·page_size·kv_heads·dv` (the same page count).
     pub v_pool_len: usize,
     /// Token slots per page: a power of two from 16 to 256.
@@ -675,7 +676,12 @@ mod tests {
     }
 
     fn tensor(data: &[f32], l: Tensor4Layout) -> AttnTensor {
-        AttnTensor { data: data.as_ptr(), dims: l.dims, strides: l.strides, offset: l.offset }
+        AttnTensor {
+            data: data.as_ptr().cast(),
+            dims: l.dims,
+            strides: l.strides,
+            offset: l.offset,
+        }
     }
 
     // Three sequences (3, 0, 20 queries; 5, 2, 20 keys), hq 2, hkv 1, d 4.
@@ -711,7 +717,7 @@ mod tests {
                 k: tensor(&self.k, packed(1, 27, D)),
                 v: tensor(&self.v, packed(1, 27, D)),
                 o: AttnTensorMut {
-                    data: self.o.as_mut_ptr(),
+                    data: self.o.as_mut_ptr().cast(),
                     dims: lo.dims,
                     strides: lo.strides,
                     offset: 0,
@@ -875,9 +881,9 @@ mod tests {
         let total = cu[2];
         AttnAppendKvArgs {
             struct_size: std::mem::size_of::<AttnAppendKvArgs>(),
-            k_pool: c.k.as_mut_ptr(),
+            k_pool: c.k.as_mut_ptr().cast(),
             k_pool_len: c.k.len(),
-            v_pool: c.v.as_mut_ptr(),
+            v_pool: c.v.as_mut_ptr().cast(),
             v_pool_len: c.v.len(),
             page_size: 16,
             kv_heads: 1,
@@ -982,15 +988,15 @@ mod tests {
                 struct_size: std::mem::size_of::<AttnPagedArgs>(),
                 q: tensor(&self.q, lo),
                 o: AttnTensorMut {
-                    data: self.o.as_mut_ptr(),
+                    data: self.o.as_mut_ptr().cast(),
                     dims: lo.dims,
                     strides: lo.strides,
                     offset: 0,
                 },
                 cu_seqlens_q: PAGED_CU.as_ptr(),
-                k_pool: self.k.as_ptr(),
+                k_pool: self.k.as_ptr().cast(),
                 k_pool_len: self.k.len(),
-                v_pool: self.v.as_ptr(),
+                v_pool: self.v.as_ptr().cast(),
                 v_pool_len: self.v.len(),
                 page_size: 16,
                 kv_heads: 1,
@@ -1279,8 +1285,8 @@ mod tests {
         assert_eq!((bits(&b.o), bits(&b.lse)), widen);
         b.o.fill(f32::NAN);
         let f32_pools = AttnPagedArgs {
-            k_pool: b.k.as_ptr(),
-            v_pool: b.v.as_ptr(),
+            k_pool: b.k.as_ptr().cast(),
+            v_pool: b.v.as_ptr().cast(),
             k_dtype: 0,
             v_dtype: 0,
             ..base

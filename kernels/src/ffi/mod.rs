@@ -18,7 +18,7 @@ pub mod batch;
 mod raw;
 
 use std::cell::RefCell;
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::null;
 
@@ -45,9 +45,10 @@ use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 /// `(i, j)` at `data[offset + i·row_stride + j·col_stride]`; a 4-D view likewise with four dims
 /// and strides (in elements, not bytes). No buffer length is passed: the caller guarantees that
 /// `data` addresses every element from `data[0]` to the last one the view reaches, initialised
-/// and aligned for `float`. So `ATTN_STATUS_OUT_OF_BOUNDS` never comes from a view (the library
-/// computes each view's extent and trusts it); it comes only from a caller workspace shorter
-/// than its `*_workspace_len`. A view with a zero dimension is empty: its `data` may be NULL
+/// and aligned for the element type: `float` unless the call takes a `*_dtype` for the view
+/// (then `data` is a `void*` to elements of that type; see [`AttnDtype`]). So
+/// `ATTN_STATUS_OUT_OF_BOUNDS` never comes from a view (the library computes each view's extent
+/// and trusts it); it comes only from a caller workspace shorter than its `*_workspace_len`. A view with a zero dimension is empty: its `data` may be NULL
 /// and is never read. An extent that overflows `size_t`, or exceeds `PTRDIFF_MAX` bytes or the
 /// address space, is `ATTN_STATUS_INDEX_OVERFLOW` naming the view. An output view must map
 /// distinct positions to distinct elements (no zero stride on a dimension longer than 1), else
@@ -141,8 +142,9 @@ impl AttnStatus {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnMat {
-    /// The elements (may be null when the view is empty).
-    pub data: *const f32,
+    /// The elements (may be null when the view is empty): `float`s, or of the element type
+    /// that the call's `*_dtype` argument names.
+    pub data: *const c_void,
     /// Rows.
     pub rows: usize,
     /// Columns.
@@ -159,8 +161,9 @@ pub struct AttnMat {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnMatMut {
-    /// The elements (may be null when the view is empty).
-    pub data: *mut f32,
+    /// The elements (may be null when the view is empty): `float`s, or of the element type
+    /// that the call's `*_dtype` argument names.
+    pub data: *mut c_void,
     /// Rows.
     pub rows: usize,
     /// Columns.
@@ -178,8 +181,9 @@ pub struct AttnMatMut {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnTensor {
-    /// The elements (may be null when the view is empty).
-    pub data: *const f32,
+    /// The elements (may be null when the view is empty): `float`s, or of the element type
+    /// that the call's `*_dtype` argument names.
+    pub data: *const c_void,
     /// `[batch, heads, seq, dim]`.
     pub dims: [usize; 4],
     /// Element strides of the four dimensions.
@@ -192,8 +196,9 @@ pub struct AttnTensor {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct AttnTensorMut {
-    /// The elements (may be null when the view is empty).
-    pub data: *mut f32,
+    /// The elements (may be null when the view is empty): `float`s, or of the element type
+    /// that the call's `*_dtype` argument names.
+    pub data: *mut c_void,
     /// `[batch, heads, seq, dim]`.
     pub dims: [usize; 4],
     /// Element strides of the four dimensions.
@@ -390,8 +395,8 @@ pub struct AttnAttentionArgs {
     // Version 3: element types. Zero: f32 operands, as before.
     /// The element type of `q` (an [`AttnDtype`] value, `ATTN_DTYPE_*`, read as an `int32_t`):
     /// f32, bf16 or f16; `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`. A view's `data`
-    /// pointer then addresses elements of that type (cast it to `const float*`) and its
-    /// strides and offset count those elements.
+    /// pointer (`void*`) then addresses elements of that type and its strides and offset
+    /// count those elements.
     pub q_dtype: i32,
     /// The element type of `k`: f32, bf16, f16, or int8 blocks (`ATTN_DTYPE_Q8`, scales in
     /// `k_scales`).
@@ -637,7 +642,7 @@ pub struct AttnLayerOptions {
     /// The element type of every weight matrix, bias and layer-norm vector of the layer: an
     /// [`AttnDtype`] value, `ATTN_DTYPE_F32` (0, the default), `ATTN_DTYPE_BF16` or
     /// `ATTN_DTYPE_F16`; the pointers of the weights struct then address elements of that
-    /// type (`uint16_t` bits for the half types; cast them to the declared `float*`).
+    /// type (`uint16_t` bits for the half types; the pointers are `void*`).
     /// `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, an unknown value
     /// `ATTN_STATUS_INVALID_PARAMETER`, both naming `options.weights_dtype`.
     pub weights_dtype: i32,
@@ -677,13 +682,13 @@ pub struct AttnMhaWeights {
     /// Output projection.
     pub wo: AttnMat,
     /// Query bias or null.
-    pub bq: *const f32,
+    pub bq: *const c_void,
     /// Key bias or null.
-    pub bk: *const f32,
+    pub bk: *const c_void,
     /// Value bias or null.
-    pub bv: *const f32,
+    pub bv: *const c_void,
     /// Output bias or null.
-    pub bo: *const f32,
+    pub bo: *const c_void,
 }
 
 /// The values of [`AttnEncoderConfig::activation`]. The field itself is an `int32_t`: any
@@ -721,21 +726,21 @@ pub struct AttnEncoderWeights {
     /// Self-attention weights.
     pub attn: AttnMhaWeights,
     /// First layer norm's scale.
-    pub norm1_gamma: *const f32,
+    pub norm1_gamma: *const c_void,
     /// First layer norm's shift.
-    pub norm1_beta: *const f32,
+    pub norm1_beta: *const c_void,
     /// Feed-forward first layer.
     pub w1: AttnMat,
     /// Feed-forward first bias or null.
-    pub b1: *const f32,
+    pub b1: *const c_void,
     /// Feed-forward second layer.
     pub w2: AttnMat,
     /// Feed-forward second bias or null.
-    pub b2: *const f32,
+    pub b2: *const c_void,
     /// Second layer norm's scale.
-    pub norm2_gamma: *const f32,
+    pub norm2_gamma: *const c_void,
     /// Second layer norm's shift.
-    pub norm2_beta: *const f32,
+    pub norm2_beta: *const c_void,
 }
 
 thread_local! {
@@ -1392,7 +1397,7 @@ pub unsafe extern "C" fn attn_softmax(
 
 /// [`attn_softmax`] with the element types of `x` and `y`: `x_dtype`, `y_dtype` are
 /// [`AttnDtype`] values (`int32_t`), each f32, bf16 or f16; `x.data` and `y.data` then address
-/// elements of those types (whatever the declared `float` pointee), and strides and offsets
+/// elements of those types (they are `void*`), and strides and offsets
 /// count elements. bf16/f16 logits are widened exactly; the result is the f32 softmax of those
 /// values with each output rounded once (to nearest even) to `y_dtype`; logsumexps stay
 /// `float`. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
@@ -1791,8 +1796,8 @@ pub unsafe extern "C" fn attn_layer_norm(
 
 /// [`attn_layer_norm`] with element types: `x_dtype` for `x`, `w_dtype` for `gamma` and
 /// `beta` (each `d` elements of that type, aligned for it), `y_dtype` for `y` ([`AttnDtype`]
-/// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types,
-/// whatever the declared `float` pointee). Inputs are widened exactly, the arithmetic is f32,
+/// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types).
+/// Inputs are widened exactly, the arithmetic is f32,
 /// and each output is rounded once (to nearest even) to `y_dtype`: bit for bit the Rust
 /// `layers::layer_norm` on the same typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
 /// `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each
@@ -1806,8 +1811,8 @@ pub unsafe extern "C" fn attn_layer_norm(
 pub unsafe extern "C" fn attn_layer_norm_typed(
     x: AttnMat,
     x_dtype: i32,
-    gamma: *const std::ffi::c_void,
-    beta: *const std::ffi::c_void,
+    gamma: *const c_void,
+    beta: *const c_void,
     w_dtype: i32,
     eps: f32,
     y: AttnMatMut,

@@ -22,22 +22,29 @@ fn name(status: i32) -> String {
 }
 
 fn mat(data: &[f32], rows: usize, cols: usize, rs: usize, cs: usize, offset: usize) -> AttnMat {
-    AttnMat { data: data.as_ptr(), rows, cols, row_stride: rs, col_stride: cs, offset }
+    AttnMat { data: data.as_ptr().cast(), rows, cols, row_stride: rs, col_stride: cs, offset }
 }
 
 fn mat_mut(data: &mut [f32], rows: usize, cols: usize) -> AttnMatMut {
-    AttnMatMut { data: data.as_mut_ptr(), rows, cols, row_stride: cols, col_stride: 1, offset: 0 }
+    AttnMatMut {
+        data: data.as_mut_ptr().cast(),
+        rows,
+        cols,
+        row_stride: cols,
+        col_stride: 1,
+        offset: 0,
+    }
 }
 
 /// A contiguous `[b, h, s, d]` view.
 fn tensor(data: &[f32], dims: [usize; 4]) -> AttnTensor {
     let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
-    AttnTensor { data: data.as_ptr(), dims, strides, offset: 0 }
+    AttnTensor { data: data.as_ptr().cast(), dims, strides, offset: 0 }
 }
 
 fn tensor_mut(data: &mut [f32], dims: [usize; 4]) -> AttnTensorMut {
     let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
-    AttnTensorMut { data: data.as_mut_ptr(), dims, strides, offset: 0 }
+    AttnTensorMut { data: data.as_mut_ptr().cast(), dims, strides, offset: 0 }
 }
 
 fn no_mask() -> AttnMask {
@@ -340,7 +347,7 @@ fn null_spans_do_not_overlap_and_huge_views_overflow() {
     // An SGEMM C view of 2^62 elements: no buffer is that large.
     let a = vals(4, 1);
     let huge = AttnMatMut {
-        data: y.as_mut_ptr(),
+        data: y.as_mut_ptr().cast(),
         rows: 1 << 31,
         cols: 1 << 31,
         row_stride: 1 << 31,
@@ -400,10 +407,10 @@ fn adjacent_qkv_blocks_run_as_one_gemm_through_c() {
         wk,
         wv,
         wo: mat(&wo, 8, 8, 8, 1, 0),
-        bq: bqkv.as_ptr(),
-        bk: bqkv[8..].as_ptr(),
-        bv: bqkv[16..].as_ptr(),
-        bo: bo.as_ptr(),
+        bq: bqkv.as_ptr().cast(),
+        bk: bqkv[8..].as_ptr().cast(),
+        bv: bqkv[16..].as_ptr().cast(),
+        bo: bo.as_ptr().cast(),
     };
     let separate = weights(
         mat(&sep[0], 8, 8, 8, 1, 0),
@@ -1195,7 +1202,7 @@ fn attention_args_element_types() {
     .unwrap();
     let ks_t = tensor(&ks, [1, 1, nk, 1]);
     let vs_t = tensor(&vs, [1, 1, nk, 1]);
-    // As C passes them: the data pointer cast to `const float*`.
+    // As C passes them: the data pointer of a `void*` field.
     let cast = |p: *const u8, dims| AttnTensor { data: p.cast(), ..tensor(&[], dims) };
     let q_bf16 = cast(qb.as_ptr().cast(), [1, 2, nq, d]);
     let k_f16 = cast(kh.as_ptr().cast(), [1, 1, nk, d]);
