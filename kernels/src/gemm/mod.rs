@@ -431,6 +431,10 @@ impl PackedPanels {
         }
         self.k = k;
         self.n = n;
+        if len == 0 {
+            // No column (or no row): nothing to pack, however many k-blocks `k` would make.
+            return Ok(());
+        }
         let dst = self.buf.get(len);
         for p0 in (0..k).step_by(kc_max) {
             let kc = kc_max.min(k - p0);

@@ -521,6 +521,14 @@ fn zero_size_views_beside_huge_dimensions_return_at_once() {
         attn_reference::MatRef::new(&q4, attn_reference::MatLayout::strided(1 << 62, 16, 0, 0, 0));
     let err = attn_kernels::gemm::PackedB::new(b).map(|_| ()).unwrap_err();
     assert!(matches!(err, attn_reference::Error::InvalidParameter { arg: "b", .. }), "{err:?}");
+    // PackedB of 2⁴⁰ × 0: nothing to pack (it walked 2³¹ k-blocks of no columns, minutes)
+    let b = attn_reference::MatRef::<f32>::new(&empty, attn_reference::MatLayout::row_major(e, 0));
+    let packed = attn_kernels::gemm::PackedB::new(b).unwrap();
+    assert_eq!((packed.rows(), packed.cols()), (e, 0));
+    // … and so is quantising d = 0 rows, 2⁶⁰ of them (it walked every row)
+    let l = Tensor4Layout::bhsd(1 << 20, 1 << 20, 1 << 20, 0);
+    let dst = attn_kernels::Q8Mut::bhsd(&mut [], &mut [], 1 << 20, 1 << 20, 1 << 20, 0);
+    assert_eq!(attn_kernels::quantize_q8(TensorRef::new(&empty, l), dst), Ok(()));
     assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
 }
 
