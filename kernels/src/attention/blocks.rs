@@ -212,8 +212,13 @@ pub(crate) fn pv_update<S: Simd>(
     let (l, qr) = (S::LANES, prod.kern.nr);
     assert!(p.len() >= nb * qr && alpha.len() >= qr && qr == QV * l);
     let (o, save) = (&mut o[..dv * qr], &mut save[..dv * qr]);
-    let al: [S::V; QV] = core::array::from_fn(|vv| load(s, &alpha[vv * l..]));
-    let live = al.map(|a| s.nonzero(a));
+    // Plain loops, not `array::map`: through its closure the mask compare became an
+    // out-of-line call without the ISA's features.
+    let (mut al, mut live) = ([s.splat(0.0); QV], [s.nonzero(s.splat(0.0)); QV]);
+    for vv in 0..QV {
+        al[vv] = load(s, &alpha[vv * l..]);
+        live[vv] = s.nonzero(al[vv]);
+    }
     for col in o.chunks_exact_mut(qr) {
         for vv in 0..QV {
             let x = &mut col[vv * l..];
@@ -280,11 +285,12 @@ pub(crate) fn query_pairs(
 /// Keys `j0..j0 + nb` of the bf16 matrix `k` (`dk` columns, key `j` at row
 /// `map.read_row(j)`: a view's own row, or a pool's slot) as the A operand of the paired score
 /// product: row `j` of `out` holds the `⌈dk/2⌉` pairs of key `j0 + j`. Returns that operand
-/// (row stride `⌈dk/2⌉`, unit step). Panics unless `out` holds `nb·⌈dk/2⌉` words and `k` the
-/// rows.
+/// (row stride `⌈dk/2⌉`, unit step): `k`'s own memory when its rows are already that (one run
+/// of pairs, 4-byte aligned, little-endian), else `out`. Panics unless `out` holds
+/// `nb·⌈dk/2⌉` words and `k` the rows.
 #[inline(always)]
 pub(crate) fn key_pairs<'o>(
-    k: Strided<'_, bf16>,
+    k: Strided<'o, bf16>,
     map: RowMap<'_>,
     j0: usize,
     nb: usize,
@@ -303,8 +309,13 @@ pub(crate) fn key_pairs<'o>(
         let first = map.read_row(j0);
         assert!(k.covers(first, nb, dk));
         let at = k.offset + first * k.rs;
+        let run: &'o [u16] = k.data[at..at + nb * dk].reinterpret_cast();
+        // Aligned to a word: the pairs are read in place, no copy.
+        if let Ok(words) = bytemuck::try_cast_slice::<u16, f32>(run) {
+            return Strided { data: words, offset: 0, rs: dkp, cs: 1 };
+        }
         let halves: &mut [u16] = bytemuck::cast_slice_mut(out);
-        halves.copy_from_slice(k.data[at..at + nb * dk].reinterpret_cast());
+        halves.copy_from_slice(run);
     } else {
         for (j, dst) in out.chunks_exact_mut(dkp).enumerate() {
             let row = map.read_row(j0 + j);
@@ -384,6 +395,20 @@ pub(crate) fn prob_pairs(p: &[f32], nb: usize, qr: usize, out: &mut [f32]) {
             }
         }
     }
+}
+
+/// True when no half of the bf16 pair words `w` (a [`value_pairs`] operand) is `±∞` or NaN
+/// (all exponent bits set). Then a zero weight times any of these values is exactly 0, and
+/// the paired output product needs no guard ([`pv_update`]) whatever weights are 0.
+#[inline(always)]
+pub(crate) fn pairs_finite(w: &[f32]) -> bool {
+    const EXP: u32 = 0x7F80;
+    // A fold with no early exit, so that it vectorises: one OR per word.
+    let bad = w.iter().fold(0u32, |acc, x| {
+        let b = x.to_bits();
+        acc | u32::from(b & EXP == EXP) | u32::from((b >> 16) & EXP == EXP)
+    });
+    bad == 0
 }
 
 /// Element `(j, c)` of a [`value_pairs`] operand (`dv` columns, key `j` relative to its first
@@ -1298,4 +1323,36 @@ pub(crate) fn row_max<S: Simd>(s: S, x: &[f32], init: f32) -> f32 {
     // The lanes hold no NaN, so the vector reduction is their maximum.
     let m = s.reduce_max(acc);
     x[i..].iter().fold(m, |m, &v| if v > m { v } else { m })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::slice::HalfBitsSliceExt;
+
+    /// [`key_pairs`] reads a word-aligned run of key rows in place and copies a misaligned one,
+    /// with the same words either way: the pair `(k(j, 2w), k(j, 2w + 1))`, low half first.
+    #[test]
+    fn key_pairs_in_place_and_copied_agree() {
+        let (nb, dk) = (3, 6);
+        let words: Vec<u32> =
+            (0..(nb * dk / 2 + 1) as u32).map(|i| i.wrapping_mul(0x9E37_79B9)).collect();
+        let halves: &[u16] = bytemuck::cast_slice(&words);
+        let data: &[bf16] = halves.reinterpret_cast();
+        for offset in [0, 1] {
+            let k = Strided { data, offset, rs: dk, cs: 1 };
+            let mut out = vec![0.0f32; nb * dk / 2];
+            let got = key_pairs(k, RowMap::Dense, 0, nb, dk, &mut out);
+            let in_place = std::ptr::eq(got.data.as_ptr().cast::<u16>(), halves.as_ptr());
+            assert_eq!(in_place, offset == 0 && cfg!(target_endian = "little"), "offset {offset}");
+            for j in 0..nb {
+                for w in 0..dk / 2 {
+                    let e = |d: usize| data[offset + j * dk + d].to_bits();
+                    let want = pair(e(2 * w), e(2 * w + 1)).to_bits();
+                    let at = got.offset + j * got.rs + w;
+                    assert_eq!(got.data[at].to_bits(), want, "offset {offset}, key {j}, pair {w}");
+                }
+            }
+        }
+    }
 }

@@ -49,8 +49,8 @@ use attn_core::{AnyRef, Error, Result};
 
 use super::blocking::{FlashBlocking, QV};
 use super::blocks::{
-    key_pairs, pos_inf_weights, prob_pairs, pv_block, pv_update, qk_block, query_pairs, scores,
-    tile_rows, value_pair_at, value_pairs, weights, KvAny, Product, Strided,
+    key_pairs, pairs_finite, pos_inf_weights, prob_pairs, pv_block, pv_update, qk_block,
+    query_pairs, scores, tile_rows, value_pair_at, value_pairs, weights, KvAny, Product, Strided,
 };
 use super::decode::{paged_head, RowMap};
 use super::sink::Sink;
@@ -261,11 +261,11 @@ impl Kernel for Task<'_, '_, '_> {
             // The block's K and V as f32: in place, or converted once for all the tiles (as
             // the keys of the block `js..je` a tile visits lie inside `j0..j0 + nb_task`); or
             // as bf16 pairs for `vdpbf16ps`.
-            let blk = match dot {
+            let mut blk = match dot {
                 Some((kern, _, k, v)) => {
                     value_pairs(v, map, j0, nb_task, dv, &mut scr.vb);
                     let kp = key_pairs(k, map, j0, nb_task, dk, &mut scr.kb);
-                    Block::Pairs { kern, k: kp, v: &scr.vb }
+                    Block::Pairs { kern, k: kp, v: &scr.vb, finite: None }
                 }
                 None => Block::F32(
                     block_f32(s, keys, map, j0, nb_task, dk, &mut scr.kb),
@@ -313,16 +313,24 @@ impl Kernel for Task<'_, '_, '_> {
                     Block::F32(_, (vm, vj)) => {
                         pv_block(s, guard, sb, nb, vm, js - vj, dv, alpha, oacc, save)
                     }
-                    Block::Pairs { kern, v, .. } => {
+                    Block::Pairs { kern, v, ref mut finite, .. } => {
                         // Pair `w0 + w` of the block holds keys `js + 2w`, `js + 2w + 1`; an odd
-                        // `nb` pads the last with a zero weight, which the guard covers.
+                        // `nb` pads the last with a zero weight and a zero value. Zero weights
+                        // need the guard only when the block holds a non-finite value (asked
+                        // once per block, when a tile first has one: the causal diagonal).
                         let (w0, nbp) = ((js - j0) / 2, nb.div_ceil(2));
+                        let guard = (guard || nb % 2 == 1)
+                            && match *finite {
+                                Some(f) => !f,
+                                // A plain match, not `get_or_insert_with`: through its closure
+                                // the scan ran out of line, without the ISA's vectors.
+                                None => !*finite.insert(pairs_finite(v)),
+                            };
                         let pb = scr.pb.get(nbp * qr);
                         prob_pairs(sb, nb, qr, pb);
                         let a = (v, w0 * dv, 1, dv);
                         let prod = Product { kern, alpha: 1.0, depth: nbp, a, b: pb };
                         let v_at = |j: usize, c: usize| value_pair_at(v, dv, 2 * w0 + j, c);
-                        let guard = guard || nb % 2 == 1;
                         pv_update(s, guard, prod, sb, nb, v_at, dv, alpha, oacc, save);
                     }
                 }
@@ -348,8 +356,9 @@ enum Block<'t> {
     /// f32 matrices, each with the key of its row 0 ([`block_f32`]).
     F32((Strided<'t>, usize), (Strided<'t>, usize)),
     /// bf16 pairs for the `vdpbf16ps` kernel `kern`: K rows ([`key_pairs`]) and V pairs
-    /// ([`value_pairs`]), both from the block's first key.
-    Pairs { kern: &'static GemmKernel, k: Strided<'t>, v: &'t [f32] },
+    /// ([`value_pairs`]), both from the block's first key; `finite`: whether every value of
+    /// the block is finite ([`pairs_finite`]), once a tile has asked.
+    Pairs { kern: &'static GemmKernel, k: Strided<'t>, v: &'t [f32], finite: Option<bool> },
 }
 
 /// Packs query rows `i0..i0 + rows` of the `[nq, dk]` matrix `qm` of `data` into the tile

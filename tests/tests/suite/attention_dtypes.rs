@@ -522,6 +522,75 @@ fn q8_infinite_key_scale_over_zero_is_nan() {
     }
 }
 
+/// The flash path on `vdpbf16ps` with `±∞`/NaN values at keys whose weight is 0 (hidden by a
+/// keep mask, or past a row's causal diagonal inside its tile's block, e.g. unwritten cache
+/// slots): they must not reach those rows, as the reference skips zero weights. The paired
+/// output product guards a block only when it holds such a value, so this is the test of that
+/// guard; an odd number of keys adds a padded pair.
+#[test]
+fn dot_flash_nonfinite_values_at_zero_weights_do_not_leak() {
+    if !bf16_dot_available() {
+        eprintln!(
+            "attention_dtypes: HalfPath::Dot needs AVX512_BF16, which this CPU lacks; skipped"
+        );
+        return;
+    }
+    // Zero queries and keys: every visible key scores 0.
+    let run = |nq: usize, nk: usize, d: usize, v: &[f32], mask: attn_kernels::Mask<'_>| {
+        let (q, k) = (vec![bf16::ZERO; nq * d], vec![bf16::ZERO; nk * d]);
+        let v: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+        let (ql, kl) = (Tensor4Layout::bhsd(1, 1, nq, d), Tensor4Layout::bhsd(1, 1, nk, d));
+        let mut o = vec![f32::NAN; nq * d];
+        Attention::new(
+            TensorRef::new(&q[..], ql),
+            TensorRef::new(&k[..], kl),
+            TensorRef::new(&v[..], kl),
+        )
+        .isa(Isa::Avx512)
+        .path(Path::Flash)
+        .half_path(HalfPath::Dot)
+        .mask(mask)
+        .run(TensorMut::new(&mut o[..], ql))
+        .unwrap();
+        o
+    };
+    // Keep mask: every row sees keys 0 and 1 (values 1 and 2) only; keys 2 and 3 hold +∞ and
+    // NaN. Equal scores: weights 1/2 each (exact in bf16), so every output is 1.5 exactly.
+    for nk in [4, 5] {
+        let (nq, d) = (7, 2);
+        let mut v = vec![0.0f32; nk * d];
+        for (j, x) in [1.0, 2.0, f32::INFINITY, f32::NAN, 3.0].iter().take(nk).enumerate() {
+            v[j * d..(j + 1) * d].fill(*x);
+        }
+        let keep: Vec<bool> = (0..nq * nk).map(|e| e % nk < 2).collect();
+        let layout = Tensor4Layout::bhsd(1, 1, nq, nk);
+        let o = run(nq, nk, d, &v, attn_kernels::Mask::Keep { keep: &keep, layout });
+        assert!(o.iter().all(|&x| x == 1.5), "keep, nk {nk}: {o:?}");
+    }
+    // Causal: key j holds the value j, but key 20 holds +∞ in column 0 and NaN in column 1.
+    // Rows i < 20 see keys 0..=i with equal weights (a mean of exactly representable values);
+    // rows from 20 on see the non-finite key.
+    let (n, d) = (41, 2);
+    let mut v: Vec<f32> = (0..n * d).map(|e| (e / d) as f32).collect();
+    v[20 * d] = f32::INFINITY;
+    v[20 * d + 1] = f32::NAN;
+    let o = run(n, n, d, &v, attn_kernels::Mask::Causal { offset: None });
+    for i in 0..n {
+        for c in 0..d {
+            let got = o[i * d + c];
+            if i < 20 {
+                let want = i as f32 / 2.0;
+                // The weights 1/(i+1) are rounded to bf16: within 2⁻⁸ relative of the mean.
+                assert!((got - want).abs() <= want * 2f32.powi(-7), "row {i} col {c}: {got}");
+            } else if c == 0 {
+                assert_eq!(got, f32::INFINITY, "row {i} col {c}");
+            } else {
+                assert!(got.is_nan(), "row {i} col {c}: {got}");
+            }
+        }
+    }
+}
+
 /// Mismatched scale tensors and other bad typed operands are typed errors, the same on every
 /// path, and nothing is written.
 #[test]
