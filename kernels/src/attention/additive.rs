@@ -496,7 +496,7 @@ impl Kernel for Task<'_, '_> {
             let (l, m) = (scr.l[r], scr.m[r]);
             let (inv, lse) =
                 if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, m + l.ln()) };
-            sink.write_row(b, h, i0 + r, lse, |d| o[d * qr + r] * inv);
+            sink.write_row(s, b, h, i0 + r, lse, |d| o[d * qr + r] * inv);
         }
     }
 }

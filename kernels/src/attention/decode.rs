@@ -405,7 +405,7 @@ impl<T: Element> Kernel for Merge<'_, '_, '_, T> {
                 if parts.iter().any(|c| c.l[r].is_nan()) {
                     total = f32::NAN;
                 }
-                let (inv, row_lse) = p.finish(h, mx, total);
+                let (inv, row_lse) = p.finish(h, mx, total, lse.is_some());
                 for (d, a) in acc.iter().enumerate() {
                     let idx = o.layout.index(b, h, i, d);
                     o.data[idx] = T::from_f32(a * inv);

@@ -343,8 +343,8 @@ impl Kernel for Task<'_, '_, '_> {
             let (i0, rows) = tile(u);
             let acc = &scr.o[u * dv * qr..(u + 1) * dv * qr];
             for r in 0..rows {
-                let (inv, lse) = p.finish(h, scr.m[u * qr + r], scr.l[u * qr + r]);
-                sink.write_row(b, h, i0 + r, lse, |d| acc[d * qr + r] * inv);
+                let (inv, lse) = p.finish(h, scr.m[u * qr + r], scr.l[u * qr + r], sink.has_lse());
+                sink.write_row(s, b, h, i0 + r, lse, |d| acc[d * qr + r] * inv);
             }
         }
     }

@@ -13,7 +13,7 @@ use super::blocks::{axpy, exp_row, pos_inf_weights, KvAny, Strided};
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{matrix, row_of, zeros, Problem};
-use crate::arch::{vectorize, Isa, Kernel, Simd};
+use crate::arch::{vectorize, Isa, Kernel, Portable, Simd};
 use crate::gemm::sgemm_with_isa;
 use crate::par::Parallelism;
 
@@ -98,9 +98,10 @@ fn head(isa: Isa, p: &Problem<'_>, sink: &Sink<'_>, t: usize, par: Parallelism) 
         }
     }
     for i in 0..nq {
-        let (inv, lse) = p.finish(h, maxes[i], sums[i]);
+        let (inv, lse) = p.finish(h, maxes[i], sums[i], sink.has_lse());
         let row = &o[i * dv..(i + 1) * dv];
-        sink.write_row(b, h, i, lse, |d| row[d] * inv);
+        // Outside any ISA's code: the portable vectors (this path is for tests and benches).
+        sink.write_row(Portable, b, h, i, lse, |d| row[d] * inv);
     }
     Ok(())
 }
