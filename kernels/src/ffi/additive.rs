@@ -135,47 +135,18 @@ unsafe fn additive_call(a: &AttnAdditiveArgs) -> Result<(), Failure> {
 
 #[cfg(test)]
 mod tests {
-    use std::ffi::{c_char, CStr};
     use std::ptr::{null, null_mut};
 
-    use super::super::{attn_last_error_message, AttnMaskKind};
+    use super::super::tests::{last_error, mat, tensor, tensor_mut};
+    use super::super::AttnMaskKind;
     use super::*;
     use crate::{Mask, MatLayout, MatRef, Parallelism, Tensor4Layout, TensorMut, TensorRef};
-
-    fn last_error() -> String {
-        let mut buf = vec![0 as c_char; 512];
-        // SAFETY: `buf` holds 512 writable bytes.
-        unsafe { attn_last_error_message(buf.as_mut_ptr(), buf.len()) };
-        // SAFETY: the function NUL-terminates within `cap`.
-        unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
-    }
 
     fn vals(n: usize, seed: u32) -> Vec<f32> {
         (0..n).map(|i| ((i as u32 * 37 + seed * 11) % 23) as f32 / 11.5 - 1.0).collect()
     }
 
     /// A contiguous `[b, h, s, d]` view.
-    fn tensor(data: &[f32], dims: [usize; 4]) -> AttnTensor {
-        let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
-        AttnTensor { data: data.as_ptr().cast(), dims, strides, offset: 0 }
-    }
-
-    fn tensor_mut(data: &mut [f32], dims: [usize; 4]) -> AttnTensorMut {
-        let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
-        AttnTensorMut { data: data.as_mut_ptr().cast(), dims, strides, offset: 0 }
-    }
-
-    fn mat(data: &[f32], rows: usize, cols: usize) -> AttnMat {
-        AttnMat {
-            data: data.as_ptr().cast(),
-            rows,
-            cols,
-            row_stride: cols,
-            col_stride: 1,
-            offset: 0,
-        }
-    }
-
     /// `q: [1, 2, 5, 6]`, `k: [1, 1, 9, 4]`, `v: [1, 1, 9, 3]` (GQA, dq ≠ dk ≠ dv), hidden
     /// width 7.
     struct Bufs {
@@ -218,8 +189,8 @@ mod tests {
                 k: tensor(&self.k, K),
                 v: tensor(&self.v, V),
                 o: tensor_mut(&mut self.o, O),
-                wq: mat(&self.wq, 6, DA),
-                wk: mat(&self.wk, 4, DA),
+                wq: mat(&self.wq, 6, DA, DA, 1, 0),
+                wk: mat(&self.wk, 4, DA, DA, 1, 0),
                 w: self.w.as_ptr(),
                 w_len: DA,
                 mask: null(),
@@ -403,8 +374,8 @@ mod tests {
         // `w` may be NULL when the hidden width is 0 (every score 0: a plain average of V).
         let empty: [f32; 0] = [];
         let a = AttnAdditiveArgs {
-            wq: mat(&empty, 6, 0),
-            wk: mat(&empty, 4, 0),
+            wq: mat(&empty, 6, 0, 0, 1, 0),
+            wk: mat(&empty, 4, 0, 0, 1, 0),
             w: null(),
             w_len: 0,
             ..base

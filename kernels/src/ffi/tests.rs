@@ -8,7 +8,7 @@ use std::ptr::{null, null_mut};
 use super::*;
 use crate::layers::kernel_calls::GEMM_CALLS;
 
-fn last_error() -> String {
+pub(super) fn last_error() -> String {
     let mut buf = vec![0 as c_char; 512];
     // SAFETY: `buf` holds 512 writable bytes.
     unsafe { attn_last_error_message(buf.as_mut_ptr(), buf.len()) };
@@ -21,7 +21,14 @@ fn name(status: i32) -> String {
     unsafe { CStr::from_ptr(attn_status_name(status)) }.to_string_lossy().into_owned()
 }
 
-fn mat(data: &[f32], rows: usize, cols: usize, rs: usize, cs: usize, offset: usize) -> AttnMat {
+pub(super) fn mat(
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+    offset: usize,
+) -> AttnMat {
     AttnMat { data: data.as_ptr().cast(), rows, cols, row_stride: rs, col_stride: cs, offset }
 }
 
@@ -37,12 +44,12 @@ fn mat_mut(data: &mut [f32], rows: usize, cols: usize) -> AttnMatMut {
 }
 
 /// A contiguous `[b, h, s, d]` view.
-fn tensor(data: &[f32], dims: [usize; 4]) -> AttnTensor {
+pub(super) fn tensor(data: &[f32], dims: [usize; 4]) -> AttnTensor {
     let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
     AttnTensor { data: data.as_ptr().cast(), dims, strides, offset: 0 }
 }
 
-fn tensor_mut(data: &mut [f32], dims: [usize; 4]) -> AttnTensorMut {
+pub(super) fn tensor_mut(data: &mut [f32], dims: [usize; 4]) -> AttnTensorMut {
     let strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1];
     AttnTensorMut { data: data.as_mut_ptr().cast(), dims, strides, offset: 0 }
 }
