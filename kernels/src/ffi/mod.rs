@@ -48,10 +48,11 @@ use raw::{disjoint, mat_len, slice, slice_mut, span, tensor_len, Failure, Span};
 /// and aligned for the element type: `float` unless the call takes a `*_dtype` for the view
 /// (then `data` is a `void*` to elements of that type; see [`AttnDtype`]). So
 /// `ATTN_STATUS_OUT_OF_BOUNDS` never comes from a view (the library computes each view's extent
-/// and trusts it); it comes only from a caller workspace shorter than its `*_workspace_len`. A view with a zero dimension is empty: its `data` may be NULL
-/// and is never read. An extent that overflows `size_t`, or exceeds `PTRDIFF_MAX` bytes or the
-/// address space, is `ATTN_STATUS_INDEX_OVERFLOW` naming the view. An output view must map
-/// distinct positions to distinct elements (no zero stride on a dimension longer than 1), else
+/// and trusts it); it comes only from a caller workspace shorter than its `*_workspace_len`. A
+/// view with a zero dimension is empty: its `data` may be NULL and is never read. An extent that
+/// overflows `size_t`, or exceeds `PTRDIFF_MAX` bytes or the address space, is
+/// `ATTN_STATUS_INDEX_OVERFLOW` naming the view. An output view must map distinct positions to
+/// distinct elements (no zero stride on a dimension longer than 1), else
 /// `ATTN_STATUS_ALIASED_OUTPUT`.
 ///
 /// **Null pointers.** A NULL `data` (or vector pointer) where at least one element is needed is
@@ -1797,11 +1798,11 @@ pub unsafe extern "C" fn attn_layer_norm(
 /// [`attn_layer_norm`] with element types: `x_dtype` for `x`, `w_dtype` for `gamma` and
 /// `beta` (each `d` elements of that type, aligned for it), `y_dtype` for `y` ([`AttnDtype`]
 /// values, each f32, bf16 or f16; `x.data` and `y.data` then address elements of those types).
-/// Inputs are widened exactly, the arithmetic is f32,
-/// and each output is rounded once (to nearest even) to `y_dtype`: bit for bit the Rust
-/// `layers::layer_norm` on the same typed views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
-/// `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each
-/// view's own bytes.
+/// Inputs are widened exactly, the arithmetic is f32, and each output is rounded once (to
+/// nearest even) to `y_dtype`: bit for bit the Rust `layers::layer_norm` on the same typed
+/// views. `ATTN_DTYPE_Q8` is `ATTN_STATUS_UNSUPPORTED_DTYPE`, any other value
+/// `ATTN_STATUS_INVALID_PARAMETER`, each naming its field. Overlaps are measured in each view's
+/// own bytes.
 ///
 /// # Safety
 ///
