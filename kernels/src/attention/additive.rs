@@ -41,6 +41,7 @@ use attn_core::{
 };
 
 use super::blocks::{pv_block, tile_rows, Strided};
+use super::finish_plain;
 use super::sink::Sink;
 use crate::arch::{self, load, store, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
@@ -494,8 +495,7 @@ impl Kernel for Task<'_, '_> {
         let o = &scr.o[..dv * qr];
         for r in 0..rows {
             let (l, m) = (scr.l[r], scr.m[r]);
-            let (inv, lse) =
-                if l == 0.0 { (0.0, f32::NEG_INFINITY) } else { (1.0 / l, m + l.ln()) };
+            let (inv, lse) = finish_plain(m, l, sink.has_lse());
             sink.write_row(s, b, h, i0 + r, lse, |d| o[d * qr + r] * inv);
         }
     }

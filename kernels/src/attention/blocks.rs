@@ -665,6 +665,13 @@ pub(crate) trait KvMat: Copy {
     /// dequantising arithmetic, which the interleaved order's shared query loads serve
     /// better (key by key ran 0.76× on Zen 4, perf journal, 2026-12-04 21:30).
     const STREAMED: bool;
+    /// True when a one-row decode score tile keeps its query row in registers for the block,
+    /// when the row is 4 or 8 vectors long ([`dec_qk_row_regs`]), and, where the rows continue
+    /// in memory, leaves this block's value rows to the hardware prefetcher: the 2-byte types
+    /// (bf16, f16, bf16 pairs), whose rows it streams from DRAM 1.4× as fast as the
+    /// [`STREAMED`](Self::STREAMED) loop with the value prefetch. Not f32: with the query in
+    /// registers it ran 1.31× in L1 but 0.6–0.95× from DRAM (perf journal, 2026-12-05 20:11).
+    const QUERY_IN_REGISTERS: bool = false;
     /// True for [`Pairs`]: columns are words of bf16 pairs, and the query rows the score tiles
     /// read must be pairs too.
     const PAIRS: bool = false;
@@ -702,6 +709,7 @@ pub(crate) trait KvMat: Copy {
 impl<'a, T: SimdElement> KvMat for Strided<'a, T> {
     type Row = &'a [T];
     const STREAMED: bool = true;
+    const QUERY_IN_REGISTERS: bool = T::SIZE == 2;
     #[inline(always)]
     fn in_place(&self, n: usize) -> bool {
         self.cs == 1 || n <= 1
@@ -860,6 +868,7 @@ impl KvRow for PairRow<'_> {
 impl<'a> KvMat for Pairs<'a> {
     type Row = PairRow<'a>;
     const STREAMED: bool = true;
+    const QUERY_IN_REGISTERS: bool = true;
     const PAIRS: bool = true;
     #[inline(always)]
     fn in_place(&self, n: usize) -> bool {
@@ -949,10 +958,33 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
         d += l;
     }
     let tail = d;
-    // Transposed reduction of the R·C accumulators, four at a time (zero-padded), written
-    // straight to their places in `out`; then, when `dk` is not a multiple of LANES, the
-    // scalar tail. Constant trip counts and no data-dependent loop inside, so the loop unrolls
-    // and the accumulators stay in registers (see the perf journal, 2026-12-04).
+    // The sums, then, when `dk` is not a multiple of LANES, the scalar tail.
+    store_sums(s, &acc, out, os);
+    if tail < dk {
+        for (r, qr) in qs.iter().enumerate() {
+            for (c, kc) in ks.iter().enumerate() {
+                let o = &mut out[r * os + c];
+                let mut x = *o;
+                for (dd, qd) in qr.iter().enumerate().skip(tail) {
+                    x = K::Row::mad1(*qd, kc.get(dd), x);
+                }
+                *o = x;
+            }
+        }
+    }
+}
+
+/// `out[r·os + c] = Σ lanes of acc[r][c]`: the transposed reduction of a score tile's `R·C`
+/// accumulators, four at a time (zero-padded), written straight to their places. Constant trip
+/// counts and no data-dependent loop inside, so the loop unrolls and the accumulators stay in
+/// registers (see the perf journal, 2026-12-04).
+#[inline(always)]
+fn store_sums<S: Simd, const R: usize, const C: usize>(
+    s: S,
+    acc: &[[S::V; C]; R],
+    out: &mut [f32],
+    os: usize,
+) {
     for f in 0..(R * C).div_ceil(4) {
         let mut quad = [s.splat(0.0); 4];
         for (g, x) in quad.iter_mut().enumerate() {
@@ -966,18 +998,30 @@ fn dec_qk_tile<S: Simd, K: KvMat, const R: usize, const C: usize>(
             }
         }
     }
-    if tail < dk {
-        for (r, qr) in qs.iter().enumerate() {
-            for (c, kc) in ks.iter().enumerate() {
-                let o = &mut out[r * os + c];
-                let mut x = *o;
-                for (dd, qd) in qr.iter().enumerate().skip(tail) {
-                    x = K::Row::mad1(*qd, kc.get(dd), x);
-                }
-                *o = x;
-            }
+}
+
+/// The one-row score tile with the query row in registers (`qv`, `dk = NV·LANES`):
+/// `out[c] = q · k(j + c)` for `c < C`. Each key row is read front to back as one FMA chain:
+/// the same FMAs in the same order as [`dec_qk_tile`]'s one-row loop, so the scores are
+/// bitwise the same. With `NV` a constant, the loads need no bounds check and the chains no
+/// loop branch.
+#[inline(always)]
+fn dec_qk_tile_regs<S: Simd, K: KvMat, const NV: usize, const C: usize>(
+    s: S,
+    qv: &[S::V; NV],
+    k: K,
+    j: usize,
+    out: &mut [f32],
+) {
+    let l = S::LANES;
+    let mut acc = [[s.splat(0.0); C]; 1];
+    for (c, a) in acc[0].iter_mut().enumerate() {
+        let kr = k.row(j + c, 0, NV * l);
+        for (v, q) in qv.iter().enumerate() {
+            *a = K::Row::mad(s, *q, kr.vec(s, v * l), *a);
         }
     }
+    store_sums(s, &acc, out, 1);
 }
 
 /// One vector step of [`dec_qk_tile`]: `acc[r][c] += q_r[at..] · k_c[at..]` (`LANES` lanes).
@@ -1093,26 +1137,82 @@ fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     // A one-row tile of a plain type reads its keys in address order (`dec_qk_tile`); when the
     // rows ahead follow this block's in memory, the hardware prefetcher streams them, and a
     // software prefetch only takes an L1 miss buffer from it. Interleaved multi-row tiles,
-    // int8 and the blocks of another page still need it (perf journal, 2026-12-04 21:30).
-    let ahead =
-        ahead.filter(|&(_, a)| R > 1 || !K::STREAMED || a != j0.wrapping_add(DECODE_PREFETCH_KEYS));
+    // int8 and the blocks of another page still need it (perf journal, 2026-12-04 21:30). With
+    // the query in registers the same holds for the value rows (2026-12-05 20:11).
+    let follows = ahead.is_some_and(|(_, a)| a == j0.wrapping_add(DECODE_PREFETCH_KEYS));
+    let ahead = ahead.filter(|_| R > 1 || !K::STREAMED || !follows);
+    if R == 1 && K::QUERY_IN_REGISTERS {
+        let pv = pv.filter(|_| !follows);
+        let l = S::LANES;
+        if dk == 8 * l {
+            return dec_qk_row_regs::<S, K, 8, C>(s, q, k, j0, nb, out, ahead, pv, dk);
+        }
+        if dk == 4 * l {
+            return dec_qk_row_regs::<S, K, 4, C>(s, q, k, j0, nb, out, ahead, pv, dk);
+        }
+    }
     let mut j = 0;
     while j + C <= nb {
-        for c in 0..C {
-            // Hints only: the rows may lie past the tensor.
-            if let Some((m, a)) = ahead {
-                m.prefetch(a.wrapping_add(j + c), dk);
-            }
-            if let Some(p) = pv {
-                p.v.prefetch(p.j0.wrapping_add(j + c), p.dv);
-            }
-        }
+        prefetch_tile(ahead, pv, j, C, dk);
         dec_qk_tile::<S, K, R, C>(s, dk, q, k, j0 + j, &mut out[j..], os);
         j += C;
     }
     while j < nb {
         dec_qk_tile::<S, K, R, 1>(s, dk, q, k, j0 + j, &mut out[j..], os);
         j += 1;
+    }
+}
+
+/// [`dec_qk_rows`] for one query row (`q`) of `dk = NV·LANES` columns: the row is loaded
+/// into registers once for the block ([`KvMat::QUERY_IN_REGISTERS`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn dec_qk_row_regs<S: Simd, K: KvMat, const NV: usize, const C: usize>(
+    s: S,
+    q: &[f32],
+    k: K,
+    j0: usize,
+    nb: usize,
+    out: &mut [f32],
+    ahead: Option<(K, usize)>,
+    pv: Option<PrefetchV<'_>>,
+    dk: usize,
+) {
+    let l = S::LANES;
+    let q = &q[..NV * l];
+    let mut qv = [s.splat(0.0); NV];
+    for (v, x) in qv.iter_mut().enumerate() {
+        *x = load(s, &q[v * l..]);
+    }
+    let mut j = 0;
+    while j + C <= nb {
+        prefetch_tile(ahead, pv, j, C, dk);
+        dec_qk_tile_regs::<S, K, NV, C>(s, &qv, k, j0 + j, &mut out[j..]);
+        j += C;
+    }
+    while j < nb {
+        dec_qk_tile_regs::<S, K, NV, 1>(s, &qv, k, j0 + j, &mut out[j..]);
+        j += 1;
+    }
+}
+
+/// The prefetches ahead of a score tile of `n` keys from the block's key `j` (see
+/// [`dec_qk_rows`]). Hints only: the rows may lie past the tensor.
+#[inline(always)]
+fn prefetch_tile<K: KvMat>(
+    ahead: Option<(K, usize)>,
+    pv: Option<PrefetchV<'_>>,
+    j: usize,
+    n: usize,
+    dk: usize,
+) {
+    for c in 0..n {
+        if let Some((m, a)) = ahead {
+            m.prefetch(a.wrapping_add(j + c), dk);
+        }
+        if let Some(p) = pv {
+            p.v.prefetch(p.j0.wrapping_add(j + c), p.dv);
+        }
     }
 }
 
@@ -1328,7 +1428,50 @@ pub(crate) fn row_max<S: Simd>(s: S, x: &[f32], init: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arch::{vectorize, Kernel};
     use half::slice::HalfBitsSliceExt;
+
+    /// The one-row score pass with the query in registers ([`dec_qk_row_regs`], taken for
+    /// 2-byte keys `4·LANES` and `8·LANES` long) gives the scores of the plain one-row tile,
+    /// bit for bit, whole tiles and single keys alike, on every ISA this CPU runs.
+    #[test]
+    fn query_in_registers_scores_match_the_plain_tile() {
+        struct Scores<'a, T> {
+            q: &'a [f32],
+            k: &'a [T],
+            nv: usize,
+            nb: usize,
+        }
+        impl<T: SimdElement> Kernel for Scores<'_, T> {
+            type Output = (Vec<f32>, Vec<f32>);
+            fn run<S: Simd>(self, s: S) -> (Vec<f32>, Vec<f32>) {
+                let (dk, nb) = (self.nv * S::LANES, self.nb);
+                let k = Strided { data: self.k, offset: 3, rs: dk + 5, cs: 1 };
+                assert!(<Strided<'_, T> as KvMat>::QUERY_IN_REGISTERS);
+                let mut got = vec![f32::NAN; nb];
+                decode_qk_block(s, self.q, 1, dk, k, 0, nb, &mut got, nb, None, None);
+                let mut want = vec![f32::NAN; nb];
+                for j in 0..nb {
+                    dec_qk_tile::<S, _, 1, 1>(s, dk, self.q, k, j, &mut want[j..], 1);
+                }
+                (got, want)
+            }
+        }
+        fn check<T: SimdElement>(from: fn(f32) -> T) {
+            let x = |i: usize| ((i.wrapping_mul(0x9E37_79B9) >> 7) % 2001) as f32 / 1000.0 - 1.0;
+            let q: Vec<f32> = (0..128).map(|i| x(i + 7)).collect();
+            let k: Vec<T> = (0..16 * 133 + 3).map(|i| from(x(i))).collect();
+            for isa in Isa::supported() {
+                for (nv, nb) in [(4, 16), (8, 16), (8, 7), (4, 1)] {
+                    let (got, want) = vectorize(isa, Scores { q: &q, k: &k, nv, nb });
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{isa} nv {nv} nb {nb}");
+                }
+            }
+        }
+        check(bf16::from_f32);
+        check(half::f16::from_f32);
+    }
 
     /// [`key_pairs`] reads a word-aligned run of key rows in place and copies a misaligned one,
     /// with the same words either way: the pair `(k(j, 2w), k(j, 2w + 1))`, low half first.

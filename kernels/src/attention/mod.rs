@@ -720,9 +720,7 @@ impl<'a> Problem<'a> {
                 let den = f64::from(l) * a + (sigma - top).exp();
                 ((a / den) as f32, (top + den.ln()) as f32)
             }
-            _ if l == 0.0 => (0.0, f32::NEG_INFINITY),
-            _ if !with_lse => (1.0 / l, f32::NAN),
-            _ => (1.0 / l, m + l.ln()),
+            _ => finish_plain(m, l, with_lse),
         }
     }
 
@@ -831,6 +829,19 @@ pub(crate) fn scale_query(x: f32, scale: f32) -> f32 {
         f32::from_bits(1).copysign(y)
     } else {
         y
+    }
+}
+
+/// `(1/l, m + ln l)` of a finished softmax row without sinks (running maximum `m`, sum `l`):
+/// `(0, −∞)` when no key was visible (`l = 0`); the logsumexp only `with_lse` (NaN otherwise:
+/// the `ln` costs a call per row).
+pub(super) fn finish_plain(m: f32, l: f32, with_lse: bool) -> (f32, f32) {
+    if l == 0.0 {
+        (0.0, f32::NEG_INFINITY)
+    } else if with_lse {
+        (1.0 / l, m + l.ln())
+    } else {
+        (1.0 / l, f32::NAN)
     }
 }
 

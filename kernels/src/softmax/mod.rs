@@ -111,7 +111,7 @@ const HALF_CHUNK: usize = 4096;
 /// values, each output rounded once to `y`'s type (to nearest even: relative error `2⁻⁸` for
 /// bf16, `2⁻¹¹` for f16, besides the f32 bound; among subnormals, `2⁻¹³⁴` absolute for bf16
 /// below `2⁻¹²⁶` and `2⁻²⁵` for f16 below `2⁻¹⁴`). The logsumexps stay f32. Bit for bit,
-/// the f32 call on the widened `x` followed by [`convert_slice`](crate::arch::convert_slice) of
+/// the f32 call on the widened `x` followed by [`convert_slice`](crate::arch::convert::convert_slice) of
 /// `y`.
 ///
 /// `lse`, when given, receives the logsumexp of each row, row-major over `[batch, heads, rows]`.
