@@ -11,9 +11,11 @@
 //! is built to stream: the score pass (`decode_qk_block`) runs register tiles of up to 4 rows ×
 //! 2–4 keys with vectors along the head dimension, finished by a transposed reduction, and
 //! prefetches the key rows ahead (except where one row's tiles stream a dense K in address
-//! order) and the block's value rows; the P·V pass (`decode_pv_block`) runs tiles of up to 4
-//! rows × 2–8 value vectors, so each K/V vector is loaded once for all rows. A block is small
-//! (16 keys) so its K and V rows are still in L1 when the second pass reads them.
+//! order) and the block's value rows (except where one row's tiles over bf16/f16 keys, with the
+//! query row in registers, leave dense V to the hardware prefetcher too); the P·V pass
+//! (`decode_pv_block`) runs tiles of up to 4 rows × 2–8 value vectors, so each K/V vector is
+//! loaded once for all rows. A block is small (16 keys) so its K and V rows are still in L1
+//! when the second pass reads them.
 //!
 //! With [`HalfPath::Dot`](crate::gemm::HalfPath) (bf16 Q, K and V, even `dk`) the score pass
 //! reads the key rows as bf16 pairs ([`Pairs`]) against query rows of pairs, one `vdpbf16ps`
