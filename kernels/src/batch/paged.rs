@@ -59,10 +59,11 @@ pub const PAGED_Q_PIECE: usize = crate::attention::DECODE_MAX_Q;
 ///
 /// Errors, the reference's for the same arguments: an unsupported ISA; those of
 /// [`PagedKv::check`] (page size, pools and int8 scale pools, block table, a sequence past its
-/// row, a page outside the pool); a keep or bias mask; a batch other than 1; those of [`check_attention`] on the
-/// packed views (with the cache's heads and widths); bad offsets ([`SeqOffsets::new`]), a total
-/// other than `total_q` or a sequence count other than the cache's (`ShapeMismatch` on
-/// `cu_seqlens_q`); those of [`Variants::check`]; then [`half_path`](Self::half_path)'s.
+/// row, a page outside the pool); a keep or bias mask; a batch other than 1; those of
+/// [`check_attention`](attn_core::check_attention) on the packed views (with the cache's heads
+/// and widths); bad offsets ([`SeqOffsets::new`]), a total other than `total_q` or a sequence
+/// count other than the cache's (`ShapeMismatch` on `cu_seqlens_q`); those of
+/// [`Variants::check`]; then [`half_path`](Self::half_path)'s.
 /// Nothing is written when a check fails.
 ///
 /// ```
