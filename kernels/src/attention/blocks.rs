@@ -29,7 +29,7 @@ use half::slice::HalfFloatSliceExt;
 use wide::bytemuck;
 
 use crate::arch::convert::{bf16_bits, load_operands, SimdElement};
-use crate::arch::{bf16_pair_dot, load, prefetch_l1, store, Isa, Simd};
+use crate::arch::{bf16_pair_dot, load, prefetch_l1, prefetch_l2, store, Isa, Simd};
 use crate::gemm::ukernel::{panel_product, tile_kernel_for, Kernel as GemmKernel};
 use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
 
@@ -657,8 +657,9 @@ pub(crate) trait KvMat: Copy {
     fn row(self, j: usize, c0: usize, n: usize) -> Self::Row;
     /// Element `(j, c)` as f32 (widened or dequantised), any strides.
     fn at(self, j: usize, c: usize) -> f32;
-    /// Hints that row `j` (`n` columns) will be read soon. Any `j`: nothing is read.
-    fn prefetch(self, j: usize, n: usize);
+    /// Hints that row `j` (`n` columns) will be read soon: into L1, or with `far` into L2.
+    /// Any `j`: nothing is read.
+    fn prefetch(self, j: usize, n: usize, far: bool);
     /// True when a one-row decode score tile reads its key rows one after the other, front to
     /// back, and leaves the rows after the block to the hardware prefetcher ([`dec_qk_tile`],
     /// [`dec_qk_rows`]): the plain element types. Not int8: its tiles are bound by the
@@ -672,6 +673,13 @@ pub(crate) trait KvMat: Copy {
     /// [`STREAMED`](Self::STREAMED) loop with the value prefetch. Not f32: with the query in
     /// registers it ran 1.31× in L1 but 0.6–0.95× from DRAM (perf journal, 2026-12-05 20:11).
     const QUERY_IN_REGISTERS: bool = false;
+    /// True when the multi-row decode score tiles (GQA groups) prefetch their key rows ahead
+    /// and the block's value rows into L2 rather than L1: f32 rows, whose 256 lines a block
+    /// held the L1's miss buffers for the tiles' own loads to wait on; prefetched into L2 they
+    /// ran 1.15–1.3× from DRAM and L3 on Zen 4 (perf journal, 2026-12-05 23:20). Not the
+    /// 2-byte types (half the lines; with L2 hints they lost 1.4× in one of two builds) nor
+    /// int8 (no change).
+    const GROUP_PREFETCH_FAR: bool = false;
     /// True for [`Pairs`]: columns are words of bf16 pairs, and the query rows the score tiles
     /// read must be pairs too.
     const PAIRS: bool = false;
@@ -710,6 +718,7 @@ impl<'a, T: SimdElement> KvMat for Strided<'a, T> {
     type Row = &'a [T];
     const STREAMED: bool = true;
     const QUERY_IN_REGISTERS: bool = T::SIZE == 2;
+    const GROUP_PREFETCH_FAR: bool = T::SIZE == 4;
     #[inline(always)]
     fn in_place(&self, n: usize) -> bool {
         self.cs == 1 || n <= 1
@@ -727,9 +736,9 @@ impl<'a, T: SimdElement> KvMat for Strided<'a, T> {
         self.data[self.offset + j * self.rs + c * self.cs].widen()
     }
     #[inline(always)]
-    fn prefetch(self, j: usize, n: usize) {
+    fn prefetch(self, j: usize, n: usize, far: bool) {
         let at = self.offset.wrapping_add(j.wrapping_mul(self.rs));
-        prefetch_bytes(self.data.as_ptr().wrapping_add(at).cast(), n * T::SIZE);
+        prefetch_bytes(self.data.as_ptr().wrapping_add(at).cast(), n * T::SIZE, far);
     }
 }
 
@@ -767,11 +776,11 @@ impl<'a> KvMat for Q8Mat<'a> {
         f32::from(q) * self.sc.data[self.sc.offset + j * self.sc.rs + b * self.sc.cs]
     }
     #[inline(always)]
-    fn prefetch(self, j: usize, n: usize) {
+    fn prefetch(self, j: usize, n: usize, far: bool) {
         let at = self.v.offset.wrapping_add(j.wrapping_mul(self.v.rs));
-        prefetch_bytes(self.v.data.as_ptr().wrapping_add(at).cast(), n);
+        prefetch_bytes(self.v.data.as_ptr().wrapping_add(at).cast(), n, far);
         let at = self.sc.offset.wrapping_add(j.wrapping_mul(self.sc.rs));
-        prefetch_l1(self.sc.data.as_ptr().wrapping_add(at));
+        prefetch_bytes(self.sc.data.as_ptr().wrapping_add(at).cast(), 1, far);
     }
 }
 
@@ -793,12 +802,12 @@ impl KvAny<'_> {
     /// [`KvMat::prefetch`] of whichever type this holds (one match per hint, so that the
     /// decode tiles are not instantiated once per value type for their prefetches).
     #[inline(always)]
-    fn prefetch(self, j: usize, n: usize) {
+    fn prefetch(self, j: usize, n: usize, far: bool) {
         match self {
-            KvAny::F32(m) => m.prefetch(j, n),
-            KvAny::BF16(m) => m.prefetch(j, n),
-            KvAny::F16(m) => m.prefetch(j, n),
-            KvAny::Q8(m) => m.prefetch(j, n),
+            KvAny::F32(m) => m.prefetch(j, n, far),
+            KvAny::BF16(m) => m.prefetch(j, n, far),
+            KvAny::F16(m) => m.prefetch(j, n, far),
+            KvAny::Q8(m) => m.prefetch(j, n, far),
         }
     }
 
@@ -889,8 +898,8 @@ impl<'a> KvMat for Pairs<'a> {
         pair(e(2 * c), e(2 * c + 1))
     }
     #[inline(always)]
-    fn prefetch(self, j: usize, n: usize) {
-        self.0.prefetch(j, 2 * n);
+    fn prefetch(self, j: usize, n: usize, far: bool) {
+        self.0.prefetch(j, 2 * n, far);
     }
 }
 
@@ -1141,6 +1150,7 @@ fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     // the query in registers the same holds for the value rows (2026-12-05 20:11).
     let follows = ahead.is_some_and(|(_, a)| a == j0.wrapping_add(DECODE_PREFETCH_KEYS));
     let ahead = ahead.filter(|_| R > 1 || !K::STREAMED || !follows);
+    let far = R > 1 && K::GROUP_PREFETCH_FAR;
     if R == 1 && K::QUERY_IN_REGISTERS {
         let pv = pv.filter(|_| !follows);
         let l = S::LANES;
@@ -1153,7 +1163,7 @@ fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     }
     let mut j = 0;
     while j + C <= nb {
-        prefetch_tile(ahead, pv, j, C, dk);
+        prefetch_tile(ahead, pv, j, C, dk, far);
         dec_qk_tile::<S, K, R, C>(s, dk, q, k, j0 + j, &mut out[j..], os);
         j += C;
     }
@@ -1186,7 +1196,7 @@ fn dec_qk_row_regs<S: Simd, K: KvMat, const NV: usize, const C: usize>(
     }
     let mut j = 0;
     while j + C <= nb {
-        prefetch_tile(ahead, pv, j, C, dk);
+        prefetch_tile(ahead, pv, j, C, dk, false);
         dec_qk_tile_regs::<S, K, NV, C>(s, &qv, k, j0 + j, &mut out[j..]);
         j += C;
     }
@@ -1205,13 +1215,14 @@ fn prefetch_tile<K: KvMat>(
     j: usize,
     n: usize,
     dk: usize,
+    far: bool,
 ) {
     for c in 0..n {
         if let Some((m, a)) = ahead {
-            m.prefetch(a.wrapping_add(j + c), dk);
+            m.prefetch(a.wrapping_add(j + c), dk, far);
         }
         if let Some(p) = pv {
-            p.v.prefetch(p.j0.wrapping_add(j + c), p.dv);
+            p.v.prefetch(p.j0.wrapping_add(j + c), p.dv, far);
         }
     }
 }
@@ -1395,12 +1406,17 @@ pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(
     }
 }
 
-/// Prefetches the cache lines of the `n` bytes at `p` (a hint: `p` may lie anywhere).
+/// Prefetches the cache lines of the `n` bytes at `p` into L1, or with `far` into L2 (a
+/// hint: `p` may lie anywhere).
 #[inline(always)]
-fn prefetch_bytes(p: *const u8, n: usize) {
+fn prefetch_bytes(p: *const u8, n: usize, far: bool) {
     let mut d = 0;
     while d < n {
-        prefetch_l1(p.wrapping_add(d).cast());
+        if far {
+            prefetch_l2(p.wrapping_add(d).cast());
+        } else {
+            prefetch_l1(p.wrapping_add(d).cast());
+        }
         d += LINE_BYTES;
     }
 }
