@@ -85,7 +85,9 @@ pub struct Problem {
 impl Problem {
     /// Random operands in [−1, 1) for a shape (which must be [`Shape::Attn`]); the mask is
     /// causal with the default (bottom-right) offset when the shape's mask starts with
-    /// "causal" (the variants section names its variants after it).
+    /// "causal" (the variants section names its variants after it). A shape whose mask is
+    /// "bshd" (no mask) stores K and V sequence-major ([`Problem::kv_seq_major`]); its values
+    /// are those of the same shape with mask "none" and the same seed.
     pub fn new(shape: Shape, seed: u64) -> Problem {
         let Shape::Attn { batch, heads, kv_heads, nq, nk, dk, dv, mask } = shape else {
             unreachable!("attention problems have attention shapes")
@@ -95,7 +97,8 @@ impl Problem {
         let lv = Tensor4Layout::bhsd(batch, kv_heads, nk, dv);
         let lo = Tensor4Layout::bhsd(batch, heads, nq, dv);
         let mut rng = Rng::new(seed);
-        Problem {
+        let seq_major = mask == "bshd";
+        let p = Problem {
             q: rng.vec(lq.len()),
             k: rng.vec(lk.len()),
             v: rng.vec(lv.len()),
@@ -110,7 +113,34 @@ impl Problem {
             },
             scale: default_scale(dk),
             shape,
+        };
+        if seq_major {
+            p.kv_seq_major()
+        } else {
+            p
         }
+    }
+
+    /// The same problem with K and V stored sequence-major, `[batch, seq, kv_heads, dim]` (an
+    /// engine's cache: the heads of one token side by side), holding the same values at the
+    /// same logical indexes, so every implementation computes the same result.
+    fn kv_seq_major(mut self) -> Problem {
+        fn relay(x: &[f32], l: Tensor4Layout) -> (Vec<f32>, Tensor4Layout) {
+            let [b, h, s, d] = l.dims;
+            let to = Tensor4Layout::strided(l.dims, [s * h * d, d, h * d, 1], 0);
+            let mut y = vec![0.0; x.len()];
+            for (bi, hi, si, di) in (0..b).flat_map(|bi| {
+                (0..h).flat_map(move |hi| {
+                    (0..s).flat_map(move |si| (0..d).map(move |di| (bi, hi, si, di)))
+                })
+            }) {
+                y[to.index(bi, hi, si, di)] = x[l.index(bi, hi, si, di)];
+            }
+            (y, to)
+        }
+        (self.k, self.lk) = relay(&self.k, self.lk);
+        (self.v, self.lv) = relay(&self.v, self.lv);
+        self
     }
 
     /// Elements of the output.

@@ -8,6 +8,10 @@
 //! with 32 K/V heads, 32 MiB with 8 — the size of this machine's L3), and the stream-sum row
 //! shows which: `attn-kernels / stream-sum` is the fraction of the attainable read bandwidth.
 //!
+//! Then both cases with K and V stored sequence-major (`mask` "bshd": `[seq, kv_heads, d]`, the
+//! layout of an engine's cache, where one head's rows lie `kv_heads·d` floats apart),
+//! alternating with the same values head-major (`head-major` in the ratios).
+//!
 //! Last, the GQA case with the standard ALiBi slopes (`mask` "alibi"), alternating with plain
 //! decode on the same operands (`plain` in the ratios): its scores spread over hundreds, so
 //! many weights fall below `e^(−64)`, where their products with the values would be subnormal
@@ -31,7 +35,12 @@ const OP: &str = "decode";
 const SUM_LANES: usize = 32;
 
 fn shape(heads: usize, kv_heads: usize, nk: usize, d: usize) -> Shape {
-    Shape::Attn { batch: 1, heads, kv_heads, nq: 1, nk, dk: d, dv: d, mask: "none" }
+    shape_masked(heads, kv_heads, nk, d, "none")
+}
+
+/// [`shape`] with a mask label ("bshd": K/V sequence-major, see [`Problem::new`]).
+fn shape_masked(heads: usize, kv_heads: usize, nk: usize, d: usize, mask: &'static str) -> Shape {
+    Shape::Attn { batch: 1, heads, kv_heads, nq: 1, nk, dk: d, dv: d, mask }
 }
 
 /// Sum of `x` with [`SUM_LANES`] independent accumulators (vectorised by the compiler).
@@ -66,6 +75,7 @@ pub fn run(ctx: &mut Ctx) {
     // second token of a speculative step sees one key more than the first).
     let checks = [
         shape(8, 2, 301, 64),
+        shape_masked(8, 2, 301, 64, "bshd"),
         Shape::Attn {
             batch: 1,
             heads: 4,
@@ -95,6 +105,28 @@ pub fn run(ctx: &mut Ctx) {
                 black_box(stream_sum(&[k, v], t));
                 Ok::<(), std::convert::Infallible>(())
             });
+        }
+    }
+    // K/V stored sequence-major, `[seq, kv_heads, d]` as an engine's cache holds them (each
+    // head's rows `kv_heads·d` floats apart), against the same values head-major.
+    for kv_heads in [heads, heads / 4] {
+        let sh = shape_masked(heads, kv_heads, nk, d, "bshd");
+        let seq_major = Problem::new(sh.clone(), (kv_heads * nk) as u64);
+        let p = Problem::new(shape(heads, kv_heads, nk, d), (kv_heads * nk) as u64);
+        let work = Work::Bytes(p.kv_bytes());
+        let (mut o1, mut o2) = (vec![0.0f32; p.out_len()], vec![0.0f32; p.out_len()]);
+        for &t in &ctx.threads.clone() {
+            let mut ours = || {
+                seq_major
+                    .run_variants(&Variants::NONE, Path::Decode, &mut o1, t)
+                    .map_err(|e| e.to_string())
+            };
+            let mut head_major = || {
+                p.run_variants(&Variants::NONE, Path::Decode, &mut o2, t).map_err(|e| e.to_string())
+            };
+            let imps: &mut [(&'static str, Call<'_>)] =
+                &mut [("attn-kernels", &mut ours), ("head-major", &mut head_major)];
+            ctx.bench_alternating(OP, sh.clone(), t, work, None, imps);
         }
     }
     // Spread scores: ALiBi over the whole cache, against plain decode on the same operands.
