@@ -129,12 +129,14 @@ impl Problem {
             let [b, h, s, d] = l.dims;
             let to = Tensor4Layout::strided(l.dims, [s * h * d, d, h * d, 1], 0);
             let mut y = vec![0.0; x.len()];
-            for (bi, hi, si, di) in (0..b).flat_map(|bi| {
-                (0..h).flat_map(move |hi| {
-                    (0..s).flat_map(move |si| (0..d).map(move |di| (bi, hi, si, di)))
-                })
-            }) {
-                y[to.index(bi, hi, si, di)] = x[l.index(bi, hi, si, di)];
+            for bi in 0..b {
+                for hi in 0..h {
+                    for si in 0..s {
+                        for di in 0..d {
+                            y[to.index(bi, hi, si, di)] = x[l.index(bi, hi, si, di)];
+                        }
+                    }
+                }
             }
             (y, to)
         }

@@ -526,29 +526,22 @@ pub(crate) fn store_fence() {
     };
 }
 
-/// [`prefetch_l1`] into L2 (`prefetcht1`): the line is fetched without holding an L1 miss
-/// buffer until it arrives.
+/// Hints the cache to fetch the line holding `p` into L1 (`prefetcht0`), or with `far` into
+/// L2 (`prefetcht1`: the line is fetched without holding an L1 miss buffer until it arrives).
+/// No fault, no effect on results; a no-op off x86-64, where the hint is part of the
+/// baseline. Any address is allowed, so callers form it with `wrapping_add`.
 #[inline(always)]
-pub(crate) fn prefetch_l2(p: *const f32) {
+pub(crate) fn prefetch_line(p: *const f32, far: bool) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and never changes memory; any address is allowed.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast())
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        if far {
+            _mm_prefetch::<_MM_HINT_T1>(p.cast())
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(p.cast())
+        }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// Hints the cache to fetch the line holding `p` into L1 whatever the token (no fault, no
-/// effect on results; a no-op off x86-64, where the hint is part of the baseline). Any address
-/// is allowed, so callers form it with `wrapping_add`.
-#[inline(always)]
-pub(crate) fn prefetch_l1(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and never changes memory; any address is allowed.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
+    let _ = (p, far);
 }

@@ -29,7 +29,7 @@ use half::slice::HalfFloatSliceExt;
 use wide::bytemuck;
 
 use crate::arch::convert::{bf16_bits, load_operands, SimdElement};
-use crate::arch::{bf16_pair_dot, load, prefetch_l1, prefetch_l2, store, Isa, Simd};
+use crate::arch::{bf16_pair_dot, load, prefetch_line, store, Isa, Simd};
 use crate::gemm::ukernel::{panel_product, tile_kernel_for, Kernel as GemmKernel};
 use crate::math::exp::{exp_neg_lut8_p3, LUT8_MIN};
 
@@ -1412,11 +1412,7 @@ pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(
 fn prefetch_bytes(p: *const u8, n: usize, far: bool) {
     let mut d = 0;
     while d < n {
-        if far {
-            prefetch_l2(p.wrapping_add(d).cast());
-        } else {
-            prefetch_l1(p.wrapping_add(d).cast());
-        }
+        prefetch_line(p.wrapping_add(d).cast(), far);
         d += LINE_BYTES;
     }
 }

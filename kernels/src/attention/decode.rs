@@ -282,7 +282,7 @@ struct LseOut<'r> {
 /// run one after another: where the K/V heads interleave in memory (`[seq, kv_heads, d]`
 /// caches, the pages of a pool) the lines one head's rows share with the next head's, or that
 /// the hardware prefetcher brought in beside them, are then still in cache (head-major order
-/// read them again from DRAM: 1.2–1.3× on Zen 4, perf journal 2026-12-05 23:20). The thread
+/// read them again from DRAM: 1.08–1.6× on Zen 4, perf journal 2026-12-05 23:20). The thread
 /// count only picks who runs the chunks, never how the keys are split.
 fn run_tasks<Src: Source>(
     isa: Isa,
@@ -303,18 +303,17 @@ fn run_tasks<Src: Source>(
             (k0, p.key_end(p.nq - 1).max(k0))
         };
         let (chunks, chunk_len) = split(k1 - k0);
-        plans.push((k0, k1, chunks, chunk_len));
         // Rows (batch·hq·nq) are bounded by the output or lse slice (the caller returned
         // early when neither has an element), so this product is too; saturating all the same.
         let heads = if p.nq == 0 { 0 } else { p.batch.saturating_mul(p.hkv) };
+        plans.push((k0, k1, chunk_len, heads));
         tasks = tasks.saturating_add(heads.saturating_mul(chunks));
     }
     first.push(tasks);
     let task = |t: usize| {
         let job = first.partition_point(|&f| f <= t) - 1;
-        let ((p, src), (k0, k1, chunks, chunk_len)) = (&jobs[job], plans[job]);
+        let ((p, src), (k0, k1, chunk_len, heads)) = (&jobs[job], plans[job]);
         let t = t - first[job];
-        let heads = (first[job + 1] - first[job]) / chunks;
         let (bk, c) = (t % heads, t / heads);
         let c0 = k0.saturating_add(c * chunk_len).min(k1);
         let c1 = c0.saturating_add(chunk_len).min(k1);
