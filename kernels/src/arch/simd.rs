@@ -527,8 +527,7 @@ pub(crate) fn store_fence() {
 }
 
 /// Hints the cache to fetch the line holding `p` into L1 (`prefetcht0`), or with `far` into
-/// L2 (`prefetcht1`: the line is fetched without holding an L1 miss buffer until it arrives).
-/// No fault, no effect on results; a no-op off x86-64, where the hint is part of the
+/// L2 (`prefetcht1`). No fault, no effect on results; a no-op off x86-64, where the hint is part of the
 /// baseline. Any address is allowed, so callers form it with `wrapping_add`.
 #[inline(always)]
 pub(crate) fn prefetch_line(p: *const f32, far: bool) {

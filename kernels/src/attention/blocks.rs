@@ -674,11 +674,11 @@ pub(crate) trait KvMat: Copy {
     /// registers it ran 1.31× in L1 but 0.6–0.95× from DRAM (perf journal, 2026-12-05 20:11).
     const QUERY_IN_REGISTERS: bool = false;
     /// True when the multi-row decode score tiles (GQA groups) prefetch their key rows ahead
-    /// and the block's value rows into L2 rather than L1: f32 rows, whose 256 lines a block
-    /// held the L1's miss buffers for the tiles' own loads to wait on; prefetched into L2 they
-    /// ran 1.15–1.3× from DRAM and L3 on Zen 4 (perf journal, 2026-12-05 23:20). Not the
-    /// 2-byte types (half the lines; with L2 hints they lost 1.4× in one of two builds) nor
-    /// int8 (no change).
+    /// and the block's value rows into L2 rather than L1: f32 rows (256 lines a block; one
+    /// reading, not proven: into L1 they hold the L1 miss buffers the tiles' own loads wait
+    /// for), which ran 1.05–1.35× from DRAM and L3 on Zen 4 (perf journal, 2026-12-05
+    /// 23:20). Not the 2-byte types (half the lines; with L2 hints they lost 1.4× in one of
+    /// two builds) nor int8 (no change).
     const GROUP_PREFETCH_FAR: bool = false;
     /// True for [`Pairs`]: columns are words of bf16 pairs, and the query rows the score tiles
     /// read must be pairs too.
