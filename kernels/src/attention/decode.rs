@@ -2,9 +2,12 @@
 //!
 //! For each `(batch, K/V head)` the rows are every query of every query head of the GQA group
 //! (`group · nq` rows share the same keys, so each key/value row is read once for all of
-//! them). The keys are split into chunks; each `(batch, K/V head, chunk)` task runs the online
+//! them). The keys are split into chunks; each `(batch, K/V head, chunk)` runs the online
 //! softmax over its chunk in blocks of `DECODE_BC` keys and returns its unnormalised partial
-//! state `(m, l, O)`. The partials of a head are then merged by their logsumexp:
+//! state `(m, l, O)`. A task is one such chunk, or, where the K/V heads of a key lie side by
+//! side in memory (`[seq, kv_heads, d]`, a pool's pages), the same chunk of a group of heads,
+//! run block by block and each block head after head, so a block's rows of all heads are read
+//! together. The partials of a head are then merged by their logsumexp:
 //! `M = max_c m_c`, `L = Σ_c e^(m_c − M)·l_c`, `O = Σ_c e^(m_c − M)·O_c / L`.
 //!
 //! The work is bandwidth-bound (each K/V element feeds `group · nq` FMAs), so the block loop
@@ -157,15 +160,22 @@ pub(crate) fn run_paged(
     Ok(())
 }
 
-/// Where the keys and values of a problem's `(batch, K/V head)` come from: runs one chunk
-/// with that source's blocks.
+/// Where the keys and values of a problem's `(batch, K/V head)` come from.
 trait Source: Copy + Sync {
     /// What the first key of a split must be a multiple of: [`DECODE_BC`] for pages (so each
     /// block lies in one page), 1 otherwise. Keys before a window's left edge that the
     /// alignment adds are masked by the window like any other.
     const ALIGN: usize;
-    fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial>;
+    /// True when the K/V heads of one key lie side by side in memory (`[seq, kv_heads, d]`, the
+    /// slots of a pool), so that a task runs several heads block by block ([`head_group`]).
+    fn interleaved(&self, p: &Problem<'_>) -> bool;
+    /// The key and value matrices of K/V head `kh` of batch `b`, and the map from a key index
+    /// to their rows.
+    fn head<'s>(&'s self, p: &'s Problem<'_>, b: usize, kh: usize) -> Head<'s>;
 }
+
+/// One K/V head's key and value matrices and the map from key index to their rows.
+type Head<'s> = (KvAny<'s>, KvAny<'s>, RowMap<'s>);
 
 /// The problem's own K/V views (any type and strides).
 #[derive(Clone, Copy)]
@@ -173,9 +183,12 @@ struct Dense;
 
 impl Source for Dense {
     const ALIGN: usize = 1;
-    fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
-        let (keys, values) = (c.p.keys(c.b, c.kh), c.p.values(c.b, c.kh));
-        chunk(isa, c, keys, values, RowMap::Dense)
+    fn interleaved(&self, p: &Problem<'_>) -> bool {
+        let s = p.k.layout().strides;
+        p.hkv > 1 && s[1] < s[2]
+    }
+    fn head<'s>(&'s self, p: &'s Problem<'_>, b: usize, kh: usize) -> Head<'s> {
+        (p.keys(b, kh), p.values(b, kh), RowMap::Dense)
     }
 }
 
@@ -188,9 +201,11 @@ struct Pages<'r, 'a> {
 
 impl Source for Pages<'_, '_> {
     const ALIGN: usize = DECODE_BC;
-    fn chunk(self, isa: Isa, c: Chunk<'_, '_>) -> Result<Partial> {
-        let (keys, values, rows) = paged_head(self.cache, self.seq, c.kh);
-        chunk(isa, c, keys, values, rows)
+    fn interleaved(&self, _: &Problem<'_>) -> bool {
+        self.cache.kv_heads > 1
+    }
+    fn head<'s>(&'s self, _: &'s Problem<'_>, _: usize, kh: usize) -> Head<'s> {
+        paged_head(self.cache, self.seq, kh)
     }
 }
 
@@ -278,23 +293,25 @@ struct LseOut<'r> {
 
 /// Runs the chunk tasks of every problem (each with its K/V source) in one loop, in order,
 /// and returns each problem's partials (`split` chunks of `batch·hkv` heads each,
-/// chunk-major: the partial of head `bk`, chunk `c` at `c·heads + bk`). The heads of a chunk
-/// run one after another: where the K/V heads interleave in memory (`[seq, kv_heads, d]`
-/// caches, the pages of a pool) the lines one head's rows share with the next head's, or that
-/// the hardware prefetcher brought in beside them, are then still in cache (head-major order
-/// read them again from DRAM: 1.08–1.6× on Zen 4, perf journal 2026-12-05 23:20). The thread
-/// count only picks who runs the chunks, never how the keys are split.
+/// chunk-major: the partial of head `bk`, chunk `c` at `c·heads + bk`). A task runs one chunk
+/// of a group of K/V heads of one batch ([`head_group`]: one head unless the heads interleave
+/// in memory), and the tasks of a chunk run one after another: where the heads interleave, the
+/// lines one head's rows share with the next head's, or that the hardware prefetcher brought
+/// in beside them, are then still in cache (head-major order read them again from DRAM:
+/// 1.08–1.6× on Zen 4, perf journal 2026-12-05 23:20). The thread count picks who runs the
+/// chunks and how heads are grouped, never how the keys are split or the order of any head's
+/// arithmetic.
 fn run_tasks<Src: Source>(
     isa: Isa,
     jobs: &[(&Problem<'_>, Src)],
     par: Parallelism,
 ) -> Result<Vec<Vec<Partial>>> {
     // Per problem: its first task, the keys any query may see (all of them but for a causal
-    // mask or a window) and their split.
+    // mask or a window), their split and the head groups.
     let mut first = Vec::with_capacity(jobs.len() + 1);
     let mut plans = Vec::with_capacity(jobs.len());
     let mut tasks = 0usize;
-    for (p, _) in jobs {
+    for (p, src) in jobs {
         first.push(tasks);
         let (k0, k1) = if p.nq == 0 {
             (0, 0)
@@ -304,32 +321,64 @@ fn run_tasks<Src: Source>(
         };
         let (chunks, chunk_len) = split(k1 - k0);
         // Rows (batch·hq·nq) are bounded by the output or lse slice (the caller returned
-        // early when neither has an element), so this product is too; saturating all the same.
-        let heads = if p.nq == 0 { 0 } else { p.batch.saturating_mul(p.hkv) };
-        plans.push((k0, k1, chunk_len, heads));
-        tasks = tasks.saturating_add(heads.saturating_mul(chunks));
+        // early when neither has an element), so these products are too; saturating all
+        // the same.
+        let hkv = if p.nq == 0 { 0 } else { p.hkv };
+        let units = p.batch.saturating_mul(chunks);
+        let group = head_group(hkv, units, src.interleaved(p), par.count());
+        let groups = hkv.div_ceil(group);
+        plans.push(Plan { k0, k1, chunk_len, group, groups, per_chunk: p.batch * groups });
+        tasks = tasks.saturating_add(units.saturating_mul(groups));
     }
     first.push(tasks);
     let task = |t: usize| {
         let job = first.partition_point(|&f| f <= t) - 1;
-        let ((p, src), (k0, k1, chunk_len, heads)) = (&jobs[job], plans[job]);
+        let ((p, src), pl) = (&jobs[job], plans[job]);
         let t = t - first[job];
-        let (bk, c) = (t % heads, t / heads);
-        let c0 = k0.saturating_add(c * chunk_len).min(k1);
-        let c1 = c0.saturating_add(chunk_len).min(k1);
-        src.chunk(isa, Chunk { p, b: bk / p.hkv, kh: bk % p.hkv, c0, c1 })
+        let (u, c) = (t % pl.per_chunk, t / pl.per_chunk);
+        let kh0 = u % pl.groups * pl.group;
+        let c0 = pl.k0.saturating_add(c * pl.chunk_len).min(pl.k1);
+        let c1 = c0.saturating_add(pl.chunk_len).min(pl.k1);
+        let heads = kh0..(kh0 + pl.group).min(p.hkv);
+        chunk(isa, Chunk { p, b: u / pl.groups, heads, c0, c1 }, src)
     };
-    let mut all: Vec<Partial> = if par.count() == 1 || tasks == 1 {
+    let all: Vec<Vec<Partial>> = if par.count() == 1 || tasks == 1 {
         (0..tasks).map(task).collect::<Result<_>>()?
     } else {
         par.install(|| (0..tasks).into_par_iter().with_min_len(1).map(task).collect::<Result<_>>())?
     };
-    let mut out = Vec::with_capacity(jobs.len());
-    for w in first.windows(2).rev() {
-        out.push(all.split_off(w[0]));
+    // Each problem's tasks, in order, hold its partials in order.
+    let mut all = all.into_iter();
+    Ok(first.windows(2).map(|w| all.by_ref().take(w[1] - w[0]).flatten().collect()).collect())
+}
+
+/// How [`run_tasks`] cuts one problem into tasks: keys `k0..k1` in chunks of `chunk_len`, the
+/// K/V heads of a batch in `groups` groups of `group`, `per_chunk = batch·groups` tasks a
+/// chunk.
+#[derive(Clone, Copy)]
+struct Plan {
+    k0: usize,
+    k1: usize,
+    chunk_len: usize,
+    group: usize,
+    groups: usize,
+    per_chunk: usize,
+}
+
+/// K/V heads per task, for `hkv` heads a batch and `units` (batch, chunk) pairs on `threads`
+/// threads. One where each head's rows are apart from the others'. Where the heads of a key
+/// lie side by side (`interleaved`), a task runs all the heads of its chunk block by block,
+/// so the rows of a block, contiguous across the heads, are read together and their pages
+/// stay in the TLB (one head at a time walks a new 4 KiB page for every key once a key's row
+/// of all heads spans one); cut into smaller groups only where fewer tasks would leave a
+/// thread idle (four tasks a thread). The grouping changes no head's arithmetic.
+fn head_group(hkv: usize, units: usize, interleaved: bool, threads: usize) -> usize {
+    if !interleaved || hkv <= 1 {
+        return 1;
     }
-    out.reverse();
-    Ok(out)
+    let want = if threads <= 1 { 1 } else { threads.saturating_mul(4) };
+    let groups = want.div_ceil(units.max(1)).clamp(1, hkv);
+    hkv.div_ceil(groups)
 }
 
 /// Merges the partials of one problem (as [`run_tasks`] returns them) into `o` and `lse`.
@@ -428,69 +477,105 @@ impl<T: Element> Kernel for Merge<'_, '_, '_, T> {
     }
 }
 
-/// One task: keys `c0..c1` of K/V head `kh` of batch `b`, for all rows of the group. Its
-/// scratch grows with `dk` and `dv`, which a zero-stride operand can make huge: allocated
-/// fallibly, so such a call fails with `InvalidParameter` rather than aborting.
+/// One task: keys `c0..c1` of K/V heads `heads` of batch `b`, for all rows of each head's
+/// group. Its scratch grows with `dk` and `dv`, which a zero-stride operand can make huge:
+/// allocated fallibly, so such a call fails with `InvalidParameter` rather than aborting.
 struct Chunk<'r, 'a> {
     p: &'r Problem<'a>,
     b: usize,
-    kh: usize,
+    heads: Range<usize>,
     c0: usize,
     c1: usize,
 }
 
-/// Runs one chunk on the key and value matrices of its `(batch, K/V head)`, whose rows `rows`
-/// maps: dispatches once on the K/V storage types, before entering the ISA's code. K and V of
+/// Runs one chunk of its heads' key and value matrices (from `src`) and returns a partial per
+/// head: dispatches once on the K/V storage types, before entering the ISA's code. K and V of
 /// one type whose columns are contiguous are read in place in it (bf16/f16 widened, int8
 /// dequantised in registers); otherwise (strided columns, or K and V of two types) both are
 /// gathered block by block into f32 (the same values). Each source pair is its own
 /// [`Kernel`], shared by dense views and pages, so each ISA compiles five functions of one
 /// body each: inlined into one function, the five bodies made that function's optimisation
 /// superlinearly slow to compile.
-fn chunk(
-    isa: Isa,
-    c: Chunk<'_, '_>,
-    keys: KvAny<'_>,
-    values: KvAny<'_>,
-    rows: RowMap<'_>,
-) -> Result<Partial> {
+fn chunk<Src: Source>(isa: Isa, c: Chunk<'_, '_>, src: &Src) -> Result<Vec<Partial>> {
     let (dk, dv) = (c.p.dk, c.p.dv);
+    let heads: Vec<Head<'_>> = c.heads.clone().map(|kh| src.head(c.p, c.b, kh)).collect();
+    let Some(&(keys, values, rows)) = heads.first() else {
+        return Ok(Vec::new());
+    };
+    // Every head of a problem has the first one's types and strides; `typed` checks each.
+    let (ks, vs) = (|| heads.iter().map(|h| h.0), || heads.iter().map(|h| h.1));
     match (keys, values) {
-        (KvAny::F32(k), KvAny::F32(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, in_place(c, k, keys, v, values, rows))
-        }
-        (KvAny::BF16(k), KvAny::BF16(v)) if k.in_place(dk) && v.in_place(dv) => {
-            // `HalfPath::Dot` (bf16 Q, checked): the scores on `vdpbf16ps`, an even `dk` only.
-            match c.p.dot.filter(|_| dk.is_multiple_of(2)).and_then(|_| Pairs::new(k)) {
-                Some(kp) => vectorize_dot(in_place(c, kp, keys, v, values, rows)),
-                None => vectorize(isa, in_place(c, k, keys, v, values, rows)),
+        (KvAny::F32(_), KvAny::F32(_)) => {
+            let f = |a| if let KvAny::F32(m) = a { Some(m) } else { None };
+            if let (Some(k), Some(v)) = (typed(ks(), dk, f), typed(vs(), dv, f)) {
+                return vectorize(isa, in_place(c, &heads, rows, k, v));
             }
         }
-        (KvAny::F16(k), KvAny::F16(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, in_place(c, k, keys, v, values, rows))
+        (KvAny::BF16(_), KvAny::BF16(_)) => {
+            let f = |a| if let KvAny::BF16(m) = a { Some(m) } else { None };
+            let Some(v) = typed(vs(), dv, f) else { return gathered(isa, c, &heads, rows) };
+            // `HalfPath::Dot` (bf16 Q, checked): the scores on `vdpbf16ps`, an even `dk` only.
+            if c.p.dot.is_some() && dk.is_multiple_of(2) {
+                let pairs = |a| f(a).and_then(Pairs::new);
+                if let Some(k) = typed(ks(), dk, pairs) {
+                    return vectorize_dot(in_place(c, &heads, rows, k, v));
+                }
+            }
+            if let Some(k) = typed(ks(), dk, f) {
+                return vectorize(isa, in_place(c, &heads, rows, k, v));
+            }
         }
-        (KvAny::Q8(k), KvAny::Q8(v)) if k.in_place(dk) && v.in_place(dv) => {
-            vectorize(isa, in_place(c, k, keys, v, values, rows))
+        (KvAny::F16(_), KvAny::F16(_)) => {
+            let f = |a| if let KvAny::F16(m) = a { Some(m) } else { None };
+            if let (Some(k), Some(v)) = (typed(ks(), dk, f), typed(vs(), dv, f)) {
+                return vectorize(isa, in_place(c, &heads, rows, k, v));
+            }
         }
-        _ => {
-            let kb = Gather::new(keys, dk, rows, "k")?;
-            let vb = Gather::new(values, dv, rows, "v")?;
-            vectorize(isa, Sourced { c, kb, vb })
+        (KvAny::Q8(_), KvAny::Q8(_)) => {
+            let f = |a| if let KvAny::Q8(m) = a { Some(m) } else { None };
+            if let (Some(k), Some(v)) = (typed(ks(), dk, f), typed(vs(), dv, f)) {
+                return vectorize(isa, in_place(c, &heads, rows, k, v));
+            }
         }
+        _ => {}
     }
+    gathered(isa, c, &heads, rows)
 }
 
-/// The chunk `c` over key and value matrices `k` and `v` read in place (`keys`, `values`: the
-/// same matrices, for the value prefetch), their rows mapped by `rows`.
+/// Each of `ms` as the matrix type `K` (`cast`), read in place over `n` columns; `None`
+/// unless all are.
+fn typed<'v, K: KvMat>(
+    ms: impl Iterator<Item = KvAny<'v>>,
+    n: usize,
+    cast: impl Fn(KvAny<'v>) -> Option<K>,
+) -> Option<Vec<K>> {
+    ms.map(|m| cast(m).filter(|m| m.in_place(n))).collect()
+}
+
+/// The chunk `c` over its heads' key and value matrices `k` and `v` read in place (`heads`:
+/// the same matrices, for the prefetches), their rows mapped by `rows`.
 fn in_place<'v, 't, 'r, 'a, K: KvMat, V: KvMat>(
     c: Chunk<'r, 'a>,
-    k: K,
-    keys: KvAny<'v>,
-    v: V,
-    values: KvAny<'v>,
+    heads: &[Head<'v>],
     rows: RowMap<'t>,
+    k: Vec<K>,
+    v: Vec<V>,
 ) -> Sourced<'r, 'a, InPlace<'v, 't, K>, InPlace<'v, 't, V>> {
-    Sourced { c, kb: InPlace { m: k, any: keys, rows }, vb: InPlace { m: v, any: values, rows } }
+    let (ks, vs) = (heads.iter().map(|h| h.0).collect(), heads.iter().map(|h| h.1).collect());
+    Sourced { c, kb: InPlace { m: k, any: ks, rows }, vb: InPlace { m: v, any: vs, rows } }
+}
+
+/// The chunk `c` over its heads' key and value matrices gathered block by block into f32.
+fn gathered(
+    isa: Isa,
+    c: Chunk<'_, '_>,
+    heads: &[Head<'_>],
+    rows: RowMap<'_>,
+) -> Result<Vec<Partial>> {
+    let (dk, dv) = (c.p.dk, c.p.dv);
+    let kb = Gather::new(heads.iter().map(|h| h.0).collect(), dk, rows, "k")?;
+    let vb = Gather::new(heads.iter().map(|h| h.1).collect(), dv, rows, "v")?;
+    vectorize(isa, Sourced { c, kb, vb })
 }
 
 /// A chunk with its key and value block sources: the [`Kernel`] of one source pair.
@@ -501,25 +586,25 @@ struct Sourced<'r, 'a, KB, VB> {
 }
 
 impl<KB: Blocks, VB: Blocks> Kernel for Sourced<'_, '_, KB, VB> {
-    type Output = Result<Partial>;
+    type Output = Result<Vec<Partial>>;
 
     #[inline(always)]
-    fn run<S: Simd>(self, s: S) -> Result<Partial> {
+    fn run<S: Simd>(self, s: S) -> Result<Vec<Partial>> {
         let Sourced { c, kb, vb } = self;
         c.body(s, kb, vb)
     }
 }
 
 /// A block of `nb ≤ DECODE_BC` rows as [`Blocks::block`] gives it: rows `j..j + nb` of `m`,
-/// and where the rows [`DECODE_PREFETCH_KEYS`] further on are (`None`: not prefetched).
+/// and where the key rows the task reads next are (`None`: not prefetched).
 struct Block<M> {
     m: M,
     j: usize,
     ahead: Option<(M, usize)>,
 }
 
-/// Where a task's key (or value) blocks come from: the matrix itself (a view or a pool), read
-/// in place; or an f32 copy gathered block by block.
+/// Where a task's key (or value) blocks come from, for each head `i` of the task: the matrix
+/// itself (a view or a pool), read in place; or an f32 copy gathered block by block.
 trait Blocks {
     /// True when the blocks are bf16 key rows read as pairs ([`Pairs`]): the query rows are
     /// then bf16 pairs too, unscaled, and the scale multiplies the scores.
@@ -528,18 +613,20 @@ trait Blocks {
     type M<'b>: KvMat
     where
         Self: 'b;
-    /// Rows `j0..j0 + nb` (`j0` a multiple of [`DECODE_BC`], `nb ≤ DECODE_BC`).
-    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> Block<Self::M<'_>>;
-    /// Where row `j0` is read in place, for the score pass to prefetch the value rows of its
-    /// block: the matrix and the row's index in it (`None`: not read in place).
-    fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)>;
+    /// Rows `j0..j0 + nb` of head `i` (`j0` a multiple of [`DECODE_BC`], `nb ≤ DECODE_BC`),
+    /// and the rows read next: head `i + 1`'s of this block, or after the last head the first
+    /// head's [`DECODE_PREFETCH_KEYS`] further on.
+    fn block<S: Simd>(&mut self, s: S, i: usize, j0: usize, nb: usize) -> Block<Self::M<'_>>;
+    /// Where row `j0` of head `i` is read in place, for the score pass to prefetch the value
+    /// rows of its block: the matrix and the row's index in it (`None`: not read in place).
+    fn hint(&self, i: usize, j0: usize) -> Option<(KvAny<'_>, usize)>;
 }
 
-/// A matrix read in place (`any`: the same matrix, for the value prefetch), its rows mapped by
-/// `rows`.
+/// Matrices read in place, one per head (`any`: the same matrices, for the value prefetch),
+/// their rows mapped by `rows`.
 struct InPlace<'v, 't, K> {
-    m: K,
-    any: KvAny<'v>,
+    m: Vec<K>,
+    any: Vec<KvAny<'v>>,
     rows: RowMap<'t>,
 }
 
@@ -550,25 +637,29 @@ impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
     where
         Self: 'b;
     #[inline(always)]
-    fn block<S: Simd>(&mut self, _: S, j0: usize, _: usize) -> Block<K> {
+    fn block<S: Simd>(&mut self, _: S, i: usize, j0: usize, _: usize) -> Block<K> {
         // The rows ahead are one block (in one page) too; past the pages, no prefetch.
         const { assert!(DECODE_PREFETCH_KEYS.is_multiple_of(DECODE_BC)) };
-        let ahead = match self.rows {
-            RowMap::Dense => Some(j0.wrapping_add(DECODE_PREFETCH_KEYS)),
-            paged => paged.row(j0 + DECODE_PREFETCH_KEYS),
+        let ahead = match self.m.get(i + 1) {
+            Some(&next) => self.rows.row(j0).map(|j| (next, j)),
+            None => match self.rows {
+                RowMap::Dense => Some(j0.wrapping_add(DECODE_PREFETCH_KEYS)),
+                paged => paged.row(j0 + DECODE_PREFETCH_KEYS),
+            }
+            .map(|j| (self.m[0], j)),
         };
-        Block { m: self.m, j: self.rows.read_row(j0), ahead: ahead.map(|j| (self.m, j)) }
+        Block { m: self.m[i], j: self.rows.read_row(j0), ahead }
     }
     #[inline(always)]
-    fn hint(&self, j0: usize) -> Option<(KvAny<'_>, usize)> {
-        self.rows.row(j0).map(|j| (self.any, j))
+    fn hint(&self, i: usize, j0: usize) -> Option<(KvAny<'_>, usize)> {
+        self.rows.row(j0).map(|j| (self.any[i], j))
     }
 }
 
-/// A matrix (`n` columns, any type and strides, its rows mapped by `rows`) gathered block by
-/// block into a contiguous f32 block.
+/// Matrices (`n` columns, any type and strides, one per head, their rows mapped by `rows`)
+/// gathered block by block into a contiguous f32 block.
 struct Gather<'a, 't> {
-    m: KvAny<'a>,
+    m: Vec<KvAny<'a>>,
     n: usize,
     rows: RowMap<'t>,
     buf: Vec<f32>,
@@ -576,7 +667,7 @@ struct Gather<'a, 't> {
 
 impl<'a, 't> Gather<'a, 't> {
     /// Allocated fallibly: `n` can be huge for a zero-stride operand.
-    fn new(m: KvAny<'a>, n: usize, rows: RowMap<'t>, arg: &'static str) -> Result<Self> {
+    fn new(m: Vec<KvAny<'a>>, n: usize, rows: RowMap<'t>, arg: &'static str) -> Result<Self> {
         Ok(Gather { m, n, rows, buf: zeros(arg, DECODE_BC.checked_mul(n))? })
     }
 }
@@ -587,111 +678,120 @@ impl Blocks for Gather<'_, '_> {
     where
         Self: 'b;
     #[inline(always)]
-    fn block<S: Simd>(&mut self, s: S, j0: usize, nb: usize) -> Block<Strided<'_>> {
+    fn block<S: Simd>(&mut self, s: S, i: usize, j0: usize, nb: usize) -> Block<Strided<'_>> {
         let j = self.rows.read_row(j0);
-        Block { m: gathered(s, self.m, j, nb, self.n, &mut self.buf), j: 0, ahead: None }
+        Block { m: gather(s, self.m[i], j, nb, self.n, &mut self.buf), j: 0, ahead: None }
     }
     #[inline(always)]
-    fn hint(&self, _: usize) -> Option<(KvAny<'_>, usize)> {
+    fn hint(&self, _: usize, _: usize) -> Option<(KvAny<'_>, usize)> {
         None
     }
 }
 
 impl Chunk<'_, '_> {
-    /// The chunk's online softmax with the key and value blocks from `kb` and `vb`.
+    /// The chunk's online softmax for each of its heads, with the key and value blocks from
+    /// `kb` and `vb`: block by block, each block for every head in turn.
     #[inline(always)]
     fn body<S: Simd, KB: Blocks, VB: Blocks>(
         self,
         s: S,
         mut kb: KB,
         mut vb: VB,
-    ) -> Result<Partial> {
-        let Chunk { p, b, kh, c0, c1 } = self;
+    ) -> Result<Vec<Partial>> {
+        let Chunk { p, b, heads, c0, c1 } = self;
         let (dk, dv, nq) = (p.dk, p.dv, p.nq);
         let rows = p.group * nq;
-        let mut part = Partial {
-            m: vec![f32::MIN; rows],
-            l: vec![0.0; rows],
-            o: zeros("v", rows.checked_mul(dv))?,
-        };
-        // Rows are (head in group, query); every row is pre-scaled by scale, or, for key
-        // pairs, `dk/2` unscaled bf16 pairs (`dq` floats a row).
+        // Per head: its partial, and its rows (head in group, query), every row pre-scaled by
+        // scale, or, for key pairs, `dk/2` unscaled bf16 pairs (`dq` floats a row).
         let dq = if KB::PAIRS { dk / 2 } else { dk };
-        let mut qs = zeros("q", rows.checked_mul(dq))?;
-        for (r, row) in qs.chunks_exact_mut(dq.max(1)).enumerate() {
-            let h = kh * p.group + r / nq;
-            if KB::PAIRS {
-                p.query_pairs(b, h, r % nq, row);
-            } else {
-                p.scaled_query(b, h, r % nq, row);
+        let mut state = Vec::with_capacity(heads.len());
+        for kh in heads.clone() {
+            let part = Partial {
+                m: vec![f32::MIN; rows],
+                l: vec![0.0; rows],
+                o: zeros("v", rows.checked_mul(dv))?,
+            };
+            let mut qs = zeros("q", rows.checked_mul(dq))?;
+            for (r, row) in qs.chunks_exact_mut(dq.max(1)).enumerate() {
+                let h = kh * p.group + r / nq;
+                if KB::PAIRS {
+                    p.query_pairs(b, h, r % nq, row);
+                } else {
+                    p.scaled_query(b, h, r % nq, row);
+                }
             }
+            state.push((part, qs));
         }
         let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let mut j0 = c0;
         while j0 < c1 {
             let nb = (c1 - j0).min(DECODE_BC);
-            // Scores of every row against the block's keys: each key row is read once. Value
-            // rows read in place are prefetched by the score pass, and so are the key rows
-            // of the block DECODE_PREFETCH_KEYS further on, wherever it lives.
-            let pf = vb.hint(j0).map(|(v, vj)| (v, vj, dv));
-            let Block { m: k, j: kj, ahead } = kb.block(s, j0, nb);
-            decode_qk_block(s, &qs, rows, dq, k, kj, nb, &mut sb, DECODE_BC, ahead, pf);
-            if KB::PAIRS {
-                for srow in sb.chunks_exact_mut(DECODE_BC) {
-                    srow[..nb].iter_mut().for_each(|x| *x *= p.scale2);
+            for (i, (part, qs)) in state.iter_mut().enumerate() {
+                let kh = heads.start + i;
+                // Scores of every row against the block's keys: each key row is read once.
+                // Value rows read in place are prefetched by the score pass, and so are the
+                // key rows the task reads next, wherever they live.
+                let pf = vb.hint(i, j0).map(|(v, vj)| (v, vj, dv));
+                let Block { m: k, j: kj, ahead } = kb.block(s, i, j0, nb);
+                decode_qk_block(s, qs, rows, dq, k, kj, nb, &mut sb, DECODE_BC, ahead, pf);
+                if KB::PAIRS {
+                    for srow in sb.chunks_exact_mut(DECODE_BC) {
+                        srow[..nb].iter_mut().for_each(|x| *x *= p.scale2);
+                    }
                 }
-            }
-            if let Some(c) = p.variants.softcap {
-                softcap(s, &mut sb[..rows * DECODE_BC], c);
-            }
-            if p.masks_scores() {
+                if let Some(c) = p.variants.softcap {
+                    softcap(s, &mut sb[..rows * DECODE_BC], c);
+                }
+                if p.masks_scores() {
+                    for r in 0..rows {
+                        let h = kh * p.group + r / nq;
+                        let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
+                        p.apply_mask(b, h, r % nq, 1, j0, nb, 1, srow);
+                        p.apply_variants(h, r % nq, 1, j0, nb, 1, srow);
+                    }
+                }
+                // Online softmax per row; the output rows are rescaled before accumulating.
+                let mut guard = false;
                 for r in 0..rows {
-                    let h = kh * p.group + r / nq;
                     let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
-                    p.apply_mask(b, h, r % nq, 1, j0, nb, 1, srow);
-                    p.apply_variants(h, r % nq, 1, j0, nb, 1, srow);
+                    let m_old = part.m[r];
+                    let m_new = row_max(s, srow, m_old);
+                    // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
+                    // A zero weight (masked or underflowed) needs the guarded P·V tile.
+                    let (sum, zero) = if m_new == f32::INFINITY {
+                        let sum = pos_inf_weights(srow, nb, 1, 0);
+                        (sum, srow.contains(&0.0))
+                    } else {
+                        exp_row(s, srow, m_new)
+                    };
+                    guard |= zero;
+                    // An unchanged maximum (the common case once it settles) needs no rescale.
+                    let alpha =
+                        if m_new == m_old { 1.0 } else { exp_rr2_p7_scalar(s, m_old - m_new) };
+                    part.l[r] = alpha.mul_add(part.l[r], sum);
+                    part.m[r] = m_new;
+                    // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.
+                    let o_row = &mut part.o[r * dv..(r + 1) * dv];
+                    if alpha == 0.0 {
+                        o_row.fill(0.0);
+                    } else if alpha != 1.0 {
+                        o_row.iter_mut().for_each(|x| *x *= alpha);
+                    }
                 }
+                // Values: each value row is read once for all rows.
+                let Block { m: v, j: vj, .. } = vb.block(s, i, j0, nb);
+                decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, v, vj, dv, &mut part.o);
             }
-            // Online softmax per row; the output rows are rescaled before accumulating.
-            let mut guard = false;
-            for r in 0..rows {
-                let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
-                let m_old = part.m[r];
-                let m_new = row_max(s, srow, m_old);
-                // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight. A
-                // zero weight (masked or underflowed) needs the guarded P·V tile.
-                let (sum, zero) = if m_new == f32::INFINITY {
-                    let sum = pos_inf_weights(srow, nb, 1, 0);
-                    (sum, srow.contains(&0.0))
-                } else {
-                    exp_row(s, srow, m_new)
-                };
-                guard |= zero;
-                // An unchanged maximum (the common case once it settles) needs no rescale.
-                let alpha = if m_new == m_old { 1.0 } else { exp_rr2_p7_scalar(s, m_old - m_new) };
-                part.l[r] = alpha.mul_add(part.l[r], sum);
-                part.m[r] = m_new;
-                // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.
-                let o_row = &mut part.o[r * dv..(r + 1) * dv];
-                if alpha == 0.0 {
-                    o_row.fill(0.0);
-                } else if alpha != 1.0 {
-                    o_row.iter_mut().for_each(|x| *x *= alpha);
-                }
-            }
-            // Values: each value row is read once for all rows.
-            let Block { m: v, j: vj, .. } = vb.block(s, j0, nb);
-            decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, v, vj, dv, &mut part.o);
             j0 += nb;
         }
-        Ok(part)
+        Ok(state.into_iter().map(|(part, _)| part).collect())
     }
 }
 
 /// Rows `j0..j0 + nb` of `m` (`n` columns) widened or dequantised into `buf` (`nb·n` floats):
 /// a contiguous f32 view whose row 0 is key `j0`.
 #[inline(always)]
-fn gathered<'t, S: Simd>(
+fn gather<'t, S: Simd>(
     s: S,
     m: KvAny<'_>,
     j0: usize,
