@@ -811,6 +811,30 @@ impl KvAny<'_> {
         }
     }
 
+    /// Prefetches part `part` of `parts` equal parts of the bytes from row `j` to the end of
+    /// row `j + n − 1` (whatever lies between the rows too: where the K/V heads interleave,
+    /// the same rows of the other heads), for int8 the values and the scales; into L2 with
+    /// `far`. A hint: any `j`, nothing is read.
+    #[inline(always)]
+    pub(crate) fn prefetch_part(self, j: usize, n: usize, part: usize, parts: usize, far: bool) {
+        fn span<T>(m: Strided<'_, T>, j: usize, n: usize, part: usize, parts: usize, far: bool) {
+            let bytes = n.wrapping_mul(m.rs).wrapping_mul(std::mem::size_of::<T>());
+            let piece = bytes.div_ceil(parts.max(1));
+            let at = m.offset.wrapping_add(j.wrapping_mul(m.rs));
+            let p = m.data.as_ptr().wrapping_add(at).cast::<u8>();
+            prefetch_bytes(p.wrapping_add(part.wrapping_mul(piece)), piece, far);
+        }
+        match self {
+            KvAny::F32(m) => span(m, j, n, part, parts, far),
+            KvAny::BF16(m) => span(m, j, n, part, parts, far),
+            KvAny::F16(m) => span(m, j, n, part, parts, far),
+            KvAny::Q8(m) => {
+                span(m.v, j, n, part, parts, far);
+                span(m.sc, j, n, part, parts, far);
+            }
+        }
+    }
+
     /// [`KvMat::gather`] of whichever type this holds.
     #[inline(always)]
     pub(crate) fn gather<S: Simd>(self, s: S, j0: usize, nb: usize, n: usize, buf: &mut [f32]) {

@@ -368,10 +368,11 @@ struct Plan {
 /// K/V heads per task, for `hkv` heads a batch and `units` (batch, chunk) pairs on `threads`
 /// threads. One where each head's rows are apart from the others'. Where the heads of a key
 /// lie side by side (`interleaved`), a task runs all the heads of its chunk block by block,
-/// so the rows of a block, contiguous across the heads, are read together and their pages
-/// stay in the TLB (one head at a time walks a new 4 KiB page for every key once a key's row
-/// of all heads spans one); cut into smaller groups only where fewer tasks would leave a
-/// thread idle (four tasks a thread). The grouping changes no head's arithmetic.
+/// so the rows of a block, contiguous across the heads, are read together (one head at a
+/// time jumps a whole key row, a new 4 KiB page at 32 f32 heads, at every key: 1.45–1.8×
+/// slower, perf journal 2026-12-06 02:18); cut into smaller groups only where fewer tasks
+/// would leave a thread idle (four tasks a thread). The grouping changes no head's
+/// arithmetic.
 fn head_group(hkv: usize, units: usize, interleaved: bool, threads: usize) -> usize {
     if !interleaved || hkv <= 1 {
         return 1;
@@ -620,6 +621,12 @@ trait Blocks {
     /// Where row `j0` of head `i` is read in place, for the score pass to prefetch the value
     /// rows of its block: the matrix and the row's index in it (`None`: not read in place).
     fn hint(&self, i: usize, j0: usize) -> Option<(KvAny<'_>, usize)>;
+    /// Prefetches into L2 part `part` of `parts` of the rows of block `j0` (the first head's
+    /// rows and all that lies up to its last row's end: where the heads interleave, every
+    /// head's rows of the block), for tiles of `rows` query rows. Nothing where the blocks
+    /// are gathered, nor for the GQA tiles over f32, which prefetch their own rows into L2
+    /// ([`KvMat::GROUP_PREFETCH_FAR`]; both at once ran 0.85–0.93× on Zen 4).
+    fn prefetch_block(&self, j0: usize, part: usize, parts: usize, rows: usize);
 }
 
 /// Matrices read in place, one per head (`any`: the same matrices, for the value prefetch),
@@ -654,6 +661,15 @@ impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
     fn hint(&self, i: usize, j0: usize) -> Option<(KvAny<'_>, usize)> {
         self.rows.row(j0).map(|j| (self.any[i], j))
     }
+    #[inline(always)]
+    fn prefetch_block(&self, j0: usize, part: usize, parts: usize, rows: usize) {
+        if rows > 1 && K::GROUP_PREFETCH_FAR {
+            return;
+        }
+        if let Some(j) = self.rows.row(j0) {
+            self.any[0].prefetch_part(j, DECODE_BC, part, parts, true);
+        }
+    }
 }
 
 /// Matrices (`n` columns, any type and strides, one per head, their rows mapped by `rows`)
@@ -686,6 +702,7 @@ impl Blocks for Gather<'_, '_> {
     fn hint(&self, _: usize, _: usize) -> Option<(KvAny<'_>, usize)> {
         None
     }
+    fn prefetch_block(&self, _: usize, _: usize, _: usize, _: usize) {}
 }
 
 impl Chunk<'_, '_> {
@@ -698,7 +715,7 @@ impl Chunk<'_, '_> {
         mut kb: KB,
         mut vb: VB,
     ) -> Result<Vec<Partial>> {
-        let Chunk { p, b, heads, c0, c1 } = self;
+        let (p, b, heads) = (self.p, self.b, self.heads.clone());
         let (dk, dv, nq) = (p.dk, p.dv, p.nq);
         let rows = p.group * nq;
         // Per head: its partial, and its rows (head in group, query), every row pre-scaled by
@@ -723,68 +740,99 @@ impl Chunk<'_, '_> {
             state.push((part, qs));
         }
         let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
+        let (c0, c1) = (self.c0, self.c1);
         let mut j0 = c0;
+        // A task of every K/V head of its batch also prefetches the next block's rows of all
+        // of them into L2, a part per head, front to back: one stream in address order, where
+        // the heads' own blocks jump a key row at each key (1.05–1.38× on Zen 4
+        // sequence-major, perf journal 2026-12-06 02:18).
+        let whole = heads.len() > 1 && heads.len() == p.hkv;
         while j0 < c1 {
             let nb = (c1 - j0).min(DECODE_BC);
             for (i, (part, qs)) in state.iter_mut().enumerate() {
-                let kh = heads.start + i;
-                // Scores of every row against the block's keys: each key row is read once.
-                // Value rows read in place are prefetched by the score pass, and so are the
-                // key rows the task reads next, wherever they live.
-                let pf = vb.hint(i, j0).map(|(v, vj)| (v, vj, dv));
-                let Block { m: k, j: kj, ahead } = kb.block(s, i, j0, nb);
-                decode_qk_block(s, qs, rows, dq, k, kj, nb, &mut sb, DECODE_BC, ahead, pf);
-                if KB::PAIRS {
-                    for srow in sb.chunks_exact_mut(DECODE_BC) {
-                        srow[..nb].iter_mut().for_each(|x| *x *= p.scale2);
-                    }
+                if whole && j0 + DECODE_BC < c1 {
+                    kb.prefetch_block(j0 + DECODE_BC, i, p.hkv, rows);
+                    vb.prefetch_block(j0 + DECODE_BC, i, p.hkv, rows);
                 }
-                if let Some(c) = p.variants.softcap {
-                    softcap(s, &mut sb[..rows * DECODE_BC], c);
-                }
-                if p.masks_scores() {
-                    for r in 0..rows {
-                        let h = kh * p.group + r / nq;
-                        let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
-                        p.apply_mask(b, h, r % nq, 1, j0, nb, 1, srow);
-                        p.apply_variants(h, r % nq, 1, j0, nb, 1, srow);
-                    }
-                }
-                // Online softmax per row; the output rows are rescaled before accumulating.
-                let mut guard = false;
-                for r in 0..rows {
-                    let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
-                    let m_old = part.m[r];
-                    let m_new = row_max(s, srow, m_old);
-                    // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
-                    // A zero weight (masked or underflowed) needs the guarded P·V tile.
-                    let (sum, zero) = if m_new == f32::INFINITY {
-                        let sum = pos_inf_weights(srow, nb, 1, 0);
-                        (sum, srow.contains(&0.0))
-                    } else {
-                        exp_row(s, srow, m_new)
-                    };
-                    guard |= zero;
-                    // An unchanged maximum (the common case once it settles) needs no rescale.
-                    let alpha =
-                        if m_new == m_old { 1.0 } else { exp_rr2_p7_scalar(s, m_old - m_new) };
-                    part.l[r] = alpha.mul_add(part.l[r], sum);
-                    part.m[r] = m_new;
-                    // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.
-                    let o_row = &mut part.o[r * dv..(r + 1) * dv];
-                    if alpha == 0.0 {
-                        o_row.fill(0.0);
-                    } else if alpha != 1.0 {
-                        o_row.iter_mut().for_each(|x| *x *= alpha);
-                    }
-                }
-                // Values: each value row is read once for all rows.
-                let Block { m: v, j: vj, .. } = vb.block(s, i, j0, nb);
-                decode_pv_block(s, guard, &sb, DECODE_BC, rows, nb, v, vj, dv, &mut part.o);
+                self.head_block(s, &mut kb, &mut vb, &mut sb, part, qs, i, j0, nb);
             }
             j0 += nb;
         }
         Ok(state.into_iter().map(|(part, _)| part).collect())
+    }
+
+    /// Keys `j0..j0 + nb` of the task's head `i` (`part`, its query rows `qs`): the scores,
+    /// the online softmax and P·V (`sb`: the scores' scratch).
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn head_block<S: Simd, KB: Blocks, VB: Blocks>(
+        &self,
+        s: S,
+        kb: &mut KB,
+        vb: &mut VB,
+        sb: &mut [f32],
+        part: &mut Partial,
+        qs: &[f32],
+        i: usize,
+        j0: usize,
+        nb: usize,
+    ) {
+        let (p, b, kh) = (self.p, self.b, self.heads.start + i);
+        let (dk, dv, nq) = (p.dk, p.dv, p.nq);
+        let rows = p.group * nq;
+        let dq = if KB::PAIRS { dk / 2 } else { dk };
+        // Scores of every row against the block's keys: each key row is read once.
+        // Value rows read in place are prefetched by the score pass, and so are the
+        // key rows the task reads next, wherever they live.
+        let pf = vb.hint(i, j0).map(|(v, vj)| (v, vj, dv));
+        let Block { m: k, j: kj, ahead } = kb.block(s, i, j0, nb);
+        decode_qk_block(s, qs, rows, dq, k, kj, nb, sb, DECODE_BC, ahead, pf);
+        if KB::PAIRS {
+            for srow in sb.chunks_exact_mut(DECODE_BC) {
+                srow[..nb].iter_mut().for_each(|x| *x *= p.scale2);
+            }
+        }
+        if let Some(c) = p.variants.softcap {
+            softcap(s, &mut sb[..rows * DECODE_BC], c);
+        }
+        if p.masks_scores() {
+            for r in 0..rows {
+                let h = kh * p.group + r / nq;
+                let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
+                p.apply_mask(b, h, r % nq, 1, j0, nb, 1, srow);
+                p.apply_variants(h, r % nq, 1, j0, nb, 1, srow);
+            }
+        }
+        // Online softmax per row; the output rows are rescaled before accumulating.
+        let mut guard = false;
+        for r in 0..rows {
+            let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
+            let m_old = part.m[r];
+            let m_new = row_max(s, srow, m_old);
+            // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
+            // A zero weight (masked or underflowed) needs the guarded P·V tile.
+            let (sum, zero) = if m_new == f32::INFINITY {
+                let sum = pos_inf_weights(srow, nb, 1, 0);
+                (sum, srow.contains(&0.0))
+            } else {
+                exp_row(s, srow, m_new)
+            };
+            guard |= zero;
+            // An unchanged maximum (the common case once it settles) needs no rescale.
+            let alpha = if m_new == m_old { 1.0 } else { exp_rr2_p7_scalar(s, m_old - m_new) };
+            part.l[r] = alpha.mul_add(part.l[r], sum);
+            part.m[r] = m_new;
+            // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.
+            let o_row = &mut part.o[r * dv..(r + 1) * dv];
+            if alpha == 0.0 {
+                o_row.fill(0.0);
+            } else if alpha != 1.0 {
+                o_row.iter_mut().for_each(|x| *x *= alpha);
+            }
+        }
+        // Values: each value row is read once for all rows.
+        let Block { m: v, j: vj, .. } = vb.block(s, i, j0, nb);
+        decode_pv_block(s, guard, sb, DECODE_BC, rows, nb, v, vj, dv, &mut part.o);
     }
 }
 
