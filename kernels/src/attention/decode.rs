@@ -505,13 +505,17 @@ fn chunk<Src: Source>(isa: Isa, c: Chunk<'_, '_>, src: &Src) -> Result<Vec<Parti
     };
     // Every head of a problem has the first one's types and strides; `typed` checks each.
     let (ks, vs) = (|| heads.iter().map(|h| h.0), || heads.iter().map(|h| h.1));
-    match (keys, values) {
-        (KvAny::F32(_), KvAny::F32(_)) => {
-            let f = |a| if let KvAny::F32(m) = a { Some(m) } else { None };
+    // K and V of one type, read in place when every head's columns are contiguous.
+    macro_rules! same_type {
+        ($t:ident) => {{
+            let f = |a| if let KvAny::$t(m) = a { Some(m) } else { None };
             if let (Some(k), Some(v)) = (typed(ks(), dk, f), typed(vs(), dv, f)) {
                 return vectorize(isa, in_place(c, &heads, rows, k, v));
             }
-        }
+        }};
+    }
+    match (keys, values) {
+        (KvAny::F32(_), KvAny::F32(_)) => same_type!(F32),
         (KvAny::BF16(_), KvAny::BF16(_)) => {
             let f = |a| if let KvAny::BF16(m) = a { Some(m) } else { None };
             let Some(v) = typed(vs(), dv, f) else { return gathered(isa, c, &heads, rows) };
@@ -526,18 +530,8 @@ fn chunk<Src: Source>(isa: Isa, c: Chunk<'_, '_>, src: &Src) -> Result<Vec<Parti
                 return vectorize(isa, in_place(c, &heads, rows, k, v));
             }
         }
-        (KvAny::F16(_), KvAny::F16(_)) => {
-            let f = |a| if let KvAny::F16(m) = a { Some(m) } else { None };
-            if let (Some(k), Some(v)) = (typed(ks(), dk, f), typed(vs(), dv, f)) {
-                return vectorize(isa, in_place(c, &heads, rows, k, v));
-            }
-        }
-        (KvAny::Q8(_), KvAny::Q8(_)) => {
-            let f = |a| if let KvAny::Q8(m) = a { Some(m) } else { None };
-            if let (Some(k), Some(v)) = (typed(ks(), dk, f), typed(vs(), dv, f)) {
-                return vectorize(isa, in_place(c, &heads, rows, k, v));
-            }
-        }
+        (KvAny::F16(_), KvAny::F16(_)) => same_type!(F16),
+        (KvAny::Q8(_), KvAny::Q8(_)) => same_type!(Q8),
         _ => {}
     }
     gathered(isa, c, &heads, rows)
