@@ -166,6 +166,39 @@ impl Simd for Avx2 {
         unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast()))) }
     }
     #[inline(always)]
+    unsafe fn transpose(self, src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
+        // SAFETY: see the impl; 8 rows of 8 floats read, 8 written.
+        unsafe {
+            // Plain loops, not `array::from_fn`: through a closure the shuffles would lose the
+            // ISA's features.
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (i, x) in r.iter_mut().enumerate() {
+                *x = _mm256_loadu_ps(src.add(i * ss));
+            }
+            // Within each 128-bit lane: 32-bit, then 64-bit interleaves leave `u[4j + e]`
+            // holding column `4L + e` of rows `4j..4j + 4` in lane `L`.
+            let mut t = [_mm256_setzero_ps(); 8];
+            for (x, y) in t.iter_mut().enumerate() {
+                let (a, b) = (r[x & !1], r[x | 1]);
+                *y = if x % 2 == 0 { _mm256_unpacklo_ps(a, b) } else { _mm256_unpackhi_ps(a, b) };
+            }
+            let mut u = [_mm256_setzero_ps(); 8];
+            for (x, y) in u.iter_mut().enumerate() {
+                let (j, e) = (x / 4, x % 4);
+                let (a, b) = (t[4 * j + e / 2], t[4 * j + 2 + e / 2]);
+                let (a, b) = (_mm256_castps_pd(a), _mm256_castps_pd(b));
+                let w =
+                    if e % 2 == 0 { _mm256_unpacklo_pd(a, b) } else { _mm256_unpackhi_pd(a, b) };
+                *y = _mm256_castpd_ps(w);
+            }
+            for e in 0..4 {
+                let (lo, hi) = (u[e], u[4 + e]);
+                _mm256_storeu_ps(dst.add(e * ds), _mm256_permute2f128_ps::<0x20>(lo, hi));
+                _mm256_storeu_ps(dst.add((4 + e) * ds), _mm256_permute2f128_ps::<0x31>(lo, hi));
+            }
+        }
+    }
+    #[inline(always)]
     fn prefetch(self, p: *const f32) {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }

@@ -172,6 +172,46 @@ impl Simd for Avx512 {
         unsafe { _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast()))) }
     }
     #[inline(always)]
+    unsafe fn transpose(self, src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
+        // SAFETY: see the impl; 16 rows of 16 floats read, 16 written.
+        unsafe {
+            // Plain loops, not `array::from_fn`: through a closure the shuffles would lose the
+            // ISA's features.
+            let mut r = [_mm512_setzero_ps(); 16];
+            for (i, x) in r.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(src.add(i * ss));
+            }
+            // Within each 128-bit lane: 32-bit, then 64-bit interleaves leave `u[4j + e]`
+            // holding column `4L + e` of rows `4j..4j + 4` in lane `L`.
+            let mut t = [_mm512_setzero_ps(); 16];
+            for (x, y) in t.iter_mut().enumerate() {
+                let (a, b) = (r[x & !1], r[x | 1]);
+                *y = if x % 2 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) };
+            }
+            let mut u = [_mm512_setzero_ps(); 16];
+            for (x, y) in u.iter_mut().enumerate() {
+                let (j, e) = (x / 4, x % 4);
+                let (a, b) = (t[4 * j + e / 2], t[4 * j + 2 + e / 2]);
+                let (a, b) = (_mm512_castps_pd(a), _mm512_castps_pd(b));
+                let w =
+                    if e % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) };
+                *y = _mm512_castpd_ps(w);
+            }
+            // Then a 4 × 4 transpose of 128-bit lanes across `u[e], u[4 + e], u[8 + e],
+            // u[12 + e]` gives output rows `4L + e`.
+            for e in 0..4 {
+                let v0 = _mm512_shuffle_f32x4::<0x44>(u[e], u[4 + e]);
+                let v1 = _mm512_shuffle_f32x4::<0xEE>(u[e], u[4 + e]);
+                let v2 = _mm512_shuffle_f32x4::<0x44>(u[8 + e], u[12 + e]);
+                let v3 = _mm512_shuffle_f32x4::<0xEE>(u[8 + e], u[12 + e]);
+                _mm512_storeu_ps(dst.add(e * ds), _mm512_shuffle_f32x4::<0x88>(v0, v2));
+                _mm512_storeu_ps(dst.add((4 + e) * ds), _mm512_shuffle_f32x4::<0xDD>(v0, v2));
+                _mm512_storeu_ps(dst.add((8 + e) * ds), _mm512_shuffle_f32x4::<0x88>(v1, v3));
+                _mm512_storeu_ps(dst.add((12 + e) * ds), _mm512_shuffle_f32x4::<0xDD>(v1, v3));
+            }
+        }
+    }
+    #[inline(always)]
     fn prefetch(self, p: *const f32) {
         // SAFETY: a prefetch never faults, whatever the address.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }

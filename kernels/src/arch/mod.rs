@@ -262,6 +262,38 @@ mod tests {
         }
     }
 
+    /// [`Simd::transpose`] of the block at `(1, 2)` of a `20 × 37` matrix of distinct values
+    /// into the block at `(3, 1)` of a `19 × 23` one; the rest of the destination unchanged.
+    struct Transpose;
+
+    impl Kernel for Transpose {
+        type Output = (Vec<f32>, Vec<f32>);
+
+        fn run<S: Simd>(self, s: S) -> (Vec<f32>, Vec<f32>) {
+            let l = S::LANES;
+            let src: Vec<f32> = (0..20 * 37).map(|i| i as f32).collect();
+            let mut got = vec![-1.0f32; 19 * 23];
+            let mut want = got.clone();
+            for p in 0..l {
+                for i in 0..l {
+                    want[(3 + p) * 23 + 1 + i] = src[(1 + i) * 37 + 2 + p];
+                }
+            }
+            // SAFETY: rows 1..1 + l and columns 2..2 + l are inside the source, rows 3..3 + l
+            // and columns 1..1 + l inside the destination (l ≤ 16).
+            unsafe { s.transpose(src[37 + 2..].as_ptr(), 37, got[3 * 23 + 1..].as_mut_ptr(), 23) };
+            (got, want)
+        }
+    }
+
+    #[test]
+    fn transpose_moves_each_element_to_its_place() {
+        for isa in runnable("transpose") {
+            let (got, want) = vectorize(isa, Transpose);
+            assert_eq!(got, want, "{isa}");
+        }
+    }
+
     /// [`Simd::dot_bf16`] lane by lane over `(acc, a, b)`.
     struct DotBf16<'a>(&'a [f32], &'a [f32], &'a [f32]);
 

@@ -139,6 +139,23 @@ pub(crate) trait Simd: Copy + Send + Sync + 'static {
     /// # Safety
     /// `p` valid for reading `LANES` i8.
     unsafe fn load_i8(self, p: *const i8) -> Self::V;
+    /// Transposes a `LANES × LANES` block: row `p` of the destination (the `LANES` floats at
+    /// `dst + p·ds`) receives column `p` of the source, whose row `i` is the `LANES` floats at
+    /// `src + i·ss`: the packing of a transposed GEMM operand, a vector block at a time.
+    /// Element by element here; the x86 ISAs shuffle in registers.
+    ///
+    /// # Safety
+    /// `src + i·ss .. + LANES` readable and `dst + p·ds .. + LANES` writable for every
+    /// `i, p < LANES`, the two blocks apart.
+    #[inline(always)]
+    unsafe fn transpose(self, src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
+        for p in 0..Self::LANES {
+            for i in 0..Self::LANES {
+                // SAFETY: the caller's guarantee.
+                unsafe { *dst.add(p * ds + i) = *src.add(i * ss + p) };
+            }
+        }
+    }
     /// Hints that the cache line holding `p` will be read soon (into L1). Any address is
     /// allowed: a prefetch never faults. No-op on [`Portable`].
     fn prefetch(self, p: *const f32);
