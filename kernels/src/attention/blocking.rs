@@ -84,20 +84,41 @@ impl FlashBlocking {
 /// along the head dimension and splits the keys across threads instead.
 pub(crate) const DECODE_MAX_Q: usize = 16;
 
-/// Keys per block in the decode path. Small, so the block's key and value rows stay in L1
-/// between the passes over it: 16 × (d_k + d_v) × 4 B = 16 KiB at d = 128 of 32 KiB L1d, with the
-/// value rows prefetched during the score pass and read by the P·V pass right after, and the
-/// `rows × 16` scores beside them. The per-block softmax bookkeeping (max, exp, rescale of the
-/// `rows × d_v` accumulator when the max grows) is a few vector operations per key; larger
-/// blocks measured slower (see `docs/perf-journal.md`, 2026-11-30).
-pub(crate) const DECODE_BC: usize = 16;
+/// Most keys per block in the decode path ([`decode_block_keys`]). Each block pays a fixed
+/// cost besides its keys' arithmetic: the per-row softmax bookkeeping (max, exp, sum, rescale
+/// of the `rows × d_v` accumulator when the max grows), the tiles' set-up and reductions, the
+/// accumulator's loads and stores. With K/V in L1 that cost was a third of a one-row key's
+/// cycles at 16 keys a block; 64 keys a block ran 0.77–0.82× the time in cache and
+/// 0.75–0.95× from DRAM for f32, int8 and the GQA tiles on Zen 4 (perf journal, 2026-12-06
+/// 08:17). The score pass prefetches the next block's key rows and this block's value rows
+/// (32 KiB of f32 value rows at d = 128, more than an L1: the P·V pass finds the first ones
+/// in L2).
+pub(crate) const DECODE_BC: usize = 64;
 
-/// How far ahead (in keys) the decode score pass prefetches key rows: the next block, 8 KiB
-/// at d = 128 in f32. With the hardware prefetchers streaming the rows too, one block ahead
-/// measured 1.02–1.10× two blocks ahead and 0.7× none, in and out of cache (perf journal,
-/// 2026-12-04 08:10). One-row score tiles over dense f32/bf16/f16 K read their rows in address
-/// order and leave the next block to the hardware prefetcher (2026-12-04 21:30).
-pub(crate) const DECODE_PREFETCH_KEYS: usize = 16;
+/// Fewest keys per decode block: a block's tiles and softmax are set up for this many keys
+/// at least, and a page (16 slots at least) is then one run of a block.
+pub(crate) const DECODE_BC_MIN: usize = 16;
+
+/// Keys per decode block, for keys whose rows, of every head of the task together, span
+/// `key_bytes` (K and V, the heads' rows and what lies between them: where K/V heads
+/// interleave, `[seq, kv_heads, d]`, all of them), on caches `c`.
+///
+/// - `streamed` (the one-row tiles that keep the query in registers and leave dense K and V
+///   to the hardware prefetcher, [`KvMat::QUERY_IN_REGISTERS`](super::blocks::KvMat)):
+///   [`DECODE_BC_MIN`]. The score pass and the P·V pass each read one stream, taking turns,
+///   and a pass of 64 rows outran the prefetcher's stream at each turn (1.08–1.24× the time
+///   of 16 from DRAM on Zen 4, perf journal 2026-12-06 08:17).
+/// - Otherwise [`DECODE_BC`], fewer where the block's rows of all the task's heads would
+///   take more than half the L2 (a task prefetches the next block's into L2 beside them: 64
+///   keys of 32 interleaved f32 heads at d = 128 are 2 MiB, and ran 1.07× the time of 16),
+///   a multiple of [`DECODE_BC_MIN`], at least that.
+pub(crate) fn decode_block_keys(c: &CacheSizes, key_bytes: usize, streamed: bool) -> usize {
+    if streamed {
+        return DECODE_BC_MIN;
+    }
+    let fit = (c.l2 / 2).checked_div(key_bytes).unwrap_or(DECODE_BC);
+    (fit / DECODE_BC_MIN * DECODE_BC_MIN).clamp(DECODE_BC_MIN, DECODE_BC)
+}
 
 /// Smallest key chunk of the decode split: below this, the merge and the task overhead cost
 /// more than the parallel read saves. A multiple of [`DECODE_BC`], so chunks hold whole blocks.
@@ -144,6 +165,32 @@ mod tests {
                 assert!((1..=QT_MAX).contains(&f.qt), "{what}");
             }
         }
+    }
+
+    #[test]
+    fn decode_blocks_are_valid_and_fit_half_the_l2() {
+        for (name, c) in cache::examples() {
+            for key_bytes in [0usize, 1, 512, 2048, 32 << 10, 1 << 20, usize::MAX] {
+                for streamed in [false, true] {
+                    let bc = decode_block_keys(&c, key_bytes, streamed);
+                    let what = format!("{name} {key_bytes} B a key, streamed {streamed}: {bc}");
+                    assert!((DECODE_BC_MIN..=DECODE_BC).contains(&bc), "{what}");
+                    assert!(bc.is_multiple_of(DECODE_BC_MIN), "{what}");
+                    if streamed {
+                        assert_eq!(bc, DECODE_BC_MIN, "{what}");
+                    } else if bc > DECODE_BC_MIN {
+                        assert!(bc * key_bytes <= c.l2 / 2, "{what}");
+                    }
+                }
+            }
+        }
+        // Zen 4 (1 MiB L2), d = 128: head-major f32 and two interleaved heads take 64 keys,
+        // 32 interleaved f32 heads (32 KiB a key of K and V) 16.
+        let zen4 = CacheSizes::DEFAULT;
+        assert_eq!(decode_block_keys(&zen4, 2 * 512, false), 64);
+        assert_eq!(decode_block_keys(&zen4, 2 * 2 * 512, false), 64);
+        assert_eq!(decode_block_keys(&zen4, 2 * 32 * 512, false), 16);
+        assert_eq!(decode_block_keys(&zen4, 2 * 8 * 512, false), 64);
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! - the online softmax needs no horizontal reductions: the running max, sum and rescale
 //!   factors of `QR` queries are `QV` vectors.
 
-use super::blocking::{DECODE_PREFETCH_KEYS, QV};
+use super::blocking::QV;
 use super::decode::RowMap;
 use super::FLUSH_WEIGHTS_BELOW;
 use attn_core::quant::{q8_blocks, Q8_BLOCK};
@@ -835,6 +835,21 @@ impl KvAny<'_> {
         }
     }
 
+    /// Bytes from one key's row to the next one's (for int8 the values' and the scales'):
+    /// what a block takes in cache per key, with whatever lies between the rows (saturating).
+    #[inline(always)]
+    pub(crate) fn key_bytes(self) -> usize {
+        fn stride<T>(m: Strided<'_, T>) -> usize {
+            m.rs.saturating_mul(std::mem::size_of::<T>())
+        }
+        match self {
+            KvAny::F32(m) => stride(m),
+            KvAny::BF16(m) => stride(m),
+            KvAny::F16(m) => stride(m),
+            KvAny::Q8(m) => stride(m.v).saturating_add(stride(m.sc)),
+        }
+    }
+
     /// [`KvMat::gather`] of whichever type this holds.
     #[inline(always)]
     pub(crate) fn gather<S: Simd>(self, s: S, j0: usize, nb: usize, n: usize, buf: &mut [f32]) {
@@ -1149,10 +1164,10 @@ struct PrefetchV<'a> {
 /// All keys of one row tile of [`decode_qk_block`]: tiles of `C` keys, then single keys
 /// (`k` from the block's first key row `j0`, `out` from the tile's first row). Ahead of each
 /// tile it prefetches, when `ahead = Some((m, a))` is given, the same keys' rows of the block
-/// [`DECODE_PREFETCH_KEYS`] further on (rows `a + j` of `m`: where that block lives, which
-/// need not be `k`, e.g. another page; a one-row tile skips them when they follow this block,
-/// `a = j0 + DECODE_PREFETCH_KEYS`) and, when `pv` is given, the value rows of the same keys,
-/// which the P·V pass of the block reads next.
+/// read next (rows `a + j` of `m`: where that block lives, which need not be `k`, e.g.
+/// another head or page; a one-row tile skips them when they follow this block, `a = j0 +
+/// nb`) and, when `pv` is given, the value rows of the same keys, which the P·V pass of the
+/// block reads next.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
@@ -1172,7 +1187,7 @@ fn dec_qk_rows<S: Simd, K: KvMat, const R: usize, const C: usize>(
     // software prefetch only takes an L1 miss buffer from it. Interleaved multi-row tiles,
     // int8 and the blocks of another page still need it (perf journal, 2026-12-04 21:30). With
     // the query in registers the same holds for the value rows (2026-12-05 20:11).
-    let follows = ahead.is_some_and(|(_, a)| a == j0.wrapping_add(DECODE_PREFETCH_KEYS));
+    let follows = ahead.is_some_and(|(_, a)| a == j0.wrapping_add(nb));
     let ahead = ahead.filter(|_| R > 1 || !K::STREAMED || !follows);
     let far = R > 1 && K::GROUP_PREFETCH_FAR;
     if R == 1 && K::QUERY_IN_REGISTERS {
@@ -1312,9 +1327,9 @@ fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
 /// `r < rows`, `j < nb`, where `q` holds `rows` pre-scaled query rows of `dk` floats and `k`
 /// is read in place in its storage type (`k.in_place(dk)`; gather otherwise); for [`Pairs`],
 /// unscaled rows of `dk` words of bf16 pairs.
-/// `ahead = Some((m, a))` prefetches key rows `a..a + nb` of `m`, the keys
-/// [`DECODE_PREFETCH_KEYS`] after this block's (the caller says where they are: further on in
-/// `k`, or in another page). `prefetch_v = Some((v, vj0, dv))` also prefetches value rows
+/// `ahead = Some((m, a))` prefetches key rows `a..a + nb` of `m`, those of the block read
+/// next (the caller says where they are: further on in `k`, another head's, or in another
+/// page). `prefetch_v = Some((v, vj0, dv))` also prefetches value rows
 /// `vj0..vj0 + nb` of `v` while
 /// the scores are computed, so the P·V pass that follows finds them in cache. Rows go in tiles
 /// of up to four, keys in tiles of [`DECODE_QK_KEYS`]`[R − 1]`. Panics if a buffer is too
@@ -1322,7 +1337,6 @@ fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
 /// are 0 and K is not indexed.
 ///
 /// [`DECODE_QK_KEYS`]: super::blocking::DECODE_QK_KEYS
-/// [`DECODE_PREFETCH_KEYS`]: super::blocking::DECODE_PREFETCH_KEYS
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(

@@ -17,8 +17,10 @@
 //! order) and the block's value rows (except where one row's tiles over bf16/f16 keys, with the
 //! query row in registers, leave dense V to the hardware prefetcher too); the P·V pass
 //! (`decode_pv_block`) runs tiles of up to 4 rows × 2–8 value vectors, so each K/V vector is
-//! loaded once for all rows. A block is small (16 keys) so its K and V rows are still in L1
-//! when the second pass reads them.
+//! loaded once for all rows. A block is 64 keys (16 for the one-row tiles that leave dense
+//! K/V to the hardware prefetcher), so that the per-block softmax bookkeeping is a small part
+//! of a block's work while the value rows prefetched during its score pass are still in L1
+//! or L2 when the P·V pass reads them.
 //!
 //! With [`HalfPath::Dot`](crate::gemm::HalfPath) (bf16 Q, K and V, even `dk`) the score pass
 //! reads the key rows as bf16 pairs ([`Pairs`]) against query rows of pairs, one `vdpbf16ps`
@@ -30,8 +32,9 @@
 //! give a matrix per `(batch, K/V head)` in its storage type and a [`RowMap`] from a
 //! sequence's key index to the matrix row: the identity for a view; for a pool (whose rows are
 //! all its slots, page after page) slot `j mod page_size` of page `table[j / page_size]`. A
-//! block of 16 keys, 16-aligned, lies in one page, so its rows are consecutive rows of the pool
-//! matrix; the key rows prefetched ahead are mapped the same way. The same kernels then read
+//! block's tiles run over its keys page by page (each page's rows are consecutive rows of the
+//! pool matrix), the softmax once for the whole block; the key rows prefetched ahead are
+//! mapped the same way. The same kernels then read
 //! the blocks in place (one storage type for K and V) or gather them into f32 (two types, or
 //! strided columns), whichever the source.
 //!
@@ -49,7 +52,7 @@ use attn_core::quant::q8_blocks;
 use attn_core::{AnyMut, AnyRef, Element, Mask, Result, TensorMut, Variants};
 
 use super::blocking::{
-    DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MAX_Q, DECODE_MIN_CHUNK, DECODE_PREFETCH_KEYS,
+    decode_block_keys, DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MAX_Q, DECODE_MIN_CHUNK,
 };
 use super::blocks::{
     axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat, Pairs,
@@ -58,7 +61,7 @@ use super::blocks::{
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{flash, zeros, Problem};
-use crate::arch::{vectorize, vectorize_dot, Isa, Kernel, Simd};
+use crate::arch::{cache, vectorize, vectorize_dot, Isa, Kernel, Simd};
 use crate::gemm::ukernel::Kernel as GemmKernel;
 use crate::math::exp::exp_rr2_p7_scalar;
 use crate::par::Parallelism;
@@ -162,9 +165,9 @@ pub(crate) fn run_paged(
 
 /// Where the keys and values of a problem's `(batch, K/V head)` come from.
 trait Source: Copy + Sync {
-    /// What the first key of a split must be a multiple of: [`DECODE_BC`] for pages (so each
-    /// block lies in one page), 1 otherwise. Keys before a window's left edge that the
-    /// alignment adds are masked by the window like any other.
+    /// What the first key of a split must be a multiple of: 16 for pages (the smallest page
+    /// size, so that the blocks' runs of consecutive rows are whole pages of 16), 1 otherwise. Keys before a window's left edge that the alignment adds are masked by
+    /// the window like any other.
     const ALIGN: usize;
     /// True when the K/V heads of one key lie side by side in memory (`[seq, kv_heads, d]`, the
     /// slots of a pool), so that a task runs several heads block by block ([`head_group`]).
@@ -200,7 +203,7 @@ struct Pages<'r, 'a> {
 }
 
 impl Source for Pages<'_, '_> {
-    const ALIGN: usize = DECODE_BC;
+    const ALIGN: usize = 16;
     fn interleaved(&self, _: &Problem<'_>) -> bool {
         self.cache.kv_heads > 1
     }
@@ -269,6 +272,17 @@ impl RowMap<'_> {
         match self {
             RowMap::Dense => true,
             RowMap::Paged { ps, .. } => j0 / ps == (j0 + n - 1) / ps,
+        }
+    }
+
+    /// How many of keys `j0..j0 + n` lie in consecutive rows from key `j0`'s: all `n` for a
+    /// view, up to the end of `j0`'s page for a pool. The decode tiles run over a block run by
+    /// run.
+    #[inline(always)]
+    fn run_len(self, j0: usize, n: usize) -> usize {
+        match self {
+            RowMap::Dense => n,
+            RowMap::Paged { ps, .. } => n.min(ps - j0 % ps),
         }
     }
 
@@ -604,23 +618,39 @@ trait Blocks {
     /// True when the blocks are bf16 key rows read as pairs ([`Pairs`]): the query rows are
     /// then bf16 pairs too, unscaled, and the scale multiplies the scores.
     const PAIRS: bool = false;
+    /// True when one-row score tiles over these blocks keep the query in registers and leave
+    /// dense rows to the hardware prefetcher ([`KvMat::QUERY_IN_REGISTERS`]).
+    const QUERY_IN_REGISTERS: bool = false;
     /// The matrix the tiles read.
     type M<'b>: KvMat
     where
         Self: 'b;
-    /// Rows `j0..j0 + nb` of head `i` (`j0` a multiple of [`DECODE_BC`], `nb ≤ DECODE_BC`),
-    /// and the rows read next: head `i + 1`'s of this block, or after the last head the first
-    /// head's [`DECODE_PREFETCH_KEYS`] further on.
-    fn block<S: Simd>(&mut self, s: S, i: usize, j0: usize, nb: usize) -> Block<Self::M<'_>>;
+    /// Rows `j0..j0 + nb` of head `i` (consecutive rows: `nb` at most
+    /// [`run_len`](Self::run_len)), and where the rows read next start: head `i + 1`'s of these
+    /// keys, or after the last head the first head's from key `next` (the same place in the
+    /// next block).
+    fn block<S: Simd>(
+        &mut self,
+        s: S,
+        i: usize,
+        j0: usize,
+        nb: usize,
+        next: usize,
+    ) -> Block<Self::M<'_>>;
     /// Where row `j0` of head `i` is read in place, for the score pass to prefetch the value
     /// rows of its block: the matrix and the row's index in it (`None`: not read in place).
     fn hint(&self, i: usize, j0: usize) -> Option<(KvAny<'_>, usize)>;
-    /// Prefetches into L2 part `part` of `parts` of the rows of block `j0` (the first head's
-    /// rows and all that lies up to its last row's end: where the heads interleave, every
-    /// head's rows of the block), for tiles of `rows` query rows. Nothing where the blocks
+    /// Prefetches into L2 part `part` of `parts` of the rows of keys `j0..j0 + n` (the first
+    /// head's rows and all that lies up to its last row's end: where the heads interleave,
+    /// every head's rows of the block), for tiles of `rows` query rows. Nothing where the blocks
     /// are gathered, nor for the GQA tiles over f32, which prefetch their own rows into L2
     /// ([`KvMat::GROUP_PREFETCH_FAR`]; both at once ran 0.85–0.93× on Zen 4).
-    fn prefetch_block(&self, j0: usize, part: usize, parts: usize, rows: usize);
+    fn prefetch_block(&self, j0: usize, n: usize, part: usize, parts: usize, rows: usize);
+    /// How many of keys `j0..j0 + n` lie in consecutive rows from key `j0`'s
+    /// ([`RowMap::run_len`]): what one [`block`](Self::block) may hold.
+    fn run_len(&self, j0: usize, n: usize) -> usize;
+    /// Bytes from one key's rows to the next key's ([`KvAny::key_bytes`]).
+    fn key_bytes(&self) -> usize;
 }
 
 /// Matrices read in place, one per head (`any`: the same matrices, for the value prefetch),
@@ -633,19 +663,21 @@ struct InPlace<'v, 't, K> {
 
 impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
     const PAIRS: bool = K::PAIRS;
+    const QUERY_IN_REGISTERS: bool = K::QUERY_IN_REGISTERS;
     type M<'b>
         = K
     where
         Self: 'b;
     #[inline(always)]
-    fn block<S: Simd>(&mut self, _: S, i: usize, j0: usize, _: usize) -> Block<K> {
-        // The rows ahead are one block (in one page) too; past the pages, no prefetch.
-        const { assert!(DECODE_PREFETCH_KEYS.is_multiple_of(DECODE_BC)) };
+    fn block<S: Simd>(&mut self, _: S, i: usize, j0: usize, _: usize, next: usize) -> Block<K> {
+        // The tiles prefetch as many rows from there as they read: those of a page run, or
+        // where the next block's run is shorter (a page's end, the chunk's), a few rows past
+        // it, only hinted at. Past the pages, no prefetch.
         let ahead = match self.m.get(i + 1) {
-            Some(&next) => self.rows.row(j0).map(|j| (next, j)),
+            Some(&m) => self.rows.row(j0).map(|j| (m, j)),
             None => match self.rows {
-                RowMap::Dense => Some(j0.wrapping_add(DECODE_PREFETCH_KEYS)),
-                paged => paged.row(j0 + DECODE_PREFETCH_KEYS),
+                RowMap::Dense => Some(next),
+                paged => paged.row(next),
             }
             .map(|j| (self.m[0], j)),
         };
@@ -656,13 +688,27 @@ impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
         self.rows.row(j0).map(|j| (self.any[i], j))
     }
     #[inline(always)]
-    fn prefetch_block(&self, j0: usize, part: usize, parts: usize, rows: usize) {
+    fn prefetch_block(&self, j0: usize, n: usize, part: usize, parts: usize, rows: usize) {
         if rows > 1 && K::GROUP_PREFETCH_FAR {
             return;
         }
-        if let Some(j) = self.rows.row(j0) {
-            self.any[0].prefetch_part(j, DECODE_BC, part, parts, true);
+        // Run by run: the rows of one page are consecutive.
+        let mut at = 0;
+        while at < n {
+            let len = self.rows.run_len(j0 + at, n - at);
+            if let Some(j) = self.rows.row(j0 + at) {
+                self.any[0].prefetch_part(j, len, part, parts, true);
+            }
+            at += len;
         }
+    }
+    #[inline(always)]
+    fn run_len(&self, j0: usize, n: usize) -> usize {
+        self.rows.run_len(j0, n)
+    }
+    #[inline(always)]
+    fn key_bytes(&self) -> usize {
+        self.any[0].key_bytes()
     }
 }
 
@@ -688,7 +734,14 @@ impl Blocks for Gather<'_, '_> {
     where
         Self: 'b;
     #[inline(always)]
-    fn block<S: Simd>(&mut self, s: S, i: usize, j0: usize, nb: usize) -> Block<Strided<'_>> {
+    fn block<S: Simd>(
+        &mut self,
+        s: S,
+        i: usize,
+        j0: usize,
+        nb: usize,
+        _: usize,
+    ) -> Block<Strided<'_>> {
         let j = self.rows.read_row(j0);
         Block { m: gather(s, self.m[i], j, nb, self.n, &mut self.buf), j: 0, ahead: None }
     }
@@ -696,7 +749,15 @@ impl Blocks for Gather<'_, '_> {
     fn hint(&self, _: usize, _: usize) -> Option<(KvAny<'_>, usize)> {
         None
     }
-    fn prefetch_block(&self, _: usize, _: usize, _: usize, _: usize) {}
+    fn prefetch_block(&self, _: usize, _: usize, _: usize, _: usize, _: usize) {}
+    #[inline(always)]
+    fn run_len(&self, j0: usize, n: usize) -> usize {
+        self.rows.run_len(j0, n)
+    }
+    #[inline(always)]
+    fn key_bytes(&self) -> usize {
+        self.m[0].key_bytes()
+    }
 }
 
 impl Chunk<'_, '_> {
@@ -735,6 +796,10 @@ impl Chunk<'_, '_> {
         }
         let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let (c0, c1) = (self.c0, self.c1);
+        // Blocks of `bc` keys (the tiles run over a block page by page, `head_block`).
+        let key_bytes = kb.key_bytes().saturating_add(vb.key_bytes());
+        let streamed = rows == 1 && KB::QUERY_IN_REGISTERS;
+        let bc = decode_block_keys(&cache::detected(), key_bytes, streamed);
         let mut j0 = c0;
         // A task of every K/V head of its batch also prefetches the next block's rows of all
         // of them into L2, a part per head, front to back: one stream in address order, where
@@ -742,11 +807,12 @@ impl Chunk<'_, '_> {
         // sequence-major, perf journal 2026-12-06 02:18).
         let whole = heads.len() > 1 && heads.len() == p.hkv;
         while j0 < c1 {
-            let nb = (c1 - j0).min(DECODE_BC);
+            let nb = (c1 - j0).min(bc);
+            let next = (j0 + nb < c1).then(|| (j0 + nb, (c1 - j0 - nb).min(bc)));
             for (i, (part, qs)) in state.iter_mut().enumerate() {
-                if whole && j0 + DECODE_BC < c1 {
-                    kb.prefetch_block(j0 + DECODE_BC, i, p.hkv, rows);
-                    vb.prefetch_block(j0 + DECODE_BC, i, p.hkv, rows);
+                if let Some((j, n)) = next.filter(|_| whole) {
+                    kb.prefetch_block(j, n, i, p.hkv, rows);
+                    vb.prefetch_block(j, n, i, p.hkv, rows);
                 }
                 self.head_block(s, &mut kb, &mut vb, &mut sb, part, qs, i, j0, nb);
             }
@@ -756,7 +822,11 @@ impl Chunk<'_, '_> {
     }
 
     /// Keys `j0..j0 + nb` of the task's head `i` (`part`, its query rows `qs`): the scores,
-    /// the online softmax and P·V (`sb`: the scores' scratch).
+    /// the online softmax and P·V (`sb`: the scores' scratch). The tiles run over each run of
+    /// consecutive rows (the block's part in one page) in turn, the softmax once for the
+    /// block: a block of a pool's pages costs what a dense one does but for the tiles'
+    /// set-up per page, and gives the same bits (each key's score and each output
+    /// element's FMAs are the same, in the same order).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn head_block<S: Simd, KB: Blocks, VB: Blocks>(
@@ -778,9 +848,14 @@ impl Chunk<'_, '_> {
         // Scores of every row against the block's keys: each key row is read once.
         // Value rows read in place are prefetched by the score pass, and so are the
         // key rows the task reads next, wherever they live.
-        let pf = vb.hint(i, j0).map(|(v, vj)| (v, vj, dv));
-        let Block { m: k, j: kj, ahead } = kb.block(s, i, j0, nb);
-        decode_qk_block(s, qs, rows, dq, k, kj, nb, sb, DECODE_BC, ahead, pf);
+        let mut at = 0;
+        while at < nb {
+            let n = kb.run_len(j0 + at, nb - at);
+            let pf = vb.hint(i, j0 + at).map(|(v, vj)| (v, vj, dv));
+            let Block { m: k, j: kj, ahead } = kb.block(s, i, j0 + at, n, j0 + nb + at);
+            decode_qk_block(s, qs, rows, dq, k, kj, n, &mut sb[at..], DECODE_BC, ahead, pf);
+            at += n;
+        }
         if KB::PAIRS {
             for srow in sb.chunks_exact_mut(DECODE_BC) {
                 srow[..nb].iter_mut().for_each(|x| *x *= p.scale2);
@@ -825,8 +900,13 @@ impl Chunk<'_, '_> {
             }
         }
         // Values: each value row is read once for all rows.
-        let Block { m: v, j: vj, .. } = vb.block(s, i, j0, nb);
-        decode_pv_block(s, guard, sb, DECODE_BC, rows, nb, v, vj, dv, &mut part.o);
+        let mut at = 0;
+        while at < nb {
+            let n = vb.run_len(j0 + at, nb - at);
+            let Block { m: v, j: vj, .. } = vb.block(s, i, j0 + at, n, j0 + nb + at);
+            decode_pv_block(s, guard, &sb[at..], DECODE_BC, rows, n, v, vj, dv, &mut part.o);
+            at += n;
+        }
     }
 }
 

@@ -29,13 +29,14 @@
 //! bound is that of the computation on those values. The exact representation of int8 pages
 //! is what the proptest above checks.
 
+use attn_kernels::attention::{Attention, Path};
 use attn_kernels::batch::{
     append_kv, PagePool, PagePoolMut, PagedAttention, PagedKv, PagedKvMut, PAGED_Q_PIECE,
 };
 use attn_kernels::gemm::{bf16_dot_available, HalfPath};
 use attn_kernels::{
-    bf16, f16, quantize_q8, AnyMut, AnyRef, DType, Element, Error, Isa, Mask, Parallelism, Q8Mut,
-    Tensor4Layout, TensorMut, TensorRef,
+    bf16, f16, quantize_q8, AnyMut, AnyRef, DType, Element, Error, Isa, KvRef, Mask, Parallelism,
+    Q8Mut, Q8Ref, Tensor4Layout, TensorMut, TensorRef,
 };
 use attn_tests::attention_support::{cap_batch_work, drawn_variants, Case, MaskKind, Rng};
 use attn_tests::fuzz_decode::VariantSpec;
@@ -97,6 +98,35 @@ impl Pool {
             DType::BF16 => Pool::BF16(vec![bf16::NAN; rows * d]),
             DType::F16 => Pool::F16(vec![f16::NAN; rows * d]),
             DType::Q8 => Pool::Q8(vec![0; rows * d], vec![f32::NAN; rows * d.div_ceil(32)]),
+        }
+    }
+
+    /// The rows of keys `0..nk` of every head of the sequence whose pages are `table`
+    /// (`page_size` slots of `hkv` rows of `d`), gathered in `[hkv, nk, d]` order.
+    fn gather(&self, table: &[u32], page_size: usize, hkv: usize, nk: usize, d: usize) -> Pool {
+        let slot = |h: usize, j: usize| {
+            (table[j / page_size] as usize * page_size + j % page_size) * hkv + h
+        };
+        let slots = || (0..hkv).flat_map(move |h| (0..nk).map(move |j| slot(h, j)));
+        fn rows<T: Copy>(x: &[T], n: usize, slots: impl Iterator<Item = usize>) -> Vec<T> {
+            slots.flat_map(|s| x[s * n..(s + 1) * n].iter().copied()).collect()
+        }
+        match self {
+            Pool::F32(x) => Pool::F32(rows(x, d, slots())),
+            Pool::BF16(x) => Pool::BF16(rows(x, d, slots())),
+            Pool::F16(x) => Pool::F16(rows(x, d, slots())),
+            Pool::Q8(q, sc) => Pool::Q8(rows(q, d, slots()), rows(sc, d.div_ceil(32), slots())),
+        }
+    }
+
+    /// This pool's rows as a dense `[1, hkv, nk, d]` K or V operand.
+    fn dense(&self, hkv: usize, nk: usize, d: usize) -> KvRef<'_> {
+        let l = Tensor4Layout::bhsd(1, hkv, nk, d);
+        match self {
+            Pool::F32(x) => AnyRef::from(TensorRef::new(x, l)).into(),
+            Pool::BF16(x) => AnyRef::from(TensorRef::new(x, l)).into(),
+            Pool::F16(x) => AnyRef::from(TensorRef::new(x, l)).into(),
+            Pool::Q8(q, sc) => Q8Ref::bhsd(q, sc, 1, hkv, nk, d).into(),
         }
     }
 
@@ -709,6 +739,59 @@ fn long_sequences_every_page_size() {
                 let more = batch.kernel(isa, threads);
                 assert_eq!(bits(&one.0), bits(&more.0), "{isa} page {page_size} threads {threads}");
                 assert_eq!(bits(&one.1), bits(&more.1), "{isa} page {page_size} threads {threads}");
+            }
+        }
+    }
+}
+
+/// Decode over a pool gives the bits that decode over the same stored keys and values,
+/// gathered into dense `[hkv, nk, d]` tensors of the pool's type, gives: a block's tiles run
+/// over it page by page and its softmax once, as over a dense view (and head groups change no
+/// head's arithmetic). Every page size, the pool types read in place, lengths around the
+/// 64-key block and over several key chunks, GQA, every ISA.
+#[test]
+fn paged_decode_is_dense_decode_bitwise() {
+    let lens = [(1usize, 3000usize), (1, 700), (1, 129), (1, 64), (1, 17), (1, 1)];
+    let spec = VariantSpec::default();
+    for page_size in [16usize, 32, 64, 128, 256] {
+        for types in POOL_TYPES.into_iter().filter(|t| t.0 == t.1) {
+            let b =
+                Batch::new(11, &lens, 2, 4, 64, 64, page_size, false, MaskKind::None, &spec, types);
+            let (hq, tq) = (b.hq, b.total_q());
+            let (ql, ol) = (packed(hq, tq, b.dk), packed(hq, tq, b.dv));
+            for isa in supported_isas("paged") {
+                let (po, plse) = b.kernel(isa, 1);
+                for (s, &nk) in b.lens.iter().enumerate() {
+                    let pages = &b.table[s * b.max_pages..];
+                    let k = b.kt.gather(pages, page_size, b.hkv, nk, b.dk);
+                    let v = b.vt.gather(pages, page_size, b.hkv, nk, b.dv);
+                    let tok = b.cu_q[s];
+                    let q: Vec<f32> = (0..hq)
+                        .flat_map(|h| (0..b.dk).map(move |e| (h, e)))
+                        .map(|(h, e)| b.q[ql.index(0, h, tok, e)])
+                        .collect();
+                    let mut o = vec![f32::NAN; hq * b.dv];
+                    let mut lse = vec![f32::NAN; hq];
+                    Attention::new(
+                        TensorRef::new(&q, Tensor4Layout::bhsd(1, hq, 1, b.dk)),
+                        k.dense(b.hkv, nk, b.dk),
+                        v.dense(b.hkv, nk, b.dv),
+                    )
+                    .scale(b.scale())
+                    .path(Path::Decode)
+                    .isa(isa)
+                    .parallelism(Parallelism::threads(1))
+                    .lse(&mut lse)
+                    .run(TensorMut::new(&mut o, Tensor4Layout::bhsd(1, hq, 1, b.dv)))
+                    .expect("dense decode failed");
+                    let what = format!("{isa} page {page_size} {types:?} sequence {s} ({nk} keys)");
+                    for h in 0..hq {
+                        let got: Vec<u32> =
+                            (0..b.dv).map(|e| po[ol.index(0, h, tok, e)].to_bits()).collect();
+                        assert_eq!(got, bits(&o[h * b.dv..][..b.dv]), "{what}, head {h}");
+                        assert_eq!(plse[h * tq + tok].to_bits(), lse[h].to_bits(), "{what}, lse");
+                    }
+                }
             }
         }
     }
