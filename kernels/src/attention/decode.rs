@@ -52,7 +52,7 @@ use attn_core::quant::q8_blocks;
 use attn_core::{AnyMut, AnyRef, Element, Mask, Result, TensorMut, Variants};
 
 use super::blocking::{
-    decode_block_keys, DECODE_BC, DECODE_MAX_CHUNKS, DECODE_MAX_Q, DECODE_MIN_CHUNK,
+    decode_block_keys, DECODE_BC, DECODE_BC_MIN, DECODE_MAX_CHUNKS, DECODE_MAX_Q, DECODE_MIN_CHUNK,
 };
 use super::blocks::{
     axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat, Pairs,
@@ -165,9 +165,10 @@ pub(crate) fn run_paged(
 
 /// Where the keys and values of a problem's `(batch, K/V head)` come from.
 trait Source: Copy + Sync {
-    /// What the first key of a split must be a multiple of: 16 for pages (the smallest page
-    /// size, so that the blocks' runs of consecutive rows are whole pages of 16), 1 otherwise. Keys before a window's left edge that the alignment adds are masked by
-    /// the window like any other.
+    /// What the first key of a split must be a multiple of: [`DECODE_BC_MIN`] for pages (the
+    /// smallest page size, so that the blocks' runs of consecutive rows are whole pages of
+    /// 16), 1 otherwise. Keys before a window's left edge that the alignment adds are masked
+    /// by the window like any other.
     const ALIGN: usize;
     /// True when the K/V heads of one key lie side by side in memory (`[seq, kv_heads, d]`, the
     /// slots of a pool), so that a task runs several heads block by block ([`head_group`]).
@@ -203,7 +204,7 @@ struct Pages<'r, 'a> {
 }
 
 impl Source for Pages<'_, '_> {
-    const ALIGN: usize = 16;
+    const ALIGN: usize = DECODE_BC_MIN;
     fn interleaved(&self, _: &Problem<'_>) -> bool {
         self.cache.kv_heads > 1
     }
