@@ -1093,27 +1093,26 @@ fn dec_qk_fma<S: Simd, KR: KvRow, const R: usize, const C: usize>(
     }
 }
 
-/// Decode P·V tile: `o[r·o_rs + c·LANES + e] += Σ_j p[r·ps + j] · v(row_j, c0 + c·LANES + e)`
-/// for `r < R`, `c < CT`, `e < LANES`, where the block's `nb` keys are the rows of `runs` in
-/// order (`row_j`: the `j`-th of them): the accumulators stay in registers over every run.
-/// With `GUARD` a zero weight contributes exactly nothing even when the value is `±∞`/NaN (a
-/// masked key over an unwritten cache slot); without it (no zero weight in the block) the loop
-/// is the plain FMA chain. Panics unless `p`, `v` and `o` hold those ranges.
+/// Decode P·V tile: `o[r·o_rs + c·LANES + e] += Σ_j p[r·ps + j] · v(j0 + j, c0 + c·LANES + e)`
+/// for `r < R`, `c < CT`, `e < LANES`, `j < nb`. With `GUARD` a zero weight contributes exactly
+/// nothing even when the value is `±∞`/NaN (a masked key over an unwritten cache slot);
+/// without it (no zero weight in the block) the loop is the plain FMA chain. Panics unless
+/// `p`, `v` and `o` hold those ranges.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn dec_pv_tile<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: bool>(
     s: S,
-    runs: &Runs,
+    nb: usize,
     p: &[f32],
     ps: usize,
     v: V,
+    j0: usize,
     c0: usize,
     o: &mut [f32],
     o_rs: usize,
 ) {
     let l = S::LANES;
     let w = CT * l;
-    let nb = runs.keys();
     let mut pr = [&[][..]; R];
     for (r, x) in pr.iter_mut().enumerate() {
         *x = &p[r * ps..][..nb];
@@ -1125,92 +1124,31 @@ fn dec_pv_tile<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
             *a = load(s, &orow[c * l..]);
         }
     }
-    let mut jp = 0;
-    for &(j0, n) in runs.as_slice() {
-        let mut pw = [&[][..]; R];
-        for (x, prow) in pw.iter_mut().zip(&pr) {
-            *x = &prow[jp..jp + n];
+    for j in 0..nb {
+        let vrow = v.row(j0 + j, c0, w);
+        let mut vv = [s.splat(0.0); CT];
+        for (c, x) in vv.iter_mut().enumerate() {
+            *x = vrow.vec(s, c * l);
         }
-        for j in 0..n {
-            let vrow = v.row(j0 + j, c0, w);
-            let mut vv = [s.splat(0.0); CT];
-            for (c, x) in vv.iter_mut().enumerate() {
-                *x = vrow.vec(s, c * l);
-            }
-            for (ar, prow) in acc.iter_mut().zip(&pw) {
-                let w = s.splat(prow[j]);
-                if GUARD {
-                    let m = s.nonzero(w);
-                    for (a, x) in ar.iter_mut().zip(&vv) {
-                        *a = s.fma_where(m, w, *x, *a);
-                    }
-                } else {
-                    for (a, x) in ar.iter_mut().zip(&vv) {
-                        *a = s.fma(w, *x, *a);
-                    }
+        for (ar, prow) in acc.iter_mut().zip(&pr) {
+            let w = s.splat(prow[j]);
+            if GUARD {
+                let m = s.nonzero(w);
+                for (a, x) in ar.iter_mut().zip(&vv) {
+                    *a = s.fma_where(m, w, *x, *a);
+                }
+            } else {
+                for (a, x) in ar.iter_mut().zip(&vv) {
+                    *a = s.fma(w, *x, *a);
                 }
             }
         }
-        jp += n;
     }
     for (r, ar) in acc.iter().enumerate() {
         let orow = &mut o[r * o_rs..][..w];
         for (c, a) in ar.iter().enumerate() {
             store(s, &mut orow[c * l..], *a);
         }
-    }
-}
-
-/// Up to [`Runs::MAX`] runs of consecutive rows of one K/V matrix, in key order: `(first
-/// row, rows)`. A decode block of a pool's pages is one run per page it touches; the P·V
-/// tiles run over all of them with their accumulators in registers.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Runs {
-    r: [(usize, usize); Runs::MAX],
-    n: usize,
-}
-
-impl Runs {
-    /// Runs per block: a block of [`DECODE_BC`](super::blocking::DECODE_BC) keys aligned to
-    /// pages of the smallest size touches this many pages.
-    pub(crate) const MAX: usize = super::blocking::DECODE_BC / super::blocking::DECODE_BC_MIN;
-
-    /// No run.
-    pub(crate) const fn new() -> Runs {
-        Runs { r: [(0, 0); Runs::MAX], n: 0 }
-    }
-
-    /// The one run of `n` rows from row `j`.
-    pub(crate) const fn one(j: usize, n: usize) -> Runs {
-        let mut runs = Runs::new();
-        runs.r[0] = (j, n);
-        runs.n = 1;
-        runs
-    }
-
-    /// Appends the run of `n` rows from row `j`; false (and nothing appended) when full.
-    #[inline(always)]
-    pub(crate) fn push(&mut self, j: usize, n: usize) -> bool {
-        match self.r.get_mut(self.n) {
-            Some(x) => {
-                *x = (j, n);
-                self.n += 1;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// The runs.
-    #[inline(always)]
-    pub(crate) fn as_slice(&self) -> &[(usize, usize)] {
-        &self.r[..self.n]
-    }
-
-    /// Rows in all runs (saturating).
-    #[inline(always)]
-    pub(crate) fn keys(&self) -> usize {
-        self.as_slice().iter().fold(0, |a, &(_, n)| a.saturating_add(n))
     }
 }
 
@@ -1335,16 +1273,17 @@ const PLAIN: bool = false;
 
 /// All value columns of one row tile of [`decode_pv_block`]: tiles of `CT` vectors, of 4 and 2
 /// (where narrower than `CT`), single vectors, then the `dv mod LANES` scalar columns (`p`,
-/// `o` from the tile's first row, the block's value rows those of `runs`).
+/// `o` from the tile's first row, `v` from the block's first value row `j0`).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: bool>(
     s: S,
     dv: usize,
-    runs: &Runs,
+    nb: usize,
     p: &[f32],
     ps: usize,
     v: V,
+    j0: usize,
     o: &mut [f32],
     o_rs: usize,
 ) {
@@ -1353,7 +1292,7 @@ fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
     macro_rules! tiles {
         ($w:expr) => {
             while c + $w * l <= dv {
-                dec_pv_tile::<S, V, R, { $w }, GUARD>(s, runs, p, ps, v, c, &mut o[c..], o_rs);
+                dec_pv_tile::<S, V, R, { $w }, GUARD>(s, nb, p, ps, v, j0, c, &mut o[c..], o_rs);
                 c += $w * l;
             }
         };
@@ -1369,20 +1308,15 @@ fn dec_pv_rows<S: Simd, V: KvMat, const R: usize, const CT: usize, const GUARD: 
         tiles!(2);
     }
     tiles!(1);
-    let nb = runs.keys();
     for col in c..dv {
         for r in 0..R {
             let prow = &p[r * ps..][..nb];
             let mut x = o[r * o_rs + col];
-            let mut jp = 0;
-            for &(j0, n) in runs.as_slice() {
-                for (j, &w) in prow[jp..jp + n].iter().enumerate() {
-                    // A zero weight is skipped, whatever the value (see dec_pv_tile).
-                    if w != 0.0 {
-                        x = w.mul_add(v.row(j0 + j, col, 1).get(0), x);
-                    }
+            for (j, &w) in prow.iter().enumerate() {
+                // A zero weight is skipped, whatever the value (see dec_pv_tile).
+                if w != 0.0 {
+                    x = w.mul_add(v.row(j0 + j, col, 1).get(0), x);
                 }
-                jp += n;
             }
             o[r * o_rs + col] = x;
         }
@@ -1450,9 +1384,8 @@ pub(crate) fn decode_qk_block<S: Simd, K: KvMat>(
     }
 }
 
-/// Decode P·V of one value block: `o[r·dv + c] += Σ_j p[r·ps + j] · v(row_j, c)` for
-/// `r < rows`, `c < dv`, `j < nb`, where the block's `nb` keys are the rows of `runs` in order
-/// (a dense block is one run, a pool's one per page); `v` is read in place in its storage type
+/// Decode P·V of one value block: `o[r·dv + c] += Σ_j p[r·ps + j] · v(j0 + j, c)` for
+/// `r < rows`, `c < dv`, `j < nb`; `v` is read in place in its storage type
 /// (`v.in_place(dv)`; gather otherwise). `guard` must be set when some weight of the block
 /// may be 0: those then contribute exactly 0 whatever the value (see [`dec_pv_tile`]). Rows go
 /// in tiles of up to four, columns in tiles of [`DECODE_PV_VECS`]`[R − 1]` vectors
@@ -1469,18 +1402,18 @@ pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(
     p: &[f32],
     ps: usize,
     rows: usize,
-    runs: &Runs,
+    nb: usize,
     v: V,
+    j0: usize,
     dv: usize,
     o: &mut [f32],
 ) {
     use super::blocking::{DECODE_PV_VECS as W16, DECODE_PV_VECS_32 as W32};
-    let nb = runs.keys();
     if rows == 0 || nb == 0 || dv == 0 {
         return;
     }
     assert!(ps >= nb && p.len() >= (rows - 1) * ps + nb && o.len() >= rows * dv);
-    assert!(v.in_place(dv) && runs.as_slice().iter().all(|&(j, n)| v.covers(j, n, dv)));
+    assert!(v.in_place(dv) && v.covers(j0, nb, dv));
     let mut r0 = 0;
     while r0 < rows {
         let rt = (rows - r0).min(4);
@@ -1495,9 +1428,9 @@ pub(crate) fn decode_pv_block<S: Simd, V: KvMat>(
             };
             ($r:literal, $ct:expr) => {
                 if guard {
-                    dec_pv_rows::<S, V, $r, { $ct }, GUARDED>(s, dv, runs, pt, ps, v, ot, dv)
+                    dec_pv_rows::<S, V, $r, { $ct }, GUARDED>(s, dv, nb, pt, ps, v, j0, ot, dv)
                 } else {
-                    dec_pv_rows::<S, V, $r, { $ct }, PLAIN>(s, dv, runs, pt, ps, v, ot, dv)
+                    dec_pv_rows::<S, V, $r, { $ct }, PLAIN>(s, dv, nb, pt, ps, v, j0, ot, dv)
                 }
             };
         }

@@ -56,7 +56,7 @@ use super::blocking::{
 };
 use super::blocks::{
     axpy, decode_pv_block, decode_qk_block, exp_row, pos_inf_weights, row_max, KvAny, KvMat, Pairs,
-    Q8Mat, Runs, Strided,
+    Q8Mat, Strided,
 };
 use super::sink::Sink;
 use super::variants::softcap;
@@ -638,10 +638,6 @@ trait Blocks {
         nb: usize,
         next: usize,
     ) -> Block<Self::M<'_>>;
-    /// Keys `j0..j0 + n` of head `i` for the P·V pass: the matrix and the runs of its rows
-    /// that hold them, the first `n ≤ nb` of keys `j0..j0 + nb` that fit in [`Runs::MAX`] runs
-    /// (all of a block whose start is aligned to the pages).
-    fn runs<S: Simd>(&mut self, s: S, i: usize, j0: usize, nb: usize) -> (Self::M<'_>, Runs);
     /// Where row `j0` of head `i` is read in place, for the score pass to prefetch the value
     /// rows of its block: the matrix and the row's index in it (`None`: not read in place).
     fn hint(&self, i: usize, j0: usize) -> Option<(KvAny<'_>, usize)>;
@@ -687,19 +683,6 @@ impl<K: KvMat> Blocks for InPlace<'_, '_, K> {
             .map(|j| (self.m[0], j)),
         };
         Block { m: self.m[i], j: self.rows.read_row(j0), ahead }
-    }
-    #[inline(always)]
-    fn runs<S: Simd>(&mut self, _: S, i: usize, j0: usize, nb: usize) -> (K, Runs) {
-        let mut runs = Runs::new();
-        let mut at = 0;
-        while at < nb {
-            let n = self.rows.run_len(j0 + at, nb - at);
-            if !runs.push(self.rows.read_row(j0 + at), n) {
-                break;
-            }
-            at += n;
-        }
-        (self.m[i], runs)
     }
     #[inline(always)]
     fn hint(&self, i: usize, j0: usize) -> Option<(KvAny<'_>, usize)> {
@@ -762,18 +745,6 @@ impl Blocks for Gather<'_, '_> {
     ) -> Block<Strided<'_>> {
         let j = self.rows.read_row(j0);
         Block { m: gather(s, self.m[i], j, nb, self.n, &mut self.buf), j: 0, ahead: None }
-    }
-    /// The whole block, gathered run by run into one contiguous run.
-    #[inline(always)]
-    fn runs<S: Simd>(&mut self, s: S, i: usize, j0: usize, nb: usize) -> (Strided<'_>, Runs) {
-        let (m, n) = (self.m[i], self.n);
-        let mut at = 0;
-        while at < nb {
-            let len = self.rows.run_len(j0 + at, nb - at);
-            m.gather(s, self.rows.read_row(j0 + at), len, n, &mut self.buf[at * n..]);
-            at += len;
-        }
-        (Strided { data: &self.buf[..nb * n], offset: 0, rs: n, cs: 1 }, Runs::one(0, nb))
     }
     #[inline(always)]
     fn hint(&self, _: usize, _: usize) -> Option<(KvAny<'_>, usize)> {
@@ -929,13 +900,13 @@ impl Chunk<'_, '_> {
                 o_row.iter_mut().for_each(|x| *x *= alpha);
             }
         }
-        // Values: each value row is read once for all rows, the accumulators kept over the
-        // block's runs (one call for a block of a view, or one aligned to the pages).
+        // Values: each value row is read once for all rows.
         let mut at = 0;
         while at < nb {
-            let (v, runs) = vb.runs(s, i, j0 + at, nb - at);
-            decode_pv_block(s, guard, &sb[at..], DECODE_BC, rows, &runs, v, dv, &mut part.o);
-            at += runs.keys();
+            let n = vb.run_len(j0 + at, nb - at);
+            let Block { m: v, j: vj, .. } = vb.block(s, i, j0 + at, n, j0 + nb + at);
+            decode_pv_block(s, guard, &sb[at..], DECODE_BC, rows, n, v, vj, dv, &mut part.o);
+            at += n;
         }
     }
 }
