@@ -790,7 +790,7 @@ impl Chunk<'_, '_> {
                 if KB::PAIRS {
                     p.query_pairs(b, h, r % nq, row);
                 } else {
-                    p.scaled_query(b, h, r % nq, row);
+                    p.scaled_query(s, b, h, r % nq, row);
                 }
             }
             state.push((part, qs));
