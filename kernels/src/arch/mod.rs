@@ -36,8 +36,8 @@ pub use simd::RECIP_MAX_REL;
 pub(crate) use simd::{
     addr, bf16_pair_dot, keep, keep_tail, lanes_to_boundary, load, load_cells, load_tail,
     load_tail_cells, prefetch_line, store, store_cells, store_fence, store_tail, store_tail_cells,
-    stream_cells, vectorize, vectorize_dot, Floats, Kernel, Simd, MAX_LANES, ROUND_MAGIC,
-    TWO_POW_M64,
+    stream_cells, transpose_matrix, vectorize, vectorize_dot, Floats, Kernel, Simd, MAX_LANES,
+    ROUND_MAGIC, TWO_POW_M64,
 };
 
 /// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.
@@ -291,6 +291,42 @@ mod tests {
         for isa in runnable("transpose") {
             let (got, want) = vectorize(isa, Transpose);
             assert_eq!(got, want, "{isa}");
+        }
+    }
+
+    /// [`transpose_matrix`] of a `rows × cols` block of a 40 × 70 source into a 90 × 50
+    /// destination.
+    struct TransposeMatrix {
+        rows: usize,
+        cols: usize,
+    }
+
+    impl Kernel for TransposeMatrix {
+        type Output = (Vec<f32>, Vec<f32>);
+
+        fn run<S: Simd>(self, s: S) -> (Vec<f32>, Vec<f32>) {
+            let src: Vec<f32> = (0..40 * 70).map(|i| i as f32).collect();
+            let mut got = vec![-1.0f32; 90 * 50];
+            let mut want = got.clone();
+            for r in 0..self.rows {
+                for c in 0..self.cols {
+                    want[(1 + c) * 50 + 2 + r] = src[(3 + r) * 70 + 4 + c];
+                }
+            }
+            transpose_matrix(s, &src[3 * 70 + 4..], (self.rows, self.cols, 70), &mut got[52..], 50);
+            (got, want)
+        }
+    }
+
+    #[test]
+    fn transpose_matrix_moves_each_element_to_its_place() {
+        // Whole blocks of every ISA, edges in either dimension or both, an empty matrix.
+        let shapes = [(32, 64), (37, 64), (32, 67), (35, 41), (5, 3), (1, 33), (0, 7), (16, 0)];
+        for isa in runnable("transpose_matrix") {
+            for (rows, cols) in shapes {
+                let (got, want) = vectorize(isa, TransposeMatrix { rows, cols });
+                assert_eq!(got, want, "{isa} {rows} × {cols}");
+            }
         }
     }
 

@@ -345,6 +345,45 @@ pub(crate) fn store<S: Simd>(s: S, x: &mut [f32], v: S::V) {
     unsafe { s.store(x.as_mut_ptr(), v) }
 }
 
+/// [`Simd::transpose`] on slices: row `p` of the destination block (`dst[p·ds..][..LANES]`)
+/// receives column `p` of the source block, whose row `i` is `src[i·ss..][..LANES]` (panics
+/// unless both blocks lie inside their slices).
+#[inline(always)]
+pub(crate) fn transpose<S: Simd>(s: S, src: &[f32], ss: usize, dst: &mut [f32], ds: usize) {
+    let l = S::LANES;
+    let span = |stride: usize| stride.checked_mul(l - 1).and_then(|x| x.checked_add(l));
+    assert!(span(ss).is_some_and(|n| n <= src.len()) && span(ds).is_some_and(|n| n <= dst.len()));
+    // SAFETY: both blocks are inside their slices (checked), which do not overlap (one is
+    // borrowed mutably).
+    unsafe { s.transpose(src.as_ptr(), ss, dst.as_mut_ptr(), ds) }
+}
+
+/// `dst[c·ds + r] = src[r·ss + c]` for `r < rows`, `c < cols`: a matrix transposed by
+/// `LANES × LANES` blocks ([`transpose`]), the edges element by element (panics unless every
+/// element lies inside its slice).
+#[inline(always)]
+pub(crate) fn transpose_matrix<S: Simd>(
+    s: S,
+    src: &[f32],
+    (rows, cols, ss): (usize, usize, usize),
+    dst: &mut [f32],
+    ds: usize,
+) {
+    let l = S::LANES;
+    let (full_r, full_c) = (rows / l * l, cols / l * l);
+    for r0 in (0..full_r).step_by(l) {
+        for c0 in (0..full_c).step_by(l) {
+            transpose(s, &src[r0 * ss + c0..], ss, &mut dst[c0 * ds + r0..], ds);
+        }
+    }
+    for r in 0..rows {
+        let cs = if r < full_r { full_c } else { 0 };
+        for c in cs..cols {
+            dst[c * ds + r] = src[r * ss + c];
+        }
+    }
+}
+
 /// Loads the `x.len() < LANES` floats of `x`; the other lanes are 0.0.
 #[inline(always)]
 pub(crate) fn load_tail<S: Simd>(s: S, x: &[f32]) -> S::V {

@@ -55,9 +55,9 @@ use super::blocks::{
 use super::decode::{paged_head, RowMap};
 use super::sink::Sink;
 use super::variants::softcap;
-use super::{matrix, scale_query, zeros, Problem, FLUSH_WEIGHTS_BELOW};
+use super::{matrix, scale_query, scale_query_lanes, zeros, Problem, FLUSH_WEIGHTS_BELOW};
 use crate::arch::convert::{load_elems, SimdElement};
-use crate::arch::{load, store, vectorize, Isa, Kernel, Simd, MAX_LANES};
+use crate::arch::{load, store, transpose_matrix, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
 use crate::gemm::ukernel::Kernel as GemmKernel;
 use crate::math::exp::{exp_neg_lut8_p3, exp_rr2_p7_scalar};
@@ -81,6 +81,9 @@ pub(super) struct Scratch {
     o: Vec<f32>,
     /// Copy of one accumulator while a guarded block runs (see [`pv_block`]).
     save: Vec<f32>,
+    /// One tile as rows of queries (`QR·max(dk, dv)` floats): the scaled query rows before
+    /// they are packed, and the accumulator's rows before they are written.
+    by_row: Vec<f32>,
     /// Running maxima and sums, `QR` per tile.
     m: Vec<f32>,
     l: Vec<f32>,
@@ -122,6 +125,7 @@ impl Scratch {
             pb,
             o: zeros("v", tiles(dv, fb.qt))?,
             save: zeros("v", tiles(dv, 1))?,
+            by_row: zeros("q", tiles(dk.max(dv), 1))?,
             m: vec![0.0; fb.qt * MAX_QR],
             l: vec![0.0; fb.qt * MAX_QR],
             alpha: vec![0.0; MAX_QR],
@@ -239,12 +243,12 @@ impl Kernel for Task<'_, '_, '_> {
             if rows < qr {
                 qp.fill(0.0);
             }
-            let pack = (qm, i0, rows, dk, qr, p.scale2);
+            let (pack, tmp) = ((qm, i0, rows, dk, qr, p.scale2), &mut scr.by_row);
             match (dot, p.q) {
                 (Some((_, q, _, _)), _) => query_pairs(q.data, (qm, i0, rows, dk, qr), qp),
-                (None, AnyRef::F32(q)) => pack_tile(s, q.data, pack, qp),
-                (None, AnyRef::BF16(q)) => pack_tile(s, q.data, pack, qp),
-                (None, AnyRef::F16(q)) => pack_tile(s, q.data, pack, qp),
+                (None, AnyRef::F32(q)) => pack_tile(s, q.data, pack, tmp, qp),
+                (None, AnyRef::BF16(q)) => pack_tile(s, q.data, pack, tmp, qp),
+                (None, AnyRef::F16(q)) => pack_tile(s, q.data, pack, tmp, qp),
             }
         }
         scr.m[..tiles * qr].fill(f32::MIN);
@@ -338,13 +342,17 @@ impl Kernel for Task<'_, '_, '_> {
             j0 += nb_task;
         }
 
-        // 3. Normalise once and write.
+        // 3. Normalise once and write, from the accumulator transposed to rows.
         for u in 0..tiles {
             let (i0, rows) = tile(u);
             let acc = &scr.o[u * dv * qr..(u + 1) * dv * qr];
+            let by_row = &mut scr.by_row[..qr * dv];
+            transpose_matrix(s, acc, (dv, qr, qr), by_row, dv);
+            let mut out = sink.claim(b, h, i0, rows);
             for r in 0..rows {
+                let row = &by_row[r * dv..(r + 1) * dv];
                 let (inv, lse) = p.finish(h, scr.m[u * qr + r], scr.l[u * qr + r], sink.has_lse());
-                sink.write_row(s, b, h, i0 + r, lse, |d| acc[d * qr + r] * inv);
+                out.write(s, r, lse, |d| row[d] * inv);
             }
         }
     }
@@ -362,17 +370,18 @@ enum Block<'t> {
 }
 
 /// Packs query rows `i0..i0 + rows` of the `[nq, dk]` matrix `qm` of `data` into the tile
-/// `qp` (`qp[d·QR + r]`), widened to f32 and pre-scaled ([`scale_query`]). Row by row: one
-/// index computation per row (the windowed tiles, which see only a few blocks, spent 5 % of
-/// their time here). A contiguous row is widened and scaled by vectors, with the same bits:
-/// a product that underflows to ±0 from a nonzero query element takes the sign of
-/// `x·scale` on the smallest subnormal, as [`scale_query`] does (the scalar loop took 4 % of
-/// a d 64, N = 1024 call on an Emerald Rapids Xeon; perf journal, 2026-12-06 14:27).
+/// `qp` (`qp[d·QR + r]`), widened to f32 and pre-scaled ([`scale_query`]). Contiguous rows are
+/// widened and scaled by vectors into `tmp` (the same bits, [`scale_query_lanes`]), then
+/// transposed by register blocks; strided ones element by element, one index computation per
+/// row (the windowed tiles, which see only a few blocks, spent 5 % of their time here). The
+/// scalar loop took 4 % of a d 64, N = 1024 call on an Emerald Rapids Xeon, its scattered
+/// stores after the vector scaling still 1.3 % (perf journal, 2026-12-06 14:27 and 16:53).
 #[inline(always)]
 fn pack_tile<S: Simd, T: SimdElement>(
     s: S,
     data: &[T],
     (qm, i0, rows, dk, qr, scale): (attn_core::MatLayout, usize, usize, usize, usize, f32),
+    tmp: &mut [f32],
     qp: &mut [f32],
 ) {
     // An empty Q (`dk = 0`) may have any strides: its row indices are never formed (the
@@ -381,35 +390,28 @@ fn pack_tile<S: Simd, T: SimdElement>(
         return;
     }
     let (l, cs) = (S::LANES, qm.col_stride);
-    // `scale_query`'s fix-up: ±2⁻¹⁴⁹ with the sign of `x·scale`, for `x > 0` and `x < 0`.
-    let tiny = f32::from_bits(1).copysign(scale);
-    let (sc, zero, pos, neg) = (s.splat(scale), s.splat(0.0), s.splat(tiny), s.splat(-tiny));
-    let mut lanes = [0.0f32; MAX_LANES];
-    for r in 0..rows {
-        let at = qm.index(i0 + r, 0);
-        let mut d = 0;
-        if cs == 1 {
-            let row = &data[at..at + dk];
-            let col = &mut qp[r..];
-            while d + l <= dk {
-                let x = load_elems(s, &row[d..]);
-                let y = s.mul(x, sc);
-                // Where `y` is ±0 but `x` is not (and the scale is not 0), the subnormal;
-                // NaN lanes count as nonzero and stay `y`.
-                let under = s.select(s.lt(x, zero), neg, pos);
-                let fixed = s.select(s.nonzero(x), under, y);
-                let y = if scale == 0.0 { y } else { s.select(s.nonzero(y), y, fixed) };
-                store(s, &mut lanes, y);
-                for (e, v) in lanes[..l].iter().enumerate() {
-                    col[(d + e) * qr] = *v;
-                }
-                d += l;
+    if cs != 1 {
+        for r in 0..rows {
+            let at = qm.index(i0 + r, 0);
+            for d in 0..dk {
+                qp[d * qr + r] = scale_query(data[at + d * cs].widen(), scale);
             }
         }
+        return;
+    }
+    for (r, out) in tmp[..rows * dk].chunks_exact_mut(dk).enumerate() {
+        let at = qm.index(i0 + r, 0);
+        let row = &data[at..at + dk];
+        let mut d = 0;
+        while d + l <= dk {
+            store(s, &mut out[d..], scale_query_lanes(s, load_elems(s, &row[d..]), scale));
+            d += l;
+        }
         for d in d..dk {
-            qp[d * qr + r] = scale_query(data[at + d * cs].widen(), scale);
+            out[d] = scale_query(row[d].widen(), scale);
         }
     }
+    transpose_matrix(s, tmp, (rows, dk, dk), qp, qr);
 }
 
 /// Keys `j0..j0 + nb` (`n` columns) of a K or V matrix whose rows `map` maps as an f32
@@ -522,14 +524,21 @@ fn softmax_step<S: Simd>(
                 s.sub(load(s, &x[2 * qr..]), m_new),
                 s.sub(load(s, &x[3 * qr..]), m_new),
             ];
-            let [e0, e1, e2, e3] = if flush { weights(s, d) } else { exp_neg_lut8_p3(s, d) };
+            // Without the flush every weight is at least about e^(−64): none is 0, and the
+            // minimum is only tracked with it.
+            let [e0, e1, e2, e3] = if flush {
+                let e = weights(s, d);
+                *pm = s.min(s.min(e[0], e[1]), s.min(s.min(e[2], e[3]), *pm));
+                e
+            } else {
+                exp_neg_lut8_p3(s, d)
+            };
             store(s, x, e0);
             store(s, &mut x[qr..], e1);
             store(s, &mut x[2 * qr..], e2);
             store(s, &mut x[3 * qr..], e3);
             s0 = s.add(s0, s.add(e0, e1));
             s1 = s.add(s1, s.add(e2, e3));
-            *pm = s.min(s.min(e0, e1), s.min(s.min(e2, e3), *pm));
             j += 4;
         }
         let mut sum = s.add(s0, s1);
@@ -598,6 +607,7 @@ fn pos_inf_lanes<S: Simd>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::tests::{SCALES, SPECIAL_QUERIES};
     use attn_core::MatLayout;
     use half::{bf16, f16};
 
@@ -616,35 +626,27 @@ mod tests {
             type Output = Vec<f32>;
             fn run<S: Simd>(self, s: S) -> Vec<f32> {
                 let (rows, dk) = (self.qm.rows, self.qm.cols);
-                let mut qp = vec![f32::NAN; dk * self.qr];
-                pack_tile(s, self.data, (self.qm, 0, rows, dk, self.qr, self.scale), &mut qp);
+                let (mut qp, mut tmp) = (vec![f32::NAN; dk * self.qr], vec![0.0; rows * dk]);
+                let pack = (self.qm, 0, rows, dk, self.qr, self.scale);
+                pack_tile(s, self.data, pack, &mut tmp, &mut qp);
                 qp
             }
         }
         fn check<T: SimdElement>(from: fn(f32) -> T) {
-            let special = [
-                0.0,
-                -0.0,
-                f32::from_bits(1),
-                -f32::from_bits(1),
-                1e-40,
-                -3e-39,
-                f32::MIN_POSITIVE,
-                1.5,
-                -2.25,
-                f32::INFINITY,
-                f32::NEG_INFINITY,
-                f32::NAN,
-                -f32::NAN,
-                f32::MAX,
-                6.0e4,
+            let data: Vec<T> =
+                (0..40 * 70).map(|i| from(SPECIAL_QUERIES[(i * 7 + i / 13) % 15])).collect();
+            // (rows, dk, row stride, column stride): whole vectors with a tail, whole
+            // transposed blocks with edges, a column stride, a row shorter than a vector.
+            let shapes = [
+                (5, 37, 70, 1),
+                (3, 64, 64, 1),
+                (20, 40, 45, 1),
+                (16, 32, 32, 1),
+                (4, 9, 2, 5),
+                (2, 3, 70, 1),
             ];
-            let data: Vec<T> = (0..40 * 70).map(|i| from(special[(i * 7 + i / 13) % 15])).collect();
-            // (rows, dk, row stride, column stride): whole vectors with a tail, a column
-            // stride, a row shorter than a vector.
-            let shapes = [(5, 37, 70, 1), (3, 64, 64, 1), (4, 9, 2, 5), (2, 3, 70, 1)];
             for isa in Isa::supported() {
-                for scale in [0.125, -0.125, 2f32.powi(-20), -1e-30, 3.0, 0.0, f32::INFINITY] {
+                for scale in SCALES {
                     for (rows, dk, rs, cs) in shapes {
                         let qm =
                             MatLayout { rows, cols: dk, row_stride: rs, col_stride: cs, offset: 1 };

@@ -4,13 +4,15 @@
 //! The output is a strided 4-D view (e.g. `[batch, seq, heads, dim]` storage interleaves the
 //! rows of different heads), so it cannot be split into disjoint `&mut` slices per task. The
 //! view was checked injective by `check_attention` (distinct `(b, h, i, d)` → distinct
-//! elements), and each `(b, h, i)` row may be written once: the sink records which rows were
-//! written (one atomic flag per row) and panics on a second write, so two tasks can never
-//! write the same element, whatever the callers' tiling. That makes [`Sink::write_row`] safe;
-//! the raw-pointer writes it rests on are the only `unsafe` of this module.
+//! elements), and each `(b, h, i)` row may be claimed once: the sink records which rows were
+//! claimed (one bit per row, set by an atomic `or` per word, so a tile of rows costs one or two)
+//! and panics on a second claim, so two tasks can never write the same element, whatever the
+//! callers' tiling. A claim ([`Rows`]) writes its rows through `&mut`. That makes
+//! [`Sink::claim`] and [`Sink::write_row`] safe; the raw-pointer writes they rest on are the
+//! only `unsafe` of this module.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use attn_core::{bf16, f16, AnyMut, Tensor4Layout};
 
@@ -37,8 +39,9 @@ pub(crate) struct Sink<'a> {
     /// Entries between the logsumexps of consecutive heads: `nq` unless
     /// [`lse_head_stride`](Self::lse_head_stride) says otherwise.
     lse_stride: usize,
-    /// `written[(b·heads + h)·nq + i]`: row `(b, h, i)` has been claimed by a writer.
-    written: Vec<AtomicBool>,
+    /// Bit `k mod 64` of word `k / 64`, `k = (b·heads + h)·nq + i`: row `(b, h, i)` has been
+    /// claimed by a writer.
+    written: Vec<AtomicU64>,
     _borrow: PhantomData<&'a mut [f32]>,
 }
 
@@ -85,13 +88,14 @@ impl<'a> Sink<'a> {
             lse_len,
             rows: [layout.dims[1], layout.dims[2]],
             lse_stride: layout.dims[2],
-            // One flag per row. The callers return early when there is nothing to write, so
+            // One bit per row. The callers return early when there is nothing to write, so
             // the rows are bounded by the output view (injective, with elements) or by the
             // logsumexp slice; saturating, so a product past usize::MAX cannot wrap.
             written: (0..layout.dims[0]
                 .saturating_mul(layout.dims[1])
-                .saturating_mul(layout.dims[2]))
-                .map(|_| AtomicBool::new(false))
+                .saturating_mul(layout.dims[2])
+                .div_ceil(64))
+                .map(|_| AtomicU64::new(0))
                 .collect(),
             _borrow: PhantomData,
         }
@@ -112,11 +116,30 @@ impl<'a> Sink<'a> {
         !self.lse.is_null()
     }
 
-    /// Writes output row `(b, h, i)`: element `d` gets `value(d)` for `d < dv`, and the
-    /// logsumexp entry gets `lse` when a logsumexp vector was given. Each row may be written
-    /// once per sink: a second write of the same row, or indices outside the checked view,
-    /// panic instead of writing (both would be a bug of the caller's tiling). A row with
-    /// contiguous elements is rounded to the output type and stored with `s`'s vectors.
+    /// Claims rows `i0..i0 + n` of head `(b, h)` for the caller, who then writes them through
+    /// the returned [`Rows`]. Each row may be claimed once per sink: a second claim of a row,
+    /// or rows outside the checked view, panic instead (both would be a bug of the caller's
+    /// tiling; the rows of a claim that panicked stay claimed).
+    pub(crate) fn claim(&self, b: usize, h: usize, i0: usize, n: usize) -> Rows<'_, 'a> {
+        let [batch, heads, nq, _] = self.layout.dims;
+        assert!(b < batch && h < heads && i0 <= nq && n <= nq - i0);
+        // Bounded by the view's rows (checked above), whose product fits (see `with`).
+        let start = (b * self.rows[0] + h) * self.rows[1] + i0;
+        let (mut k, end) = (start, start + n);
+        while k < end {
+            let (w, bit) = (k / 64, k % 64);
+            let len = (64 - bit).min(end - k);
+            let mask = (u64::MAX >> (64 - len)) << bit;
+            let before = self.written[w].fetch_or(mask, Ordering::Relaxed);
+            assert!(before & mask == 0, "a row of ({b}, {h}, {i0}..{}) claimed twice", i0 + n);
+            k += len;
+        }
+        Rows { sink: self, b, h, i0, n }
+    }
+
+    /// Writes output row `(b, h, i)` (claimed for it alone, see [`claim`](Self::claim)):
+    /// element `d` gets `value(d)` for `d < dv`, and the logsumexp entry gets `lse` when a
+    /// logsumexp vector was given.
     #[inline(always)]
     pub(crate) fn write_row<S: Simd>(
         &self,
@@ -127,30 +150,53 @@ impl<'a> Sink<'a> {
         lse: f32,
         value: impl Fn(usize) -> f32,
     ) {
-        let [_, heads, nq, dv] = self.layout.dims;
-        assert!(b < self.layout.dims[0] && h < heads && i < nq);
-        let row = (b * self.rows[0] + h) * self.rows[1] + i;
-        assert!(
-            !self.written[row].swap(true, Ordering::Relaxed),
-            "row ({b}, {h}, {i}) written twice"
-        );
-        match self.o {
-            Out::F32(o) => self.put(s, o, b, h, i, dv, value),
-            Out::BF16(o) => self.put(s, o, b, h, i, dv, value),
-            Out::F16(o) => self.put(s, o, b, h, i, dv, value),
+        self.claim(b, h, i, 1).write(s, 0, lse, value);
+    }
+}
+
+/// Rows `i0..i0 + n` of head `(b, h)` of a [`Sink`], claimed by one writer
+/// ([`Sink::claim`]).
+pub(crate) struct Rows<'s, 'a> {
+    sink: &'s Sink<'a>,
+    b: usize,
+    h: usize,
+    i0: usize,
+    n: usize,
+}
+
+impl Rows<'_, '_> {
+    /// Writes row `i0 + r` (`r < n`; panics otherwise): element `d` gets `value(d)` for
+    /// `d < dv`, and the logsumexp entry gets `lse` when a logsumexp vector was given. A row
+    /// with contiguous elements is rounded to the output type and stored with `s`'s vectors.
+    /// Through `&mut`: while one claim exists, only its holder writes its rows.
+    #[inline(always)]
+    pub(crate) fn write<S: Simd>(
+        &mut self,
+        s: S,
+        r: usize,
+        lse: f32,
+        value: impl Fn(usize) -> f32,
+    ) {
+        assert!(r < self.n);
+        let (sink, b, h, i) = (self.sink, self.b, self.h, self.i0 + r);
+        let dv = sink.layout.dims[3];
+        match sink.o {
+            Out::F32(o) => sink.put(s, o, b, h, i, dv, value),
+            Out::BF16(o) => sink.put(s, o, b, h, i, dv, value),
+            Out::F16(o) => sink.put(s, o, b, h, i, dv, value),
         }
-        if !self.lse.is_null() {
+        if !sink.lse.is_null() {
             // Distinct rows, distinct entries: `i < nq ≤ lse_stride`.
-            let row = (b * self.rows[0] + h).saturating_mul(self.lse_stride).saturating_add(i);
-            assert!(row < self.lse_len);
-            // SAFETY: in bounds; entry (b, h, i) belongs to this row only, claimed above.
-            unsafe { *self.lse.add(row) = lse };
+            let row = (b * sink.rows[0] + h).saturating_mul(sink.lse_stride).saturating_add(i);
+            assert!(row < sink.lse_len);
+            // SAFETY: in bounds; entry (b, h, i) belongs to this row only, claimed by `self`.
+            unsafe { *sink.lse.add(row) = lse };
         }
     }
 }
 
 impl Sink<'_> {
-    /// The elements of row `(b, h, i)`, claimed by the caller, rounded to `T` at `o`: by
+    /// The elements of row `(b, h, i)`, claimed by the caller ([`Rows`]), rounded to `T` at `o`: by
     /// vectors of `value`s when the row is contiguous (the same bits: [`SimdElement::store`]
     /// rounds as [`attn_core::Element::from_f32`] does), element by element otherwise. A
     /// scalar loop with the index and the rounding per element took 8 % of a causal bf16 flash
@@ -217,5 +263,36 @@ mod tests {
         assert_eq!(&o[20..24], &[0.0, 1.0, 2.0, 3.0]);
         assert_eq!(lse[5], -1.5);
         assert!(o[..20].iter().all(|&x| x == 0.0) && lse[..5].iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn claims_of_ranges_are_exclusive_across_words() {
+        // 150 rows: heads of 50 rows straddle the 64-row words of the claim bits.
+        let layout = Tensor4Layout::bhsd(1, 3, 50, 2);
+        let mut o = vec![0.0f32; 300];
+        let sink = Sink::new(&mut o, layout, None);
+        let twice = |b, h, i0, n| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                sink.claim(b, h, i0, n);
+            }))
+            .is_err()
+        };
+        let mut head1 = sink.claim(0, 1, 0, 50); // rows 50..100: bits 50.. of word 0, ..36 of 1
+        head1.write(Portable, 49, 0.0, |d| 1.0 + d as f32);
+        sink.claim(0, 0, 10, 40);
+        sink.claim(0, 2, 0, 50);
+        let mut head0 = sink.claim(0, 0, 0, 10);
+        head0.write(Portable, 9, 0.0, |_| 7.0);
+        assert!(twice(0, 1, 49, 1), "the last row of a claimed range");
+        assert!(twice(0, 0, 9, 2), "a range overlapping claimed ones at both ends");
+        assert!(twice(0, 0, 50, 1) && twice(0, 3, 0, 1), "rows outside the view");
+        let write_past = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            head0.write(Portable, 10, 0.0, |_| 9.0)
+        }));
+        assert!(write_past.is_err(), "a row past the claim");
+        drop(sink);
+        assert_eq!(&o[198..200], &[1.0, 2.0]);
+        assert_eq!(&o[18..20], &[7.0, 7.0]);
+        assert_eq!(o.iter().filter(|&&x| x != 0.0).count(), 4);
     }
 }
