@@ -607,7 +607,7 @@ fn pos_inf_lanes<S: Simd>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::tests::{SCALES, SPECIAL_QUERIES};
+    use crate::attention::tests::{assert_scaled, SCALES, SPECIAL_QUERIES};
     use attn_core::MatLayout;
     use half::{bf16, f16};
 
@@ -655,13 +655,8 @@ mod tests {
                         for r in 0..rows {
                             for d in 0..dk {
                                 let x = data[qm.index(r, d)].widen();
-                                let want = scale_query(x, scale);
-                                let g = got[d * qr + r];
-                                assert_eq!(
-                                    g.to_bits(),
-                                    want.to_bits(),
-                                    "{isa} scale {scale} x {x} ({rows}, {dk}, {cs}): {g} vs {want}"
-                                );
+                                let what = format_args!("{isa} ({rows}, {dk}, {cs})");
+                                assert_scaled(got[d * qr + r], x, scale, what);
                             }
                         }
                     }

@@ -983,6 +983,12 @@ pub(crate) mod tests {
     pub(crate) const SCALES: [f32; 8] =
         [0.125, -0.125, 9.536_743e-7, 2e-20, -1e-30, 3.0, 0.0, f32::INFINITY];
 
+    /// Asserts that `got` has the bits of `scale_query(x, scale)`.
+    pub(crate) fn assert_scaled(got: f32, x: f32, scale: f32, what: std::fmt::Arguments<'_>) {
+        let want = scale_query(x, scale);
+        assert_eq!(got.to_bits(), want.to_bits(), "{what}: x {x} scale {scale}: {got} vs {want}");
+    }
+
     /// [`Problem::scaled_query`] gives the bits of [`scale_query`] on each widened element, by
     /// vectors (contiguous rows) and element by element (a column stride, the tail), on every
     /// ISA this CPU runs.
@@ -1037,12 +1043,7 @@ pub(crate) mod tests {
                         for (r, row) in got.chunks_exact(dk).enumerate() {
                             for (d, g) in row.iter().enumerate() {
                                 let x = q.at(0, r / 5, r % 5, d).widen();
-                                let want = scale_query(x, scale);
-                                assert_eq!(
-                                    g.to_bits(),
-                                    want.to_bits(),
-                                    "{isa} scale {scale} x {x} (dk {dk}, cs {cs}): {g} vs {want}"
-                                );
+                                assert_scaled(*g, x, scale, format_args!("{isa} dk {dk} cs {cs}"));
                             }
                         }
                     }
