@@ -55,8 +55,8 @@ use super::blocks::{
 use super::decode::{paged_head, RowMap};
 use super::sink::Sink;
 use super::variants::softcap;
-use super::{matrix, scale_query, scale_query_lanes, zeros, Problem, FLUSH_WEIGHTS_BELOW};
-use crate::arch::convert::{load_elems, SimdElement};
+use super::{matrix, scale_row, zeros, Problem, FLUSH_WEIGHTS_BELOW};
+use crate::arch::convert::SimdElement;
 use crate::arch::{load, store, transpose_matrix, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
 use crate::gemm::ukernel::Kernel as GemmKernel;
@@ -370,11 +370,10 @@ enum Block<'t> {
 }
 
 /// Packs query rows `i0..i0 + rows` of the `[nq, dk]` matrix `qm` of `data` into the tile
-/// `qp` (`qp[d·QR + r]`), widened to f32 and pre-scaled ([`scale_query`]). Contiguous rows are
-/// widened and scaled by vectors into `tmp` (the same bits, [`scale_query_lanes`]), then
-/// transposed by register blocks; strided ones element by element, one index computation per
-/// row (the windowed tiles, which see only a few blocks, spent 5 % of their time here). The
-/// scalar loop took 4 % of a d 64, N = 1024 call on an Emerald Rapids Xeon, its scattered
+/// `qp` (`qp[d·QR + r]`), widened to f32 and pre-scaled ([`super::scale_query`]): row by row
+/// into `tmp` ([`scale_row`]: by vectors where contiguous, one index computation per row; the
+/// windowed tiles, which see only a few blocks, spent 5 % of their time here), then transposed
+/// by register blocks. The scalar loop took 4 % of a d 64, N = 1024 call on an Emerald Rapids Xeon, its scattered
 /// stores after the vector scaling still 1.3 % (perf journal, 2026-12-06 14:27 and 16:53).
 #[inline(always)]
 fn pack_tile<S: Simd, T: SimdElement>(
@@ -384,32 +383,8 @@ fn pack_tile<S: Simd, T: SimdElement>(
     tmp: &mut [f32],
     qp: &mut [f32],
 ) {
-    // An empty Q (`dk = 0`) may have any strides: its row indices are never formed (the
-    // packed-batch fuzzer found one overflowing here).
-    if dk == 0 {
-        return;
-    }
-    let (l, cs) = (S::LANES, qm.col_stride);
-    if cs != 1 {
-        for r in 0..rows {
-            let at = qm.index(i0 + r, 0);
-            for d in 0..dk {
-                qp[d * qr + r] = scale_query(data[at + d * cs].widen(), scale);
-            }
-        }
-        return;
-    }
-    for (r, out) in tmp[..rows * dk].chunks_exact_mut(dk).enumerate() {
-        let at = qm.index(i0 + r, 0);
-        let row = &data[at..at + dk];
-        let mut d = 0;
-        while d + l <= dk {
-            store(s, &mut out[d..], scale_query_lanes(s, load_elems(s, &row[d..]), scale));
-            d += l;
-        }
-        for d in d..dk {
-            out[d] = scale_query(row[d].widen(), scale);
-        }
+    for (r, out) in tmp[..rows * dk].chunks_exact_mut(dk.max(1)).enumerate() {
+        scale_row(s, data, (qm, i0 + r, scale), out);
     }
     transpose_matrix(s, tmp, (rows, dk, dk), qp, qr);
 }
@@ -611,7 +586,7 @@ mod tests {
     use attn_core::MatLayout;
     use half::{bf16, f16};
 
-    /// [`pack_tile`] gives the bits of [`scale_query`] on each widened element, by vectors
+    /// [`pack_tile`] gives the bits of `scale_query` on each widened element, by vectors
     /// (contiguous rows) and element by element (a column stride, the tail), on every ISA this
     /// CPU runs: special values, products that underflow to ±0, scales of either sign and 0.
     #[test]

@@ -730,36 +730,11 @@ impl<'a> Problem<'a> {
     /// 8-K/V-head decode on an Emerald Rapids Xeon, perf journal 2026-12-06 16:53).
     #[inline(always)]
     fn scaled_query<S: Simd>(&self, s: S, b: usize, h: usize, i: usize, out: &mut [f32]) {
-        #[inline(always)]
-        fn row<S: Simd, T: SimdElement>(
-            s: S,
-            data: &[T],
-            (qm, i, scale): (MatLayout, usize, f32),
-            out: &mut [f32],
-        ) {
-            // An empty row may have any strides: its indices are never formed.
-            if out.is_empty() {
-                return;
-            }
-            let (at, cs, l) = (qm.index(i, 0), qm.col_stride, S::LANES);
-            let mut d = 0;
-            if cs == 1 {
-                let src = &data[at..at + out.len()];
-                while d + l <= out.len() {
-                    let y = scale_query_lanes(s, load_elems(s, &src[d..]), scale);
-                    store(s, &mut out[d..], y);
-                    d += l;
-                }
-            }
-            for (d, x) in out.iter_mut().enumerate().skip(d) {
-                *x = scale_query(data[at + d * cs].widen(), scale);
-            }
-        }
         let (qm, out) = (matrix(self.q.layout(), b, h), &mut out[..self.dk]);
         match &self.q {
-            AnyRef::F32(q) => row(s, q.data, (qm, i, self.scale2), out),
-            AnyRef::BF16(q) => row(s, q.data, (qm, i, self.scale2), out),
-            AnyRef::F16(q) => row(s, q.data, (qm, i, self.scale2), out),
+            AnyRef::F32(q) => scale_row(s, q.data, (qm, i, self.scale2), out),
+            AnyRef::BF16(q) => scale_row(s, q.data, (qm, i, self.scale2), out),
+            AnyRef::F16(q) => scale_row(s, q.data, (qm, i, self.scale2), out),
         }
     }
 }
@@ -861,6 +836,35 @@ pub(crate) fn scale_query_lanes<S: Simd>(s: S, x: S::V, scale: f32) -> S::V {
     let under = s.select(s.lt(x, s.splat(0.0)), s.splat(-tiny), s.splat(tiny));
     let fixed = s.select(s.nonzero(x), under, y);
     s.select(s.nonzero(y), y, fixed)
+}
+
+/// `out[d] = scale_query(x, scale)` for the elements `x` of row `i` of the matrix `qm` of
+/// `data`, widened (`out.len()` of them): by vectors ([`scale_query_lanes`]) where the row is
+/// contiguous, element by element otherwise and for the tail. An empty row may have any
+/// strides: its indices are never formed (the packed-batch fuzzer found one overflowing).
+#[inline(always)]
+pub(crate) fn scale_row<S: Simd, T: SimdElement>(
+    s: S,
+    data: &[T],
+    (qm, i, scale): (MatLayout, usize, f32),
+    out: &mut [f32],
+) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    let (at, cs, l) = (qm.index(i, 0), qm.col_stride, S::LANES);
+    let mut d = 0;
+    if cs == 1 {
+        let row = &data[at..at + n];
+        while d + l <= n {
+            store(s, &mut out[d..], scale_query_lanes(s, load_elems(s, &row[d..]), scale));
+            d += l;
+        }
+    }
+    for (d, x) in out.iter_mut().enumerate().skip(d) {
+        *x = scale_query(data[at + d * cs].widen(), scale);
+    }
 }
 
 /// `(1/l, m + ln l)` of a finished softmax row without sinks (running maximum `m`, sum `l`):
