@@ -4,7 +4,7 @@
 //! ([`FlashBlocking::for_isa`]). Written once over the [`Simd`] trait.
 //!
 //! Per task, with `QR = QV·LANES` queries on the vector lanes (the width `NR` of the ISA's tile
-//! micro-kernel, see [`super::simd`]):
+//! micro-kernel, see [`tile_kernel_for`](crate::gemm::ukernel::tile_kernel_for)):
 //! 1. pack the query tile transposed and pre-scaled, as a GEMM B micro-panel:
 //!    `qp[d·QR + r] = scale·q(i0 + r, d)` (padding rows are 0);
 //! 2. for each key block `j0..j0 + nb` (stopping at the causal diagonal of the tile's last
@@ -371,10 +371,9 @@ enum Block<'t> {
 
 /// Packs query rows `i0..i0 + rows` of the `[nq, dk]` matrix `qm` of `data` into the tile
 /// `qp` (`qp[d·QR + r]`), widened to f32 and pre-scaled ([`super::scale_query`]): row by row
-/// into `tmp` ([`scale_row`]: by vectors where contiguous, one index computation per row; the
-/// windowed tiles, which see only a few blocks, spent 5 % of their time here), then transposed
-/// by register blocks. The scalar loop took 4 % of a d 64, N = 1024 call on an Emerald Rapids Xeon, its scattered
-/// stores after the vector scaling still 1.3 % (perf journal, 2026-12-06 14:27 and 16:53).
+/// into `tmp` ([`scale_row`]), then transposed by register blocks. Element-by-element packing
+/// took 4 % of a d 64, N = 1024 call, and 5 % of the windowed tiles, which see few blocks
+/// (perf journal, 2026-12-06 14:27 and 16:53).
 #[inline(always)]
 fn pack_tile<S: Simd, T: SimdElement>(
     s: S,

@@ -725,9 +725,9 @@ impl<'a> Problem<'a> {
     }
 
     /// Query row `(b, h, i)` widened to f32 and times `scale`, into `out[..dk]` (see
-    /// [`scale_query`]): by vectors where the row is contiguous ([`scale_query_lanes`]; the
-    /// scalar loop, run per row and key chunk of a decode call, was 3–4 % of a 32-head,
-    /// 8-K/V-head decode on an Emerald Rapids Xeon, perf journal 2026-12-06 16:53).
+    /// [`scale_query`]), through [`scale_row`]. It runs per row and key chunk of a decode
+    /// call: element by element it was 3–4 % of a 32-head, 8-K/V-head decode (perf journal,
+    /// 2026-12-06 16:53).
     #[inline(always)]
     fn scaled_query<S: Simd>(&self, s: S, b: usize, h: usize, i: usize, out: &mut [f32]) {
         let (qm, out) = (matrix(self.q.layout(), b, h), &mut out[..self.dk]);
