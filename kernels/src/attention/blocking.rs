@@ -79,7 +79,7 @@ impl FlashBlocking {
     }
 }
 
-/// Queries at or below which [`super::attention`] takes the decode path: with so few rows the
+/// Queries at or below which [`Attention::run`](super::Attention::run) takes the decode path: with so few rows the
 /// query tile of the flash path would be mostly padding, while the decode path vectorises
 /// along the head dimension and splits the keys across threads instead.
 pub(crate) const DECODE_MAX_Q: usize = 16;

@@ -30,7 +30,7 @@ pub const PAGED_Q_PIECE: usize = crate::attention::DECODE_MAX_Q;
 /// [`AnyRef`] / [`AnyMut`]: `q` widened exactly, each output value the f32 result rounded once
 /// to nearest even, as dense attention does); the cache's pools
 /// `[num_pages, page_size, kv_heads, d]` and block table ([`PagedKv`]), each pool f32, bf16,
-/// f16 or int8 with block scales ([`PagePool`](attn_core::batch::PagePool); keys and values
+/// f16 or int8 with block scales ([`PagePool`]; keys and values
 /// may differ); GQA when `kv_heads < hq`. The semantics are those of dense attention on the
 /// values the stored elements represent (widened exactly; `q·scale` for int8, computed in f32
 /// as the dense decode path does). The settings are [`VarlenAttention`](super::VarlenAttention)'s, with the

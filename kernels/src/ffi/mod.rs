@@ -1616,7 +1616,7 @@ impl AttnAttentionArgs {
 }
 
 /// The one body of every attention entry point: the enum and bool fields validated, then the
-/// null, bounds and overlap checks, then the Rust [`Attention`](crate::attention::Attention)
+/// null, bounds and overlap checks, then the Rust [`Attention`]
 /// problem, which checks shapes as for Rust callers.
 ///
 /// # Safety

@@ -37,7 +37,7 @@ pub(crate) struct RowJob<'a> {
     pub scale: f32,
     /// When given (length ≥ `visible`), pass B writes here and pass C writes `y` with
     /// non-temporal stores: `y` is then written once and never read. Those stores are not
-    /// fenced per row: the caller runs [`store_fence`](store_fence) on this
+    /// fenced per row: the caller runs [`store_fence`] on this
     /// thread after its last streamed row, before another thread can read `y` (a fence per
     /// row waits for the row's stores to drain, which costs a few percent).
     pub stage: Option<&'a mut [f32]>,

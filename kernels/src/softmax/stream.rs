@@ -224,7 +224,7 @@ pub(super) fn stage_len(cols: usize) -> usize {
 /// the ones already in flight stay far inside the 512 KiB L2 for rows up to ~16 K columns
 /// (4 × 64 KiB). One row ahead left pass A waiting on DRAM; two, four or eight ahead are within
 /// the noise of each other. Those rows go to L2 only (`prefetcht1`, the `FAR` prefetch of
-/// [`exp_sum_pass`]): in L1 they evicted the row being worked on. The in-cache next-row
+/// `passes::exp_sum_pass`): in L1 they evicted the row being worked on. The in-cache next-row
 /// prefetch stays in L1.
 pub(super) const PREFETCH_ROWS: usize = 4;
 
