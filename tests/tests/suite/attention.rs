@@ -142,11 +142,37 @@ proptest! {
 /// threads), a causal mask, on every ISA.
 #[test]
 fn decode_head_groups_are_bitwise_head_major() {
+    let cases = [(8, 1, 1300, 80), (3, 2, 600, 64), (2, 4, 1100, 16), (5, 1, 40, 64)];
+    token_major_is_bitwise_head_major(Path::Decode, &cases, &[1, 3], Mask::Causal { offset: None });
+}
+
+/// The flash path copies a head's f32 K/V rows consecutive when the views' are not (a
+/// token-major `[seq, kv_heads, d]` tensor), once per thread and head, growing the copy as the
+/// causal tasks reach further keys; the block products then run on the copy as on a
+/// head-major view. So both layouts of the same values give bitwise the same result, at every
+/// thread count: GQA groups (query heads sharing a copied head), several heads per thread,
+/// key blocks with a tail, a causal diagonal with an offset and without a mask, on every ISA.
+#[test]
+fn flash_token_major_is_bitwise_head_major() {
+    let cases = [(3, 1, 300, 64), (2, 3, 700, 80), (4, 2, 170, 16)];
+    for mask in [Mask::Causal { offset: None }, Mask::None] {
+        token_major_is_bitwise_head_major(Path::Flash, &cases, &[150, 37], mask);
+    }
+}
+
+/// Runs `path` over K/V stored head-major and sequence-major, for each `(kv heads, group,
+/// keys, d)` of `cases` and each query count of `nqs`, and asserts bitwise equal outputs at
+/// one, two and three threads, on every ISA.
+fn token_major_is_bitwise_head_major(
+    path: Path,
+    cases: &[(usize, usize, usize, usize)],
+    nqs: &[usize],
+    mask: Mask<'static>,
+) {
     let mut rng = Rng::new(23);
-    for (hkv, group, nk, d) in [(8, 1, 1300, 80), (3, 2, 600, 64), (2, 4, 1100, 16), (5, 1, 40, 64)]
-    {
+    for &(hkv, group, nk, d) in cases {
         let hq = hkv * group;
-        for nq in [1, 3] {
+        for &nq in nqs {
             let q: Vec<f32> = (0..hq * nq * d).map(|_| rng.below(64) as f32 / 32.0 - 1.0).collect();
             let k: Vec<f32> =
                 (0..hkv * nk * d).map(|_| rng.below(64) as f32 / 32.0 - 1.0).collect();
@@ -166,12 +192,11 @@ fn decode_head_groups_are_bitwise_head_major() {
             let (bhsd, bshd) =
                 (Tensor4Layout::bhsd(1, hkv, nk, d), Tensor4Layout::bshd(1, nk, hkv, d));
             let (lq, lo) = (Tensor4Layout::bhsd(1, hq, nq, d), Tensor4Layout::bhsd(1, hq, nq, d));
-            let mask = Mask::Causal { offset: None };
             let run = |k: &[f32], v: &[f32], l: Tensor4Layout, isa: Isa, threads: usize| {
                 let mut o = vec![f32::NAN; hq * nq * d];
                 Attention::new(TensorRef::new(&q, lq), TensorRef::new(k, l), TensorRef::new(v, l))
                     .mask(mask)
-                    .path(Path::Decode)
+                    .path(path)
                     .isa(isa)
                     .parallelism(par(threads))
                     .run(TensorMut::new(&mut o, lo))
@@ -189,7 +214,8 @@ fn decode_head_groups_are_bitwise_head_major() {
                         let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(
                             same,
-                            "hkv {hkv} group {group} nk {nk} nq {nq} {name} {isa} {threads}t"
+                            "{path:?} hkv {hkv} group {group} nk {nk} nq {nq} {name} {isa} \
+                             {threads}t"
                         );
                     }
                 }
