@@ -71,6 +71,13 @@ const MAX_QR: usize = 32;
 /// place.
 const HEAD_COPY_MAX: usize = 16 << 20;
 
+/// Fewest tasks reading one `(batch, K/V head)` (query tile groups times query heads per K/V
+/// head) for which flash copies its rows ([`HeadCopy`]). A copy reads the rows once more than
+/// the tasks do: with one task per head (a batch of sequences of 16–128 tokens) it ran 0.90×,
+/// with 4 (h8 N 512 in the MHA layer) 1.02×, with 8 and more 1.07–1.08× (perf journal,
+/// 2026-12-06 22:57).
+const HEAD_COPY_MIN_READERS: usize = 4;
+
 /// One `(batch, K/V head)`'s f32 K and V rows copied consecutive, for views whose rows are not
 /// (`row stride ≠ d`: token-major `[seq, heads, d]` tensors, where a head's rows are `heads·d`
 /// apart). Read in place, such rows come from L3 on every task of the head: no prefetcher
@@ -125,7 +132,8 @@ impl Scratch {
     /// The scratch of one thread, or an error when `dk` or `dv` (which a zero-stride operand
     /// can make huge) asks for more than can be allocated.
     /// `gather`: the blocks come from pages, so the f32 blocks need room too.
-    fn new(p: &Problem<'_>, fb: FlashBlocking, gather: bool) -> Result<Self> {
+    /// `readers`: the tasks that read each K/V head.
+    fn new(p: &Problem<'_>, fb: FlashBlocking, gather: bool, readers: usize) -> Result<Self> {
         let (dk, dv) = (p.dk, p.dv);
         let convert = |kv: &attn_core::KvRef<'_>, d: usize, arg| match kv {
             attn_core::KvRef::F32(_) if !gather => Ok(Vec::new()),
@@ -156,14 +164,15 @@ impl Scratch {
             alpha: vec![0.0; MAX_QR],
             kb: convert(&p.k, dk, "k")?,
             vb: convert(&p.v, dv, "v")?,
-            head: head_copy(p, gather),
+            head: head_copy(p, gather, readers),
         })
     }
 }
 
-/// An empty [`HeadCopy`] when the problem's K/V views take one (see there), with room
-/// reserved for a head's rows; `None` when they do not, or the room cannot be reserved.
-fn head_copy(p: &Problem<'_>, gather: bool) -> Option<HeadCopy> {
+/// An empty [`HeadCopy`] when the problem's K/V views take one (see there) and `readers`
+/// tasks read each head, with room reserved for a head's rows; `None` when they do not, or the
+/// room cannot be reserved.
+fn head_copy(p: &Problem<'_>, gather: bool, readers: usize) -> Option<HeadCopy> {
     let (attn_core::KvRef::F32(k), attn_core::KvRef::F32(v)) = (&p.k, &p.v) else {
         return None;
     };
@@ -173,6 +182,7 @@ fn head_copy(p: &Problem<'_>, gather: bool) -> Option<HeadCopy> {
     };
     let (kn, vn) = (p.nk.checked_mul(p.dk)?, p.nk.checked_mul(p.dv)?);
     if gather
+        || readers < HEAD_COPY_MIN_READERS
         || (consecutive(k, p.dk) && consecutive(v, p.dv))
         || kn.checked_add(vn)?.checked_mul(4)? > HEAD_COPY_MAX
     {
@@ -227,14 +237,15 @@ pub(crate) fn run_from(
     let task =
         |scr: &mut Scratch, t: usize| vectorize(isa, Task { p, sink, scr, t, groups, fb, src });
     let gather = matches!(src, Source::Pages { .. });
+    let readers = groups.saturating_mul(p.group);
     if par.count() == 1 || tasks == 1 {
-        let mut scr = Scratch::new(p, fb, gather)?;
+        let mut scr = Scratch::new(p, fb, gather, readers)?;
         (0..tasks).for_each(|t| task(&mut scr, t));
         Ok(())
     } else {
         par.install(|| {
             (0..tasks).into_par_iter().with_min_len(1).try_for_each_init(
-                || Scratch::new(p, fb, gather),
+                || Scratch::new(p, fb, gather, readers),
                 |scr, t| {
                     task(scr.as_mut().map_err(|e| e.clone())?, t);
                     Ok(())
