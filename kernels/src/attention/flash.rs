@@ -123,8 +123,7 @@ pub(super) struct Scratch {
     /// blocks as bf16 pairs (`BC·⌈dk/2⌉` and `⌈BC/2⌉·dv` words).
     kb: Vec<f32>,
     vb: Vec<f32>,
-    /// The copied head, when the K/V views are f32 with rows not consecutive and a head fits
-    /// [`HEAD_COPY_MAX`]; `None` otherwise.
+    /// The copied head, when the problem takes one ([`head_copy`]); `None` otherwise.
     head: Option<HeadCopy>,
 }
 
