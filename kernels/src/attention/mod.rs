@@ -105,7 +105,10 @@ pub enum Path {
     /// The decode path for `Nq ≤ 16` queries, the flash path otherwise.
     #[default]
     Auto,
-    /// The flash (streaming, online-softmax) path, for any `Nq`.
+    /// The flash (streaming, online-softmax) path, for any `Nq`. Memory: a few tiles per
+    /// thread, and, when f32 K/V rows are not consecutive (token-major `[seq, heads, d]`
+    /// storage) and at least 4 tasks read a K/V head, a consecutive copy of that head's rows,
+    /// at most 16 MiB per thread.
     Flash,
     /// The decode (split-keys, logsumexp-merge) path, for any `Nq`; meant for `Nq ≤ 16`.
     Decode,
