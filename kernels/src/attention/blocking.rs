@@ -79,9 +79,9 @@ impl FlashBlocking {
     }
 }
 
-/// Queries at or below which [`Attention::run`](super::Attention::run) takes the decode path: with so few rows the
-/// query tile of the flash path would be mostly padding, while the decode path vectorises
-/// along the head dimension and splits the keys across threads instead.
+/// Queries at or below which [`Attention::run`](super::Attention::run) takes the decode path:
+/// with so few rows the query tile of the flash path would be mostly padding, while the decode
+/// path vectorises along the head dimension and splits the keys across threads instead.
 pub(crate) const DECODE_MAX_Q: usize = 16;
 
 /// Most keys per block in the decode path ([`decode_block_keys`]). Each block pays a fixed
