@@ -108,6 +108,13 @@ impl MatLayout {
         injective(&[(self.rows, self.row_stride), (self.cols, self.col_stride)])
     }
 
+    /// True when the rows lie one after another in memory: contiguous columns and a row
+    /// stride of exactly `cols` (a head's rows in `[heads, seq, d]` storage, not in
+    /// `[seq, heads, d]` storage, where they are `heads·d` apart).
+    pub const fn rows_consecutive(&self) -> bool {
+        self.col_stride == 1 && self.row_stride == self.cols
+    }
+
     /// Expects `rows × cols`, naming `arg` in the error.
     pub fn expect_shape(&self, arg: &'static str, rows: usize, cols: usize) -> Result<()> {
         crate::error::expect_dim(arg, "rows", rows, self.rows)?;

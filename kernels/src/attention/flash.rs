@@ -175,14 +175,11 @@ fn head_copy(p: &Problem<'_>, gather: bool, readers: usize) -> Option<HeadCopy> 
     let (attn_core::KvRef::F32(k), attn_core::KvRef::F32(v)) = (&p.k, &p.v) else {
         return None;
     };
-    let consecutive = |t: &attn_core::TensorRef<'_, f32>, d: usize| {
-        let m = matrix(&t.layout, 0, 0);
-        m.col_stride == 1 && m.row_stride == d
-    };
+    let consecutive = |t: &attn_core::TensorRef<'_, f32>| t.layout.matrix(0, 0).rows_consecutive();
     let (kn, vn) = (p.nk.checked_mul(p.dk)?, p.nk.checked_mul(p.dv)?);
     if gather
-        || readers < HEAD_COPY_MIN_READERS
-        || (consecutive(k, p.dk) && consecutive(v, p.dv))
+        || !worth_copying(readers)
+        || (consecutive(k) && consecutive(v))
         || kn.checked_add(vn)?.checked_mul(4)? > HEAD_COPY_MAX
     {
         return None;
@@ -194,6 +191,23 @@ fn head_copy(p: &Problem<'_>, gather: bool, readers: usize) -> Option<HeadCopy> 
         k: kc,
         v: vc,
     })
+}
+
+/// Tasks of one query head: query tile groups of QT tiles each.
+fn task_groups(isa: Isa, fb: FlashBlocking, nq: usize) -> usize {
+    nq.div_ceil(fb.qt * tile_rows(isa))
+}
+
+/// How many flash tasks read each K/V head of a problem with `nq` queries and `group` query
+/// heads per K/V head on `isa`: each reads the head's rows once.
+pub(crate) fn readers(isa: Isa, nq: usize, group: usize) -> usize {
+    task_groups(isa, FlashBlocking::for_isa(isa), nq).saturating_mul(group)
+}
+
+/// Whether a K/V head read by `readers` tasks is worth copying into consecutive rows, when its
+/// rows are not (see [`HEAD_COPY_MIN_READERS`]).
+pub(crate) fn worth_copying(readers: usize) -> bool {
+    readers >= HEAD_COPY_MIN_READERS
 }
 
 /// Where a task's key and value blocks come from.
@@ -230,7 +244,7 @@ pub(crate) fn run_from(
         return Ok(());
     }
     let fb = FlashBlocking::for_isa(isa);
-    let groups = p.nq.div_ceil(fb.qt * tile_rows(isa));
+    let groups = task_groups(isa, fb, p.nq);
     // Bounded by the rows of the output or lse slice (see `Problem::trivial`).
     let tasks = p.batch.saturating_mul(p.hq).saturating_mul(groups);
     let task =

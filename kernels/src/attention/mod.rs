@@ -79,6 +79,7 @@ use blocks::{KvAny, Q8Mat, Strided};
 
 pub use additive::{AdditiveAttention, AdditiveWeights};
 pub(crate) use decode::{run_paged, PagedPiece};
+pub(crate) use flash::worth_copying;
 
 /// Every attention path (flash, decode, unfused) flushes a probability `e^(s − m)` (the
 /// score's distance below its row's running maximum `m`) to 0 when `s − m` is below this:
@@ -124,6 +125,17 @@ impl Path {
             Path::Auto if nq <= blocking::DECODE_MAX_Q => Path::Decode,
             Path::Auto => Path::Flash,
             p => p,
+        }
+    }
+
+    /// How many times this path reads each K/V head's rows in a call of `nq` queries with
+    /// `group` query heads per K/V head on `isa`: once on the decode path (all the group's
+    /// rows share each key), once per flash task otherwise (the unfused path reads it once per
+    /// query head, fewer).
+    pub(crate) fn kv_reads(self, isa: Isa, nq: usize, group: usize) -> usize {
+        match self.resolve(nq) {
+            Path::Decode => 1,
+            _ => flash::readers(isa, nq, group),
         }
     }
 }

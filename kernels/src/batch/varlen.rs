@@ -12,7 +12,7 @@ use attn_core::{
 };
 
 use crate::arch::{self, Isa};
-use crate::attention::{Attention, Path};
+use crate::attention::{worth_copying, Attention, Path};
 use crate::par::Parallelism;
 
 /// Queries per work item: a sequence longer than this is cut into chunks of this many queries
@@ -182,7 +182,7 @@ impl<'a> VarlenAttention<'a> {
         }
         expect_dim("q", "batch", 1, self.q.layout.dims[0])?;
         let lse = self.lse.take();
-        let [_, hq, _, total_q, total_k, _, dv] =
+        let [_, hq, hkv, total_q, total_k, dk, dv] =
             check_attention(&self.q, &self.k, &self.v, scale, &self.mask, &o, lse.as_deref())?;
         let sq = SeqOffsets::new("cu_seqlens_q", self.cu_q)?;
         let sk = SeqOffsets::new("cu_seqlens_k", self.cu_k)?;
@@ -202,7 +202,8 @@ impl<'a> VarlenAttention<'a> {
             variants: self.variants,
             isa,
             path: self.path,
-            hq,
+            heads: [hq, hkv],
+            d: [dk, dv],
         };
         // The logsumexp rows of each item: its range of every head's row of `[hq, total_q]`.
         let mut lse_rows: Vec<Option<Vec<&mut [f32]>>> =
@@ -221,10 +222,13 @@ impl<'a> VarlenAttention<'a> {
             }
         }
         let layout = o.layout;
-        if self.par.count() == 1 || items.len() < 2 || !token_major(&layout) {
+        if self.par.count() == 1 {
+            return call.sequential(&items, lse_rows, o);
+        }
+        if items.len() < 2 || !token_major(&layout) {
             for (it, rows) in items.iter().zip(lse_rows) {
                 let out = TensorMut::new(&mut *o.data, packed_seq(&layout, it.q.clone()));
-                call.item(it, out, rows, self.par)?;
+                call.item(it, 0..hq, None, out, rows, self.par)?;
             }
             return Ok(());
         }
@@ -246,10 +250,9 @@ impl<'a> VarlenAttention<'a> {
         // Largest first, so that the long causal chunks do not finish last.
         tasks.sort_by_key(|(it, _, _)| std::cmp::Reverse(it.q.len() * it.k.len()));
         self.par.install(|| {
-            tasks
-                .into_par_iter()
-                .with_max_len(1)
-                .try_for_each(|(it, out, rows)| call.item(&it, out, rows, Parallelism::Sequential))
+            tasks.into_par_iter().with_max_len(1).try_for_each(|(it, out, rows)| {
+                call.item(&it, 0..hq, None, out, rows, Parallelism::Sequential)
+            })
         })
     }
 }
@@ -259,6 +262,7 @@ impl<'a> VarlenAttention<'a> {
 /// offset.
 #[derive(Debug)]
 struct Item {
+    seq: usize,
     q: Range<usize>,
     k: Range<usize>,
     mask: Mask<'static>,
@@ -283,7 +287,7 @@ fn plan(
         if nq == 0 {
             continue;
         }
-        let whole = |mask| Item { q: rq.clone(), k: rk.clone(), mask };
+        let whole = |mask| Item { seq: s, q: rq.clone(), k: rk.clone(), mask };
         let off = match *mask {
             Mask::Causal { offset } => Mask::causal_offset(offset, nq, nk),
             _ if var.window.is_some() || var.alibi.is_some() => {
@@ -294,6 +298,7 @@ fn plan(
                 for a in (0..nq).step_by(VARLEN_Q_CHUNK) {
                     let b = (a + VARLEN_Q_CHUNK).min(nq);
                     items.push(Item {
+                        seq: s,
                         q: rq.start + a..rq.start + b,
                         k: rk.clone(),
                         mask: Mask::None,
@@ -312,6 +317,7 @@ fn plan(
             // Keys past the last query's diagonal, `b − 1 + off`, are never visible.
             let end = (b as i128 + off as i128).clamp(0, nk as i128) as usize;
             items.push(Item {
+                seq: s,
                 q: rq.start + a..rq.start + b,
                 k: rk.start..rk.start + end,
                 mask: Mask::Causal { offset: Some(chunk_off) },
@@ -347,37 +353,268 @@ struct Call<'a> {
     variants: Variants<'a>,
     isa: Isa,
     path: Path,
-    hq: usize,
+    /// `[hq, hkv]`.
+    heads: [usize; 2],
+    /// `[dk, dv]`.
+    d: [usize; 2],
 }
 
-impl Call<'_> {
-    /// Runs one item into its output view `o: [1, hq, n, dv]`, and its logsumexps into `lse`
-    /// (one slice of `n` entries per head) when given.
+impl<'a> Call<'a> {
+    /// Runs one item on query heads `heads` (and their K/V heads) into its output view
+    /// `o: [1, hq, n, dv]` (all heads), and its logsumexps into `lse` (one slice of `n`
+    /// entries per head of `heads`) when given. The keys and values come from `copy` (one K/V
+    /// head, holding the item's keys) when given, from the packed views otherwise.
     fn item(
         &self,
         it: &Item,
+        heads: Range<usize>,
+        copy: Option<&KvCopy>,
         o: TensorMut<'_>,
         lse: Option<Vec<&mut [f32]>>,
         par: Parallelism,
     ) -> Result<()> {
-        let attention = Attention::new(
-            TensorRef::new(self.q.data, packed_seq(&self.q.layout, it.q.clone())),
-            TensorRef::new(self.k.data, packed_seq(&self.k.layout, it.k.clone())),
-            TensorRef::new(self.v.data, packed_seq(&self.v.layout, it.k.clone())),
-        )
-        .scale(self.scale)
-        .mask(it.mask)
-        .variants(self.variants)
-        .isa(self.isa)
-        .path(self.path)
-        .parallelism(par);
+        let group = (self.heads[0] / self.heads[1].max(1)).max(1);
+        let kv_heads = heads.start / group..heads.end / group;
+        let view = |t: &TensorRef<'a>, tokens: Range<usize>, heads: Range<usize>| {
+            TensorRef::new(t.data, head_range(packed_seq(&t.layout, tokens), heads))
+        };
+        let (k, v) = match copy {
+            Some(c) => (c.keys(it.k.clone()), c.values(it.k.clone())),
+            None => (
+                view(&self.k, it.k.clone(), kv_heads.clone()),
+                view(&self.v, it.k.clone(), kv_heads),
+            ),
+        };
+        let q = view(&self.q, it.q.clone(), heads.clone());
+        let o = TensorMut::new(o.data, head_range(o.layout, heads.clone()));
+        // Sinks and slopes are per query head (`hq` of them, checked).
+        let per_head = |x: Option<&'a [f32]>| x.map(|x| x.get(heads.clone()).unwrap_or(&[]));
+        let mut variants = self.variants;
+        (variants.sinks, variants.alibi) = (per_head(variants.sinks), per_head(variants.alibi));
+        let attention = Attention::new(q, k, v)
+            .scale(self.scale)
+            .mask(it.mask)
+            .variants(variants)
+            .isa(self.isa)
+            .path(self.path)
+            .parallelism(par);
         let Some(rows) = lse else { return attention.run(o) };
         let n = it.q.len();
-        let mut part = vec![0.0f32; self.hq * n];
+        let mut part = vec![0.0f32; heads.len() * n];
         attention.lse(&mut part).run(o)?;
         for (row, got) in rows.into_iter().zip(part.chunks_exact(n)) {
             row.copy_from_slice(got);
         }
         Ok(())
+    }
+
+    /// Runs the items one after another on this thread, sequence by sequence. A sequence
+    /// whose K/V rows are not consecutive and whose items read each K/V head at least 4 times
+    /// ([`Path::kv_reads`], [`worth_copying`]) runs head by head: each K/V head's rows are
+    /// copied into consecutive rows once ([`KvCopy`]), then all the sequence's items run on
+    /// that head and its query heads, the head's keys still in cache from the item before.
+    /// Other sequences run item by item, all heads at once, reading in place.
+    fn sequential(
+        &self,
+        items: &[Item],
+        mut lse: Vec<Option<Vec<&mut [f32]>>>,
+        o: TensorMut<'_>,
+    ) -> Result<()> {
+        let (layout, [hq, hkv]) = (o.layout, self.heads);
+        let group = hq / hkv.max(1);
+        let mut copy = KvCopy::default();
+        let mut at = 0;
+        while at < items.len() {
+            let seq = items[at].seq;
+            let end = at + items[at..].iter().take_while(|it| it.seq == seq).count();
+            let (its, rows) = (&items[at..end], &mut lse[at..end]);
+            at = end;
+            // Every item of a sequence starts at its first key (`plan`).
+            let keys = its[0].k.start..its.iter().map(|it| it.k.end).max().unwrap_or(0);
+            if !self.head_by_head(its, keys.len()) {
+                for (it, rows) in its.iter().zip(rows) {
+                    let out = TensorMut::new(&mut *o.data, packed_seq(&layout, it.q.clone()));
+                    self.item(it, 0..hq, None, out, rows.take(), Parallelism::Sequential)?;
+                }
+                continue;
+            }
+            for kh in 0..hkv {
+                let copied = copy.fill(&self.k, &self.v, kh, keys.clone(), self.d);
+                let heads = kh * group..(kh + 1) * group;
+                for (it, rows) in its.iter().zip(rows.iter_mut()) {
+                    let out = TensorMut::new(&mut *o.data, packed_seq(&layout, it.q.clone()));
+                    let lse = rows
+                        .as_mut()
+                        .map(|r| r[heads.clone()].iter_mut().map(|x| &mut **x).collect::<Vec<_>>());
+                    let c = copied.then_some(&copy);
+                    self.item(it, heads.clone(), c, out, lse, Parallelism::Sequential)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a sequence of these items over `nk` keys runs head by head with its K/V rows
+    /// copied (see [`sequential`](Self::sequential)): its rows are not consecutive, one
+    /// head's keys and values fit in [`HEAD_COPY_MAX`] bytes, and its items read each K/V head
+    /// often enough.
+    fn head_by_head(&self, its: &[Item], nk: usize) -> bool {
+        let [hq, hkv] = self.heads;
+        let consecutive = |t: &TensorRef<'_>| t.layout.matrix(0, 0).rows_consecutive();
+        let bytes =
+            self.d[0].checked_add(self.d[1]).and_then(|d| d.checked_mul(nk)?.checked_mul(4));
+        if hkv == 0 || (consecutive(&self.k) && consecutive(&self.v)) {
+            return false;
+        }
+        let reads = its.iter().fold(0usize, |r, it| {
+            r.saturating_add(self.path.kv_reads(self.isa, it.q.len(), hq / hkv))
+        });
+        bytes.is_some_and(|b| b > 0 && b <= HEAD_COPY_MAX) && worth_copying(reads)
+    }
+}
+
+/// Most bytes of one K/V head's keys and values that a sequential varlen call copies
+/// ([`KvCopy`]), as flash's own head copy: a head of 16 384 keys at d 128.
+const HEAD_COPY_MAX: usize = 16 << 20;
+
+/// `layout: [1, heads, n, d]` cut to heads `heads` (the offset moved only when the cut view
+/// has elements, which the checked view then holds).
+fn head_range(layout: Tensor4Layout, heads: Range<usize>) -> Tensor4Layout {
+    let [b, _, n, d] = layout.dims;
+    let empty = b == 0 || heads.is_empty() || n == 0 || d == 0;
+    Tensor4Layout {
+        dims: [b, heads.len(), n, d],
+        offset: if empty { layout.offset } else { layout.offset + heads.start * layout.strides[1] },
+        ..layout
+    }
+}
+
+/// One K/V head's keys and values of one sequence, copied into consecutive rows
+/// (`k: [n, dk]`, `v: [n, dv]`), for packed views whose rows are not (token-major
+/// `[total, heads, d]` storage, a head's rows `heads·d` apart). The items of a sequence are
+/// [`Attention`] calls of a few tasks a head each, too few for flash's own head copy, so each
+/// would read the rows from L3 in place. The arithmetic is the same either way. One buffer
+/// serves every head and sequence of a call.
+#[derive(Default)]
+struct KvCopy {
+    /// The first key copied, a token of the packed K/V views.
+    from: usize,
+    /// Keys copied.
+    n: usize,
+    /// `[dk, dv]`.
+    d: [usize; 2],
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl KvCopy {
+    /// Copies keys `keys` of K/V head `kh` of the packed views `k` and `v` (`[dk, dv]` wide);
+    /// false when the room cannot be allocated (nothing is copied then).
+    fn fill(
+        &mut self,
+        k: &TensorRef<'_>,
+        v: &TensorRef<'_>,
+        kh: usize,
+        keys: Range<usize>,
+        d: [usize; 2],
+    ) -> bool {
+        (self.from, self.n, self.d) = (keys.start, keys.len(), d);
+        for (src, dst, d) in [(k, &mut self.k, d[0]), (v, &mut self.v, d[1])] {
+            dst.clear();
+            if dst.try_reserve_exact(keys.len() * d).is_err() {
+                return false;
+            }
+            let m = src.layout.matrix(0, kh);
+            for t in keys.clone().filter(|_| d > 0) {
+                let at = m.index(t, 0);
+                if m.col_stride == 1 {
+                    dst.extend_from_slice(&src.data[at..at + d]);
+                } else {
+                    dst.extend((0..d).map(|c| src.data[at + c * m.col_stride]));
+                }
+            }
+        }
+        true
+    }
+
+    /// Keys `range` (tokens of the packed views, within those copied) as a `[1, 1, len, dk]`
+    /// view.
+    fn keys(&self, range: Range<usize>) -> TensorRef<'_> {
+        TensorRef::new(&self.k, self.view(range, self.d[0]))
+    }
+
+    /// Values `range`, as [`keys`](Self::keys).
+    fn values(&self, range: Range<usize>) -> TensorRef<'_> {
+        TensorRef::new(&self.v, self.view(range, self.d[1]))
+    }
+
+    fn view(&self, range: Range<usize>, d: usize) -> Tensor4Layout {
+        Tensor4Layout {
+            dims: [1, 1, range.len(), d],
+            strides: [0, self.n * d, d, 1],
+            offset: (range.start - self.from) * d,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which sequences run head by head with their rows copied, and the copies' rows:
+    /// token-major K/V of sequences whose items read each K/V head at least 4 times are
+    /// copied row for row; a short sequence (one task a query head), a decode sequence (one
+    /// query) and head-major K/V are not.
+    #[test]
+    fn long_token_major_sequences_run_head_by_head_on_copies() {
+        let (hkv, hq, dk, dv) = (2usize, 4usize, 3usize, 5usize);
+        let (cu_q, cu_k) = ([0usize, 700, 717, 718, 1018], [0usize, 700, 717, 1317, 1617]);
+        let tk = cu_k[4];
+        let sk = SeqOffsets::new("cu_seqlens_k", &cu_k).unwrap();
+        let sq = SeqOffsets::new("cu_seqlens_q", &cu_q).unwrap();
+        let layout = |d: usize, token: bool| Tensor4Layout {
+            dims: [1, hkv, tk, d],
+            strides: if token { [0, d, hkv * d, 1] } else { [0, tk * d, d, 1] },
+            offset: 0,
+        };
+        let kd: Vec<f32> = (0..tk * hkv * dk).map(|x| x as f32).collect();
+        let vd: Vec<f32> = (0..tk * hkv * dv).map(|x| -(x as f32)).collect();
+        let items = plan(&sq, &sk, &Mask::CAUSAL, &Variants::NONE);
+        for (token, want) in [(true, [true, false, false, true]), (false, [false; 4])] {
+            let (k, v) =
+                (TensorRef::new(&kd, layout(dk, token)), TensorRef::new(&vd, layout(dv, token)));
+            let call = Call {
+                q: k,
+                k,
+                v,
+                scale: 1.0,
+                variants: Variants::NONE,
+                isa: arch::selected(),
+                path: Path::Auto,
+                heads: [hq, hkv],
+                d: [dk, dv],
+            };
+            for (s, want) in want.into_iter().enumerate() {
+                // A sequence's items are consecutive.
+                let at = items.iter().position(|it| it.seq == s).unwrap();
+                let its = &items[at..at + items.iter().filter(|it| it.seq == s).count()];
+                let keys = sk.range(s);
+                assert_eq!(call.head_by_head(its, keys.len()), want, "seq {s} token-major {token}");
+                let mut copy = KvCopy::default();
+                for kh in 0..hkv {
+                    assert!(copy.fill(&k, &v, kh, keys.clone(), [dk, dv]));
+                    let (ck, cv) = (copy.keys(keys.clone()), copy.values(keys.clone()));
+                    for t in keys.clone() {
+                        let i = t - keys.start;
+                        for e in 0..dk {
+                            assert_eq!(ck.at(0, 0, i, e), k.at(0, kh, t, e));
+                        }
+                        for e in 0..dv {
+                            assert_eq!(cv.at(0, 0, i, e), v.at(0, kh, t, e));
+                        }
+                    }
+                }
+            }
+        }
     }
 }

@@ -171,7 +171,21 @@ impl Batch {
         threads: usize,
         path: Path,
     ) -> (Vec<f32>, Vec<f32>) {
-        let (q, k, v) = self.views();
+        let (_, k, v) = self.views();
+        self.kernel_kv(k, v, head_major_out, isa, threads, path)
+    }
+
+    /// [`kernel`](Self::kernel) with keys and values from `k` and `v`.
+    fn kernel_kv(
+        &self,
+        k: TensorRef<'_>,
+        v: TensorRef<'_>,
+        head_major_out: bool,
+        isa: Isa,
+        threads: usize,
+        path: Path,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (q, _, _) = self.views();
         let l = self.out_layout(head_major_out);
         let mut o = vec![f32::NAN; l.required_len().unwrap_or(0) + 3];
         let mut lse = vec![f32::NAN; self.hq * self.total_q()];
@@ -325,6 +339,47 @@ fn many_short_sequences_and_a_long_one() {
         for threads in [1, 2] {
             let got = batch.kernel(false, isa, threads, Path::Auto);
             batch.compare(&format!("{isa} threads {threads}"), false, &got, &want).unwrap();
+        }
+    }
+}
+
+/// Token-major K/V and the same values stored head-major give the same bits, on every ISA,
+/// one and two threads, causal and not, with GQA. The long sequences' token-major rows are
+/// copied head-major for the call (`KvCopy`: their items read each K/V head at least 4 times);
+/// the short ones, and the decode items (one query against 600 keys), are read in place.
+#[test]
+fn token_major_kv_is_bitwise_head_major() {
+    let lens = [(700, 700), (17, 17), (1, 600), (300, 40), (530, 530), (256, 256)];
+    let spec = attn_tests::fuzz_decode::VariantSpec::default();
+    for (mask, pad) in [(MaskKind::Causal(None), 0), (MaskKind::None, 3)] {
+        let batch = Batch::new(11, &lens, 2, 2, 16, 24, pad, mask, &spec);
+        let tk = batch.total_k();
+        let to_head_major = |x: &[f32], d: usize| {
+            let (from, to) = (packed(batch.hkv, tk, d, pad), head_major(batch.hkv, tk, d));
+            let mut y = vec![f32::NAN; to.required_len().unwrap_or(0)];
+            for h in 0..batch.hkv {
+                for t in 0..tk {
+                    for e in 0..d {
+                        y[to.index(0, h, t, e)] = x[from.index(0, h, t, e)];
+                    }
+                }
+            }
+            y
+        };
+        let (kh, vh) = (to_head_major(&batch.k, batch.dk), to_head_major(&batch.v, batch.dv));
+        let k = TensorRef::new(&kh, head_major(batch.hkv, tk, batch.dk));
+        let v = TensorRef::new(&vh, head_major(batch.hkv, tk, batch.dv));
+        for isa in supported_isas("varlen") {
+            for threads in [1, 2] {
+                for path in [Path::Auto, Path::Flash] {
+                    let want = batch.kernel(false, isa, threads, path);
+                    assert!(want.0.iter().any(|x| x.is_finite()));
+                    let got = batch.kernel_kv(k, v, false, isa, threads, path);
+                    let what = format!("{isa} {threads}t {path:?} {:?}", batch.mask);
+                    assert_eq!(bits(&got.0), bits(&want.0), "outputs: {what}");
+                    assert_eq!(bits(&got.1), bits(&want.1), "logsumexps: {what}");
+                }
+            }
         }
     }
 }
