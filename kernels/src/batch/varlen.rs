@@ -43,12 +43,17 @@ pub const VARLEN_Q_CHUNK: usize = 256;
 ///
 /// Work: only the sequences' own rows (no padding); a sequence of `nq_s` queries is
 /// `⌈nq_s / VARLEN_Q_CHUNK⌉` items, and a causal chunk visits only the keys up to its last
-/// query's diagonal. With several threads the items are shared among them, largest first,
-/// each running on one thread, when the output stores each token's rows apart from other
-/// tokens' (its token stride exceeds the extent of one token's heads and values, as in
-/// `[total, heads, d]` and `[batch·seq, heads, d]` storage): the output then splits into one
-/// contiguous piece per item. Otherwise (e.g. head-major `[heads, total, d]` output) the items
-/// run one after another, each using the threads itself. The result is the reference's
+/// query's diagonal. On one thread the items run in token order. With several threads, when
+/// the output stores each token's rows apart from other tokens' (its token stride exceeds the
+/// extent of one token's heads and values, as in `[total, heads, d]` and `[batch·seq, heads,
+/// d]` storage), runs of consecutive items of one sequence (each at most `1/(2·threads)` of
+/// the work, or one item) are shared among them, largest first, each run on one thread: the
+/// output splits into one contiguous piece per run. Otherwise (e.g. head-major
+/// `[heads, total, d]` output) the items run one after another, each using the threads
+/// itself. On one thread, a sequence's items (or a run's) whose K/V rows are not consecutive
+/// (token-major storage) and which read each K/V head at least 4 times run head by head, on a
+/// copy of the head's keys and values in consecutive rows: memory for one head of one
+/// sequence, at most 16 MiB a thread. The result is the reference's
 /// `attn_reference::batch::attention_varlen` within the attention bounds, and bitwise the same
 /// for every thread count.
 ///
@@ -232,29 +237,63 @@ impl<'a> VarlenAttention<'a> {
             }
             return Ok(());
         }
-        // One contiguous piece of the output per item: items are in token order and disjoint,
-        // and a token's rows lie within its token stride (`token_major`), so item `t0..t1`
-        // owns elements `offset + t0·st .. offset + t1·st` (cut at the slice's end).
+        // One contiguous piece of the output per unit: units are runs of items in token order,
+        // disjoint, and a token's rows lie within its token stride (`token_major`), so tokens
+        // `t0..t1` own elements `offset + t0·st .. offset + t1·st` (cut at the slice's end).
         let (st, len) = (layout.strides[2], o.data.len());
         let (mut rest, mut at) = (o.data, 0usize);
-        let mut tasks = Vec::with_capacity(items.len());
-        for (it, rows) in items.into_iter().zip(lse_rows) {
-            let lo = layout.offset + it.q.start * st;
-            let hi = (layout.offset + it.q.end * st).min(len);
+        let mut lse_rows = lse_rows.into_iter();
+        let mut tasks = Vec::new();
+        for unit in units(&items, self.par.count()) {
+            let its = &items[unit];
+            let (t0, t1) = (its[0].q.start, its[its.len() - 1].q.end);
+            let lo = layout.offset + t0 * st;
+            let hi = (layout.offset + t1 * st).min(len);
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(lo - at);
             let (mine, tail) = tail.split_at_mut(hi - lo);
             (rest, at) = (tail, hi);
-            let piece = Tensor4Layout { dims: [1, hq, it.q.len(), dv], offset: 0, ..layout };
-            tasks.push((it, TensorMut::new(mine, piece), rows));
+            let piece = Tensor4Layout { dims: [1, hq, t1 - t0, dv], offset: 0, ..layout };
+            let rows: Vec<_> = lse_rows.by_ref().take(its.len()).collect();
+            let work: usize = its.iter().map(|it| it.q.len() * it.k.len()).sum();
+            tasks.push((work, its, TensorMut::new(mine, piece), t0, rows));
         }
         // Largest first, so that the long causal chunks do not finish last.
-        tasks.sort_by_key(|(it, _, _)| std::cmp::Reverse(it.q.len() * it.k.len()));
+        tasks.sort_by_key(|task| std::cmp::Reverse(task.0));
         self.par.install(|| {
-            tasks.into_par_iter().with_max_len(1).try_for_each(|(it, out, rows)| {
-                call.item(&it, 0..hq, None, out, rows, Parallelism::Sequential)
-            })
+            tasks.into_par_iter().with_max_len(1).try_for_each_init(
+                KvCopy::default,
+                |copy, (_, its, mut out, t0, mut rows)| {
+                    call.run_seq(its, &mut rows, &mut out, t0, copy)
+                },
+            )
         })
     }
+}
+
+/// The units of the threaded split: runs of consecutive items of one sequence, each run on
+/// one thread as [`Call::run_seq`] runs a sequence, none holding more than
+/// `1/(2·threads)` of the work (`nq·nk` an item) unless it is one item. A long sequence is
+/// then a few units, each reading its keys head by head, and the largest-first order still
+/// has units to balance the threads with.
+fn units(items: &[Item], threads: usize) -> Vec<Range<usize>> {
+    let work = |it: &Item| it.q.len().saturating_mul(it.k.len());
+    let total = items.iter().fold(0usize, |w, it| w.saturating_add(work(it)));
+    let most = total / (2 * threads).max(1);
+    let mut units: Vec<Range<usize>> = Vec::new();
+    let mut held = 0usize;
+    for (i, it) in items.iter().enumerate() {
+        match units.last_mut() {
+            Some(u) if items[u.start].seq == it.seq && held.saturating_add(work(it)) <= most => {
+                u.end = i + 1;
+                held += work(it);
+            }
+            _ => {
+                units.push(i..i + 1);
+                held = work(it);
+            }
+        }
+    }
+    units
 }
 
 /// One work item: packed queries `q` against packed keys `k` (already cut at the causal
@@ -408,47 +447,64 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
-    /// Runs the items one after another on this thread, sequence by sequence. A sequence
-    /// whose K/V rows are not consecutive and whose items read each K/V head at least 4 times
-    /// ([`Path::kv_reads`], [`worth_copying`]) runs head by head: each K/V head's rows are
-    /// copied into consecutive rows once ([`KvCopy`]), then all the sequence's items run on
-    /// that head and its query heads, the head's keys still in cache from the item before.
-    /// Other sequences run item by item, all heads at once, reading in place.
+    /// Runs the items one after another on this thread, sequence by sequence
+    /// ([`run_seq`](Self::run_seq)).
     fn sequential(
         &self,
         items: &[Item],
         mut lse: Vec<Option<Vec<&mut [f32]>>>,
-        o: TensorMut<'_>,
+        mut o: TensorMut<'_>,
     ) -> Result<()> {
-        let (layout, [hq, hkv]) = (o.layout, self.heads);
-        let group = hq / hkv.max(1);
         let mut copy = KvCopy::default();
         let mut at = 0;
         while at < items.len() {
             let seq = items[at].seq;
             let end = at + items[at..].iter().take_while(|it| it.seq == seq).count();
-            let (its, rows) = (&items[at..end], &mut lse[at..end]);
+            self.run_seq(&items[at..end], &mut lse[at..end], &mut o, 0, &mut copy)?;
             at = end;
-            // Every item of a sequence starts at its first key (`plan`).
-            let keys = its[0].k.start..its.iter().map(|it| it.k.end).max().unwrap_or(0);
-            if !self.head_by_head(its, keys.len()) {
-                for (it, rows) in its.iter().zip(rows) {
-                    let out = TensorMut::new(&mut *o.data, packed_seq(&layout, it.q.clone()));
-                    self.item(it, 0..hq, None, out, rows.take(), Parallelism::Sequential)?;
-                }
-                continue;
+        }
+        Ok(())
+    }
+
+    /// Runs consecutive items `its` of one sequence one after another on this thread, into
+    /// `o` (whose token 0 is packed token `t0`) and their logsumexp rows `lse`. When the K/V
+    /// rows are not consecutive and the items read each K/V head at least 4 times
+    /// ([`head_by_head`](Self::head_by_head)), they run head by head: each K/V head's rows are
+    /// copied into consecutive rows once (into `copy`, [`KvCopy`]), then all the items run on
+    /// that head and its query heads, the head's keys still in cache from the item before.
+    /// Otherwise they run item by item, all heads at once, reading in place.
+    fn run_seq(
+        &self,
+        its: &[Item],
+        lse: &mut [Option<Vec<&mut [f32]>>],
+        o: &mut TensorMut<'_>,
+        t0: usize,
+        copy: &mut KvCopy,
+    ) -> Result<()> {
+        let [hq, hkv] = self.heads;
+        let group = hq / hkv.max(1);
+        // Item `it`'s rows of `o`.
+        fn out<'o>(o: &'o mut TensorMut<'_>, it: &Item, t0: usize) -> TensorMut<'o> {
+            let l = packed_seq(&o.layout, it.q.start - t0..it.q.end - t0);
+            TensorMut { data: &mut *o.data, layout: l }
+        }
+        // Every item of a sequence starts at its first key (`plan`).
+        let keys = its[0].k.start..its.iter().map(|it| it.k.end).max().unwrap_or(0);
+        if !self.head_by_head(its, keys.len()) {
+            for (it, rows) in its.iter().zip(lse) {
+                self.item(it, 0..hq, None, out(o, it, t0), rows.take(), Parallelism::Sequential)?;
             }
-            for kh in 0..hkv {
-                let copied = copy.fill(&self.k, &self.v, kh, keys.clone(), self.d);
-                let heads = kh * group..(kh + 1) * group;
-                for (it, rows) in its.iter().zip(rows.iter_mut()) {
-                    let out = TensorMut::new(&mut *o.data, packed_seq(&layout, it.q.clone()));
-                    let lse = rows
-                        .as_mut()
-                        .map(|r| r[heads.clone()].iter_mut().map(|x| &mut **x).collect::<Vec<_>>());
-                    let c = copied.then_some(&copy);
-                    self.item(it, heads.clone(), c, out, lse, Parallelism::Sequential)?;
-                }
+            return Ok(());
+        }
+        for kh in 0..hkv {
+            let copied = copy.fill(&self.k, &self.v, kh, keys.clone(), self.d);
+            let heads = kh * group..(kh + 1) * group;
+            for (it, rows) in its.iter().zip(lse.iter_mut()) {
+                let lse = rows
+                    .as_mut()
+                    .map(|r| r[heads.clone()].iter_mut().map(|x| &mut **x).collect::<Vec<_>>());
+                let c = copied.then_some(&*copy);
+                self.item(it, heads.clone(), c, out(o, it, t0), lse, Parallelism::Sequential)?;
             }
         }
         Ok(())
@@ -494,7 +550,7 @@ fn head_range(layout: Tensor4Layout, heads: Range<usize>) -> Tensor4Layout {
 /// `[total, heads, d]` storage, a head's rows `heads·d` apart). The items of a sequence are
 /// [`Attention`] calls of a few tasks a head each, too few for flash's own head copy, so each
 /// would read the rows from L3 in place. The arithmetic is the same either way. One buffer
-/// serves every head and sequence of a call.
+/// serves every head and sequence that a thread runs (perf journal, 2026-12-07 01:38).
 #[derive(Default)]
 struct KvCopy {
     /// The first key copied, a token of the packed K/V views.
@@ -560,6 +616,34 @@ impl KvCopy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The threaded split's units cover the items in order, never span two sequences, and
+    /// hold at most `1/(2·threads)` of the work unless they are one item.
+    #[test]
+    fn units_cut_sequences_into_runs_of_bounded_work() {
+        let cu = [0usize, 4096, 4160, 4416, 5440, 5441, 5441, 7489];
+        let s = SeqOffsets::new("cu_seqlens_q", &cu).unwrap();
+        let items = plan(&s, &s, &Mask::CAUSAL, &Variants::NONE);
+        let work = |it: &Item| it.q.len() * it.k.len();
+        let total: usize = items.iter().map(work).sum();
+        for threads in [1, 2, 3, 8] {
+            let units = units(&items, threads);
+            let mut next = 0;
+            for u in &units {
+                assert_eq!(u.start, next, "{threads} threads: {units:?}");
+                assert!(u.end > u.start);
+                next = u.end;
+                let its = &items[u.clone()];
+                assert!(its.iter().all(|it| it.seq == its[0].seq), "{units:?}");
+                let held: usize = its.iter().map(work).sum();
+                assert!(its.len() == 1 || held <= total / (2 * threads), "{threads}: {u:?}");
+            }
+            assert_eq!(next, items.len());
+            // The 4096-token sequence (16 items) is cut into more units with more threads.
+            let first = units.iter().take_while(|u| items[u.start].seq == 0).count();
+            assert!(first >= 2 * threads.min(4) - 1, "{threads} threads: {first} units");
+        }
+    }
 
     /// Which sequences run head by head with their rows copied, and the copies' rows:
     /// token-major K/V of sequences whose items read each K/V head at least 4 times are
