@@ -69,7 +69,7 @@ const MAX_QR: usize = 32;
 /// Most bytes of one `(batch, K/V head)`'s f32 keys and values that a thread copies into
 /// consecutive rows ([`HeadCopy`]): a head of 16 384 keys at d 128. Longer heads are read in
 /// place.
-const HEAD_COPY_MAX: usize = 16 << 20;
+pub(crate) const HEAD_COPY_MAX: usize = 16 << 20;
 
 /// Fewest tasks reading one `(batch, K/V head)` (query tile groups times query heads per K/V
 /// head) for which flash copies its rows ([`HeadCopy`]). A copy reads the rows once more than

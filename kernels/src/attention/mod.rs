@@ -79,7 +79,7 @@ use blocks::{KvAny, Q8Mat, Strided};
 
 pub use additive::{AdditiveAttention, AdditiveWeights};
 pub(crate) use decode::{run_paged, PagedPiece};
-pub(crate) use flash::worth_copying;
+pub(crate) use flash::{worth_copying, HEAD_COPY_MAX};
 
 /// Every attention path (flash, decode, unfused) flushes a probability `e^(s − m)` (the
 /// score's distance below its row's running maximum `m`) to 0 when `s − m` is below this:

@@ -12,7 +12,7 @@ use attn_core::{
 };
 
 use crate::arch::{self, Isa};
-use crate::attention::{worth_copying, Attention, Path};
+use crate::attention::{worth_copying, Attention, Path, HEAD_COPY_MAX};
 use crate::par::Parallelism;
 
 /// Queries per work item: a sequence longer than this is cut into chunks of this many queries
@@ -528,10 +528,6 @@ impl<'a> Call<'a> {
         bytes.is_some_and(|b| b > 0 && b <= HEAD_COPY_MAX) && worth_copying(reads)
     }
 }
-
-/// Most bytes of one K/V head's keys and values that a sequential varlen call copies
-/// ([`KvCopy`]), as flash's own head copy: a head of 16 384 keys at d 128.
-const HEAD_COPY_MAX: usize = 16 << 20;
 
 /// `layout: [1, heads, n, d]` cut to heads `heads` (the offset moved only when the cut view
 /// has elements, which the checked view then holds).
