@@ -128,15 +128,12 @@ impl Path {
         }
     }
 
-    /// How many times this path reads each K/V head's rows in a call of `nq` queries with
-    /// `group` query heads per K/V head on `isa`: once on the decode path (all the group's
-    /// rows share each key), once per flash task otherwise (the unfused path reads it once per
-    /// query head, fewer).
-    pub(crate) fn kv_reads(self, isa: Isa, nq: usize, group: usize) -> usize {
-        match self.resolve(nq) {
-            Path::Decode => 1,
-            _ => flash::readers(isa, nq, group),
-        }
+    /// How many flash tasks read each K/V head in a call of `nq` queries with `group` query
+    /// heads per K/V head on `isa`, when this path runs it on the flash path; `None` on any
+    /// other path. Only flash's arithmetic is the same for every K/V layout (decode's block
+    /// size depends on the rows' stride, see `decode_block_keys`).
+    pub(crate) fn flash_reads(self, isa: Isa, nq: usize, group: usize) -> Option<usize> {
+        (self.resolve(nq) == Path::Flash).then(|| flash::readers(isa, nq, group))
     }
 }
 

@@ -50,10 +50,11 @@ pub const VARLEN_Q_CHUNK: usize = 256;
 /// the work, or one item) are shared among them, largest first, each run on one thread: the
 /// output splits into one contiguous piece per run. Otherwise (e.g. head-major
 /// `[heads, total, d]` output) the items run one after another, each using the threads
-/// itself. On one thread, a sequence's items (or a run's) whose K/V rows are not consecutive
-/// (token-major storage) and which read each K/V head at least 4 times run head by head, on a
-/// copy of the head's keys and values in consecutive rows: memory for one head of one
-/// sequence, at most 16 MiB a thread. The result is the reference's
+/// itself. Within one thread, the flash items of a sequence (or of a run) whose K/V rows are
+/// not consecutive (token-major storage) and which read each K/V head at least 4 times run
+/// head by head, on a copy of the head's keys and values in consecutive rows (memory: one head
+/// of one sequence, at most 16 MiB a thread); flash's arithmetic does not depend on the K/V
+/// layout, so this changes no bit. The result is the reference's
 /// `attn_reference::batch::attention_varlen` within the attention bounds, and bitwise the same
 /// for every thread count.
 ///
@@ -468,11 +469,12 @@ impl<'a> Call<'a> {
 
     /// Runs consecutive items `its` of one sequence one after another on this thread, into
     /// `o` (whose token 0 is packed token `t0`) and their logsumexp rows `lse`. When the K/V
-    /// rows are not consecutive and the items read each K/V head at least 4 times
-    /// ([`head_by_head`](Self::head_by_head)), they run head by head: each K/V head's rows are
-    /// copied into consecutive rows once (into `copy`, [`KvCopy`]), then all the items run on
-    /// that head and its query heads, the head's keys still in cache from the item before.
-    /// Otherwise they run item by item, all heads at once, reading in place.
+    /// rows are not consecutive and the flash items read each K/V head at least 4 times
+    /// ([`head_by_head`](Self::head_by_head)), those run head by head: each K/V head's rows
+    /// are copied into consecutive rows once (into `copy`, [`KvCopy`]), then all the flash
+    /// items run on that head and its query heads, the head's keys still in cache from the
+    /// item before; the other items (a decode tail) first run as they would alone. Otherwise
+    /// the items run one by one, all heads at once, reading in place.
     fn run_seq(
         &self,
         its: &[Item],
@@ -496,10 +498,15 @@ impl<'a> Call<'a> {
             }
             return Ok(());
         }
+        // Items on another path than flash (a decode tail) run as they would alone.
+        let on_copy = |it: &Item| self.path.flash_reads(self.isa, it.q.len(), group).is_some();
+        for (it, rows) in its.iter().zip(lse.iter_mut()).filter(|(it, _)| !on_copy(it)) {
+            self.item(it, 0..hq, None, out(o, it, t0), rows.take(), Parallelism::Sequential)?;
+        }
         for kh in 0..hkv {
             let copied = copy.fill(&self.k, &self.v, kh, keys.clone(), self.d);
             let heads = kh * group..(kh + 1) * group;
-            for (it, rows) in its.iter().zip(lse.iter_mut()) {
+            for (it, rows) in its.iter().zip(lse.iter_mut()).filter(|(it, _)| on_copy(it)) {
                 let lse = rows
                     .as_mut()
                     .map(|r| r[heads.clone()].iter_mut().map(|x| &mut **x).collect::<Vec<_>>());
@@ -510,10 +517,10 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
-    /// Whether a sequence of these items over `nk` keys runs head by head with its K/V rows
-    /// copied (see [`sequential`](Self::sequential)): its rows are not consecutive, one
-    /// head's keys and values fit in [`HEAD_COPY_MAX`] bytes, and its items read each K/V head
-    /// often enough.
+    /// Whether a sequence's items `its` over `nk` keys run head by head with its K/V rows
+    /// copied (see [`run_seq`](Self::run_seq)): the rows are not consecutive, one head's
+    /// keys and values fit in [`HEAD_COPY_MAX`] bytes, and the flash items read each K/V head
+    /// often enough ([`Path::flash_reads`], [`worth_copying`]).
     fn head_by_head(&self, its: &[Item], nk: usize) -> bool {
         let [hq, hkv] = self.heads;
         let consecutive = |t: &TensorRef<'_>| t.layout.matrix(0, 0).rows_consecutive();
@@ -523,7 +530,7 @@ impl<'a> Call<'a> {
             return false;
         }
         let reads = its.iter().fold(0usize, |r, it| {
-            r.saturating_add(self.path.kv_reads(self.isa, it.q.len(), hq / hkv))
+            r.saturating_add(self.path.flash_reads(self.isa, it.q.len(), hq / hkv).unwrap_or(0))
         });
         bytes.is_some_and(|b| b > 0 && b <= HEAD_COPY_MAX) && worth_copying(reads)
     }
@@ -545,8 +552,10 @@ fn head_range(layout: Tensor4Layout, heads: Range<usize>) -> Tensor4Layout {
 /// (`k: [n, dk]`, `v: [n, dv]`), for packed views whose rows are not (token-major
 /// `[total, heads, d]` storage, a head's rows `heads·d` apart). The items of a sequence are
 /// [`Attention`] calls of a few tasks a head each, too few for flash's own head copy, so each
-/// would read the rows from L3 in place. The arithmetic is the same either way. One buffer
-/// serves every head and sequence that a thread runs (perf journal, 2026-12-07 01:38).
+/// would read the rows from L3 in place. Flash's arithmetic is the same either way; decode's
+/// is not (its block size depends on the rows' stride), so decode items never read a copy.
+/// One buffer serves every head and sequence that a thread runs (perf journal, 2026-12-07
+/// 01:38).
 #[derive(Default)]
 struct KvCopy {
     /// The first key copied, a token of the packed K/V views.
