@@ -255,7 +255,7 @@ impl<'a> VarlenAttention<'a> {
             (rest, at) = (tail, hi);
             let piece = Tensor4Layout { dims: [1, hq, t1 - t0, dv], offset: 0, ..layout };
             let rows: Vec<_> = lse_rows.by_ref().take(its.len()).collect();
-            let work: usize = its.iter().map(|it| it.q.len() * it.k.len()).sum();
+            let work = its.iter().fold(0usize, |w, it| w.saturating_add(it.work()));
             tasks.push((work, its, TensorMut::new(mine, piece), t0, rows));
         }
         // Largest first, so that the long causal chunks do not finish last.
@@ -277,20 +277,19 @@ impl<'a> VarlenAttention<'a> {
 /// then a few units, each reading its keys head by head, and the largest-first order still
 /// has units to balance the threads with.
 fn units(items: &[Item], threads: usize) -> Vec<Range<usize>> {
-    let work = |it: &Item| it.q.len().saturating_mul(it.k.len());
-    let total = items.iter().fold(0usize, |w, it| w.saturating_add(work(it)));
+    let total = items.iter().fold(0usize, |w, it| w.saturating_add(it.work()));
     let most = total / (2 * threads).max(1);
     let mut units: Vec<Range<usize>> = Vec::new();
     let mut held = 0usize;
     for (i, it) in items.iter().enumerate() {
         match units.last_mut() {
-            Some(u) if items[u.start].seq == it.seq && held.saturating_add(work(it)) <= most => {
+            Some(u) if items[u.start].seq == it.seq && held.saturating_add(it.work()) <= most => {
                 u.end = i + 1;
-                held += work(it);
+                held += it.work();
             }
             _ => {
                 units.push(i..i + 1);
-                held = work(it);
+                held = it.work();
             }
         }
     }
@@ -306,6 +305,13 @@ struct Item {
     q: Range<usize>,
     k: Range<usize>,
     mask: Mask<'static>,
+}
+
+impl Item {
+    /// The item's work, for balancing: `nq·nk` (saturating).
+    fn work(&self) -> usize {
+        self.q.len().saturating_mul(self.k.len())
+    }
 }
 
 /// The items of a batch, in token order: each non-empty sequence cut into chunks of
@@ -400,6 +406,11 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
+    /// Query heads per K/V head (1 when there are no heads: checked non-zero otherwise).
+    fn group(&self) -> usize {
+        (self.heads[0] / self.heads[1].max(1)).max(1)
+    }
+
     /// Runs one item on query heads `heads` (and their K/V heads) into its output view
     /// `o: [1, hq, n, dv]` (all heads), and its logsumexps into `lse` (one slice of `n`
     /// entries per head of `heads`) when given. The keys and values come from `copy` (one K/V
@@ -413,7 +424,7 @@ impl<'a> Call<'a> {
         lse: Option<Vec<&mut [f32]>>,
         par: Parallelism,
     ) -> Result<()> {
-        let group = (self.heads[0] / self.heads[1].max(1)).max(1);
+        let group = self.group();
         let kv_heads = heads.start / group..heads.end / group;
         let view = |t: &TensorRef<'a>, tokens: Range<usize>, heads: Range<usize>| {
             TensorRef::new(t.data, head_range(packed_seq(&t.layout, tokens), heads))
@@ -483,8 +494,7 @@ impl<'a> Call<'a> {
         t0: usize,
         copy: &mut KvCopy,
     ) -> Result<()> {
-        let [hq, hkv] = self.heads;
-        let group = hq / hkv.max(1);
+        let ([hq, hkv], group) = (self.heads, self.group());
         // Item `it`'s rows of `o`.
         fn out<'o>(o: &'o mut TensorMut<'_>, it: &Item, t0: usize) -> TensorMut<'o> {
             let l = packed_seq(&o.layout, it.q.start - t0..it.q.end - t0);
@@ -522,15 +532,14 @@ impl<'a> Call<'a> {
     /// keys and values fit in [`HEAD_COPY_MAX`] bytes, and the flash items read each K/V head
     /// often enough ([`Path::flash_reads`], [`worth_copying`]).
     fn head_by_head(&self, its: &[Item], nk: usize) -> bool {
-        let [hq, hkv] = self.heads;
         let consecutive = |t: &TensorRef<'_>| t.layout.matrix(0, 0).rows_consecutive();
         let bytes =
             self.d[0].checked_add(self.d[1]).and_then(|d| d.checked_mul(nk)?.checked_mul(4));
-        if hkv == 0 || (consecutive(&self.k) && consecutive(&self.v)) {
+        if self.heads[1] == 0 || (consecutive(&self.k) && consecutive(&self.v)) {
             return false;
         }
         let reads = its.iter().fold(0usize, |r, it| {
-            r.saturating_add(self.path.flash_reads(self.isa, it.q.len(), hq / hkv).unwrap_or(0))
+            r.saturating_add(self.path.flash_reads(self.isa, it.q.len(), self.group()).unwrap_or(0))
         });
         bytes.is_some_and(|b| b > 0 && b <= HEAD_COPY_MAX) && worth_copying(reads)
     }
@@ -629,8 +638,7 @@ mod tests {
         let cu = [0usize, 4096, 4160, 4416, 5440, 5441, 5441, 7489];
         let s = SeqOffsets::new("cu_seqlens_q", &cu).unwrap();
         let items = plan(&s, &s, &Mask::CAUSAL, &Variants::NONE);
-        let work = |it: &Item| it.q.len() * it.k.len();
-        let total: usize = items.iter().map(work).sum();
+        let total: usize = items.iter().map(Item::work).sum();
         for threads in [1, 2, 3, 8] {
             let units = units(&items, threads);
             let mut next = 0;
@@ -640,7 +648,7 @@ mod tests {
                 next = u.end;
                 let its = &items[u.clone()];
                 assert!(its.iter().all(|it| it.seq == its[0].seq), "{units:?}");
-                let held: usize = its.iter().map(work).sum();
+                let held: usize = its.iter().map(Item::work).sum();
                 assert!(its.len() == 1 || held <= total / (2 * threads), "{threads}: {u:?}");
             }
             assert_eq!(next, items.len());
