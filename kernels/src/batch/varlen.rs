@@ -43,18 +43,20 @@ pub const VARLEN_Q_CHUNK: usize = 256;
 ///
 /// Work: only the sequences' own rows (no padding); a sequence of `nq_s` queries is
 /// `⌈nq_s / VARLEN_Q_CHUNK⌉` items, and a causal chunk visits only the keys up to its last
-/// query's diagonal. On one thread the items run in token order. With several threads, when
-/// the output stores each token's rows apart from other tokens' (its token stride exceeds the
-/// extent of one token's heads and values, as in `[total, heads, d]` and `[batch·seq, heads,
-/// d]` storage), runs of consecutive items of one sequence (each at most `1/(2·threads)` of
-/// the work, or one item) are shared among them, largest first, each run on one thread: the
-/// output splits into one contiguous piece per run. Otherwise (e.g. head-major
-/// `[heads, total, d]` output) the items run one after another, each using the threads
-/// itself. Within one thread, the flash items of a sequence (or of a run) whose K/V rows are
-/// not consecutive (token-major storage) and which read each K/V head at least 4 times run
-/// head by head, on a copy of the head's keys and values in consecutive rows (memory: one head
-/// of one sequence, at most 16 MiB a thread); flash's arithmetic does not depend on the K/V
-/// layout, so this changes no bit. The result is the reference's
+/// query's diagonal. The flash items of a sequence whose K/V rows are not consecutive
+/// (token-major storage) and which read each K/V head at least 4 times run head by head, on a
+/// copy of the head's keys and values in consecutive rows; flash's arithmetic does not depend
+/// on the K/V layout, so this changes no bit. On one thread the sequences run in token order,
+/// each copied one head at a time (memory: one head of one sequence, at most 16 MiB). With
+/// several threads, when the output stores each token's rows apart from other tokens' (its
+/// token stride exceeds the extent of one token's heads and values, as in `[total, heads, d]`
+/// and `[batch·seq, heads, d]` storage), the output splits into one contiguous piece per item
+/// and the items run in rounds, one K/V head a round: the round copies that head of every
+/// sequence that runs head by head (those that fit together in 16 MiB, in token order), then
+/// the threads take its items largest first (the other items, on all heads, in the first
+/// round). Otherwise (e.g. head-major `[heads, total, d]`
+/// output) the items run one after another, each using the threads itself. The result is the
+/// reference's
 /// `attn_reference::batch::attention_varlen` within the attention bounds, and bitwise the same
 /// for every thread count.
 ///
@@ -238,62 +240,41 @@ impl<'a> VarlenAttention<'a> {
             }
             return Ok(());
         }
-        // One contiguous piece of the output per unit: units are runs of items in token order,
-        // disjoint, and a token's rows lie within its token stride (`token_major`), so tokens
-        // `t0..t1` own elements `offset + t0·st .. offset + t1·st` (cut at the slice's end).
+        // One contiguous piece of the output per item: items are in token order, disjoint,
+        // and a token's rows lie within its token stride (`token_major`), so tokens `t0..t1`
+        // own elements `offset + t0·st .. offset + t1·st` (cut at the slice's end).
         let (st, len) = (layout.strides[2], o.data.len());
         let (mut rest, mut at) = (o.data, 0usize);
-        let mut lse_rows = lse_rows.into_iter();
-        let mut tasks = Vec::new();
-        for unit in units(&items, self.par.count()) {
-            let its = &items[unit];
-            let (t0, t1) = (its[0].q.start, its[its.len() - 1].q.end);
-            let lo = layout.offset + t0 * st;
-            let hi = (layout.offset + t1 * st).min(len);
+        let copied = call.copied(&items);
+        let mut tasks = Vec::with_capacity(items.len());
+        for ((it, lse), copied) in items.iter().zip(lse_rows).zip(copied.flags) {
+            let lo = layout.offset + it.q.start * st;
+            let hi = (layout.offset + it.q.end * st).min(len);
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(lo - at);
             let (mine, tail) = tail.split_at_mut(hi - lo);
             (rest, at) = (tail, hi);
-            let piece = Tensor4Layout { dims: [1, hq, t1 - t0, dv], offset: 0, ..layout };
-            let rows: Vec<_> = lse_rows.by_ref().take(its.len()).collect();
-            let work = its.iter().fold(0usize, |w, it| w.saturating_add(it.work()));
-            tasks.push((work, its, TensorMut::new(mine, piece), t0, rows));
+            let piece = Tensor4Layout { dims: [1, hq, it.q.len(), dv], offset: 0, ..layout };
+            tasks.push(Task { it, out: TensorMut::new(mine, piece), lse, copied });
         }
-        // Largest first, so that the long causal chunks do not finish last.
-        tasks.sort_by_key(|task| std::cmp::Reverse(task.0));
-        self.par.install(|| {
-            tasks.into_par_iter().with_max_len(1).try_for_each_init(
-                KvCopy::default,
-                |copy, (_, its, mut out, t0, mut rows)| {
-                    call.run_seq(its, &mut rows, &mut out, t0, copy)
-                },
-            )
-        })
+        self.par.install(|| call.rounds(&mut tasks, &copied.ranges))
     }
 }
 
-/// The units of the threaded split: runs of consecutive items of one sequence, each run on
-/// one thread as [`Call::run_seq`] runs a sequence, none holding more than
-/// `1/(2·threads)` of the work (`nq·nk` an item) unless it is one item. A long sequence is
-/// then a few units, each reading its keys head by head, and the largest-first order still
-/// has units to balance the threads with.
-fn units(items: &[Item], threads: usize) -> Vec<Range<usize>> {
-    let total = items.iter().fold(0usize, |w, it| w.saturating_add(it.work()));
-    let most = total / (2 * threads).max(1);
-    let mut units: Vec<Range<usize>> = Vec::new();
-    let mut held = 0usize;
-    for (i, it) in items.iter().enumerate() {
-        match units.last_mut() {
-            Some(u) if items[u.start].seq == it.seq && held.saturating_add(it.work()) <= most => {
-                u.end = i + 1;
-                held += it.work();
-            }
-            _ => {
-                units.push(i..i + 1);
-                held = it.work();
-            }
-        }
-    }
-    units
+/// One item of the threaded split: its piece of the output, its logsumexp rows, and whether
+/// it runs head by head on the round's copy ([`Call::rounds`]).
+struct Task<'i, 'o> {
+    it: &'i Item,
+    out: TensorMut<'o>,
+    lse: Option<Vec<&'o mut [f32]>>,
+    copied: bool,
+}
+
+/// Which items of a threaded call read copies ([`Call::copied`]).
+struct Copied {
+    /// Per item.
+    flags: Vec<bool>,
+    /// The keys of the copied sequences, in token order.
+    ranges: Vec<Range<usize>>,
 }
 
 /// One work item: packed queries `q` against packed keys `k` (already cut at the causal
@@ -429,8 +410,8 @@ impl<'a> Call<'a> {
         let view = |t: &TensorRef<'a>, tokens: Range<usize>, heads: Range<usize>| {
             TensorRef::new(t.data, head_range(packed_seq(&t.layout, tokens), heads))
         };
-        let (k, v) = match copy {
-            Some(c) => (c.keys(it.k.clone()), c.values(it.k.clone())),
+        let (k, v) = match copy.and_then(|c| c.kv(it.k.clone())) {
+            Some(kv) => kv,
             None => (
                 view(&self.k, it.k.clone(), kv_heads.clone()),
                 view(&self.v, it.k.clone(), kv_heads),
@@ -494,44 +475,103 @@ impl<'a> Call<'a> {
         t0: usize,
         copy: &mut KvCopy,
     ) -> Result<()> {
-        let ([hq, hkv], group) = (self.heads, self.group());
-        // Item `it`'s rows of `o`.
-        fn out<'o>(o: &'o mut TensorMut<'_>, it: &Item, t0: usize) -> TensorMut<'o> {
-            let l = packed_seq(&o.layout, it.q.start - t0..it.q.end - t0);
-            TensorMut { data: &mut *o.data, layout: l }
-        }
-        // Every item of a sequence starts at its first key (`plan`).
-        let keys = its[0].k.start..its.iter().map(|it| it.k.end).max().unwrap_or(0);
-        if !self.head_by_head(its, keys.len()) {
+        let ([hq, hkv], group, seq) = (self.heads, self.group(), Parallelism::Sequential);
+        if !self.head_by_head(its) {
             for (it, rows) in its.iter().zip(lse) {
-                self.item(it, 0..hq, None, out(o, it, t0), rows.take(), Parallelism::Sequential)?;
+                self.item(it, 0..hq, None, item_out(o, it, t0), rows.take(), seq)?;
             }
             return Ok(());
         }
-        // Items on another path than flash (a decode tail) run as they would alone.
-        let on_copy = |it: &Item| self.path.flash_reads(self.isa, it.q.len(), group).is_some();
-        for (it, rows) in its.iter().zip(lse.iter_mut()).filter(|(it, _)| !on_copy(it)) {
-            self.item(it, 0..hq, None, out(o, it, t0), rows.take(), Parallelism::Sequential)?;
+        for (it, rows) in its.iter().zip(lse.iter_mut()).filter(|(it, _)| !self.on_copy(it)) {
+            self.item(it, 0..hq, None, item_out(o, it, t0), rows.take(), seq)?;
         }
         for kh in 0..hkv {
-            let copied = copy.fill(&self.k, &self.v, kh, keys.clone(), self.d);
+            let copied = copy.fill(&self.k, &self.v, kh, &[keys(its)], self.d, false);
             let heads = kh * group..(kh + 1) * group;
-            for (it, rows) in its.iter().zip(lse.iter_mut()).filter(|(it, _)| on_copy(it)) {
-                let lse = rows
-                    .as_mut()
-                    .map(|r| r[heads.clone()].iter_mut().map(|x| &mut **x).collect::<Vec<_>>());
-                let c = copied.then_some(&*copy);
-                self.item(it, heads.clone(), c, out(o, it, t0), lse, Parallelism::Sequential)?;
+            for (it, rows) in its.iter().zip(lse.iter_mut()).filter(|(it, _)| self.on_copy(it)) {
+                let (c, lse) = (copied.then_some(&*copy), head_rows(rows, heads.clone()));
+                self.item(it, heads.clone(), c, item_out(o, it, t0), lse, seq)?;
             }
         }
         Ok(())
     }
 
-    /// Whether a sequence's items `its` over `nk` keys run head by head with its K/V rows
-    /// copied (see [`run_seq`](Self::run_seq)): the rows are not consecutive, one head's
-    /// keys and values fit in [`HEAD_COPY_MAX`] bytes, and the flash items read each K/V head
-    /// often enough ([`Path::flash_reads`], [`worth_copying`]).
-    fn head_by_head(&self, its: &[Item], nk: usize) -> bool {
+    /// The items that a threaded call runs on copies: the flash items of the sequences that
+    /// run head by head ([`head_by_head`](Self::head_by_head)), in token order while one head
+    /// of all their keys and values fits in [`HEAD_COPY_MAX`] bytes.
+    fn copied(&self, items: &[Item]) -> Copied {
+        let (mut flags, mut ranges, mut bytes) = (vec![false; items.len()], Vec::new(), 0usize);
+        let mut at = 0;
+        while at < items.len() {
+            let seq = items[at].seq;
+            let end = at + items[at..].iter().take_while(|it| it.seq == seq).count();
+            let (its, keys) = (&items[at..end], keys(&items[at..end]));
+            // Within `HEAD_COPY_MAX` when the sequence runs head by head.
+            let more = (self.d[0] + self.d[1]) * 4 * keys.len();
+            if self.head_by_head(its) && bytes + more <= HEAD_COPY_MAX {
+                bytes += more;
+                ranges.push(keys);
+                for (flag, it) in flags[at..end].iter_mut().zip(its) {
+                    *flag = self.on_copy(it);
+                }
+            }
+            at = end;
+        }
+        Copied { flags, ranges }
+    }
+
+    /// Runs a threaded call's items (`tasks`, one output piece each) on the threads of the
+    /// current pool, in rounds, one K/V head a round: the round copies that head's keys and
+    /// values of the sequences `ranges` (keys and values by two tasks), then its tasks run,
+    /// largest first, each taken by whichever thread is free: the copied items on that head
+    /// and its query heads, and in the first round the other items on all heads, in place.
+    /// Without copies there is one round. Every item then reads what it would on one thread.
+    fn rounds(&self, tasks: &mut [Task<'_, '_>], ranges: &[Range<usize>]) -> Result<()> {
+        let ([hq, hkv], group, seq) = (self.heads, self.group(), Parallelism::Sequential);
+        // A copied item's work a round, against another item's on all heads in the first.
+        let weight = |t: &Task<'_, '_>| t.it.work().saturating_mul(if t.copied { 1 } else { hkv });
+        tasks.sort_by_key(|t| std::cmp::Reverse(weight(t)));
+        let mut copy = KvCopy::default();
+        let rounds = if ranges.is_empty() { 1 } else { hkv };
+        for kh in 0..rounds {
+            let filled =
+                !ranges.is_empty() && copy.fill(&self.k, &self.v, kh, ranges, self.d, true);
+            let (heads, c) = (kh * group..(kh + 1) * group, filled.then_some(&copy));
+            let next = std::sync::Mutex::new(tasks.iter_mut().filter(|t| t.copied || kh == 0));
+            let workers = rayon::current_num_threads();
+            (0..workers).into_par_iter().with_max_len(1).try_for_each(|_| loop {
+                let task = next.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let Some(t) = task else { return Ok(()) };
+                let o = TensorMut { data: &mut *t.out.data, layout: t.out.layout };
+                if t.copied {
+                    self.item(
+                        t.it,
+                        heads.clone(),
+                        c,
+                        o,
+                        head_rows(&mut t.lse, heads.clone()),
+                        seq,
+                    )?;
+                } else {
+                    self.item(t.it, 0..hq, None, o, t.lse.take(), seq)?;
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Whether item `it` runs on flash, so on a head's copy when its sequence runs head by
+    /// head (the items on another path, a decode tail, run as they would alone).
+    fn on_copy(&self, it: &Item) -> bool {
+        self.path.flash_reads(self.isa, it.q.len(), self.group()).is_some()
+    }
+
+    /// Whether a sequence's items `its` run head by head with its K/V rows copied (see
+    /// [`run_seq`](Self::run_seq)): the rows are not consecutive, one head's keys and values
+    /// fit in [`HEAD_COPY_MAX`] bytes, and the flash items read each K/V head often enough
+    /// ([`Path::flash_reads`], [`worth_copying`]).
+    fn head_by_head(&self, its: &[Item]) -> bool {
+        let nk = keys(its).len();
         let consecutive = |t: &TensorRef<'_>| t.layout.matrix(0, 0).rows_consecutive();
         let bytes =
             self.d[0].checked_add(self.d[1]).and_then(|d| d.checked_mul(nk)?.checked_mul(4));
@@ -557,18 +597,41 @@ fn head_range(layout: Tensor4Layout, heads: Range<usize>) -> Tensor4Layout {
     }
 }
 
-/// One K/V head's keys and values of one sequence, copied into consecutive rows
-/// (`k: [n, dk]`, `v: [n, dv]`), for packed views whose rows are not (token-major
-/// `[total, heads, d]` storage, a head's rows `heads·d` apart). The items of a sequence are
-/// [`Attention`] calls of a few tasks a head each, too few for flash's own head copy, so each
-/// would read the rows from L3 in place. Flash's arithmetic is the same either way; decode's
-/// is not (its block size depends on the rows' stride), so decode items never read a copy.
-/// One buffer serves every head and sequence that a thread runs (perf journal, 2026-12-07
-/// 01:38).
+/// The keys that consecutive items `its` of one sequence read: every item starts at its
+/// sequence's first key (`plan`).
+fn keys(its: &[Item]) -> Range<usize> {
+    let start = its.first().map_or(0, |it| it.k.start);
+    start..its.iter().map(|it| it.k.end).max().unwrap_or(start)
+}
+
+/// Item `it`'s rows of `o`, whose token 0 is packed token `t0`.
+fn item_out<'o>(o: &'o mut TensorMut<'_>, it: &Item, t0: usize) -> TensorMut<'o> {
+    let l = packed_seq(&o.layout, it.q.start - t0..it.q.end - t0);
+    TensorMut { data: &mut *o.data, layout: l }
+}
+
+/// The logsumexp rows of query heads `heads` of an item's rows (one per query head), when
+/// it has them.
+fn head_rows<'r>(
+    rows: &'r mut Option<Vec<&mut [f32]>>,
+    heads: Range<usize>,
+) -> Option<Vec<&'r mut [f32]>> {
+    rows.as_mut().map(|r| r[heads].iter_mut().map(|x| &mut **x).collect())
+}
+
+/// One K/V head's keys and values of some sequences (each a range of keys), copied into
+/// consecutive rows (`k: [n, dk]`, `v: [n, dv]`, the ranges one after another), for packed
+/// views whose rows are not (token-major `[total, heads, d]` storage, a head's rows `heads·d`
+/// apart). The items of a sequence are [`Attention`] calls of a few tasks a head each, too
+/// few for flash's own head copy, so each would read the rows from L3 in place. Flash's
+/// arithmetic is the same either way; decode's is not (its block size depends on the rows'
+/// stride), so decode items never read a copy. One buffer serves every head that a call runs
+/// (perf journal, 2026-12-07 01:38).
 #[derive(Default)]
 struct KvCopy {
-    /// The first key copied, a token of the packed K/V views.
-    from: usize,
+    /// The ranges of keys copied (tokens of the packed K/V views), in token order, and the
+    /// row of the copy where each starts.
+    ranges: Vec<(Range<usize>, usize)>,
     /// Keys copied.
     n: usize,
     /// `[dk, dv]`.
@@ -578,24 +641,34 @@ struct KvCopy {
 }
 
 impl KvCopy {
-    /// Copies keys `keys` of K/V head `kh` of the packed views `k` and `v` (`[dk, dv]` wide);
-    /// false when the room cannot be allocated (nothing is copied then).
+    /// Copies keys `ranges` (in token order, disjoint) of K/V head `kh` of the packed views
+    /// `k` and `v` (`[dk, dv]` wide), the keys and the values by two tasks of the current pool
+    /// when `par`; false when the room cannot be allocated (then the copy holds no keys).
+    #[allow(clippy::too_many_arguments)]
     fn fill(
         &mut self,
         k: &TensorRef<'_>,
         v: &TensorRef<'_>,
         kh: usize,
-        keys: Range<usize>,
+        ranges: &[Range<usize>],
         d: [usize; 2],
+        par: bool,
     ) -> bool {
-        (self.from, self.n, self.d) = (keys.start, keys.len(), d);
-        for (src, dst, d) in [(k, &mut self.k, d[0]), (v, &mut self.v, d[1])] {
+        self.ranges.clear();
+        self.d = d;
+        self.n = 0;
+        for r in ranges {
+            self.ranges.push((r.clone(), self.n));
+            self.n += r.len();
+        }
+        let n = self.n;
+        let one = |src: &TensorRef<'_>, dst: &mut Vec<f32>, d: usize| {
             dst.clear();
-            if dst.try_reserve_exact(keys.len() * d).is_err() {
+            if dst.try_reserve_exact(n * d).is_err() {
                 return false;
             }
             let m = src.layout.matrix(0, kh);
-            for t in keys.clone().filter(|_| d > 0) {
+            for t in ranges.iter().flat_map(|r| r.clone()).filter(|_| d > 0) {
                 let at = m.index(t, 0);
                 if m.col_stride == 1 {
                     dst.extend_from_slice(&src.data[at..at + d]);
@@ -603,60 +676,42 @@ impl KvCopy {
                     dst.extend((0..d).map(|c| src.data[at + c * m.col_stride]));
                 }
             }
+            true
+        };
+        let (kd, vd) = (&mut self.k, &mut self.v);
+        let (a, b) = if par {
+            rayon::join(|| one(k, kd, d[0]), || one(v, vd, d[1]))
+        } else {
+            (one(k, kd, d[0]), one(v, vd, d[1]))
+        };
+        if !(a && b) {
+            self.ranges.clear();
+            self.n = 0;
         }
-        true
+        a && b
     }
 
-    /// Keys `range` (tokens of the packed views, within those copied) as a `[1, 1, len, dk]`
-    /// view.
-    fn keys(&self, range: Range<usize>) -> TensorRef<'_> {
-        TensorRef::new(&self.k, self.view(range, self.d[0]))
-    }
-
-    /// Values `range`, as [`keys`](Self::keys).
-    fn values(&self, range: Range<usize>) -> TensorRef<'_> {
-        TensorRef::new(&self.v, self.view(range, self.d[1]))
-    }
-
-    fn view(&self, range: Range<usize>, d: usize) -> Tensor4Layout {
-        Tensor4Layout {
+    /// Keys `range` (tokens of the packed views) and their values, as `[1, 1, len, dk]` and
+    /// `[1, 1, len, dv]` views, when they lie within one range copied.
+    fn kv(&self, range: Range<usize>) -> Option<(TensorRef<'_>, TensorRef<'_>)> {
+        let i = self.ranges.partition_point(|(r, _)| r.start <= range.start).checked_sub(1)?;
+        let (r, row) = &self.ranges[i];
+        if range.end > r.end {
+            return None;
+        }
+        let row = row + (range.start - r.start);
+        let view = |d: usize| Tensor4Layout {
             dims: [1, 1, range.len(), d],
             strides: [0, self.n * d, d, 1],
-            offset: (range.start - self.from) * d,
-        }
+            offset: row * d,
+        };
+        Some((TensorRef::new(&self.k, view(self.d[0])), TensorRef::new(&self.v, view(self.d[1]))))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The threaded split's units cover the items in order, never span two sequences, and
-    /// hold at most `1/(2·threads)` of the work unless they are one item.
-    #[test]
-    fn units_cut_sequences_into_runs_of_bounded_work() {
-        let cu = [0usize, 4096, 4160, 4416, 5440, 5441, 5441, 7489];
-        let s = SeqOffsets::new("cu_seqlens_q", &cu).unwrap();
-        let items = plan(&s, &s, &Mask::CAUSAL, &Variants::NONE);
-        let total: usize = items.iter().map(Item::work).sum();
-        for threads in [1, 2, 3, 8] {
-            let units = units(&items, threads);
-            let mut next = 0;
-            for u in &units {
-                assert_eq!(u.start, next, "{threads} threads: {units:?}");
-                assert!(u.end > u.start);
-                next = u.end;
-                let its = &items[u.clone()];
-                assert!(its.iter().all(|it| it.seq == its[0].seq), "{units:?}");
-                let held: usize = its.iter().map(Item::work).sum();
-                assert!(its.len() == 1 || held <= total / (2 * threads), "{threads}: {u:?}");
-            }
-            assert_eq!(next, items.len());
-            // The 4096-token sequence (16 items) is cut into more units with more threads.
-            let first = units.iter().take_while(|u| items[u.start].seq == 0).count();
-            assert!(first >= 2 * threads.min(4) - 1, "{threads} threads: {first} units");
-        }
-    }
 
     /// Which sequences run head by head with their rows copied, and the copies' rows:
     /// token-major K/V of sequences whose items read each K/V head at least 4 times are
@@ -695,22 +750,42 @@ mod tests {
                 // A sequence's items are consecutive.
                 let at = items.iter().position(|it| it.seq == s).unwrap();
                 let its = &items[at..at + items.iter().filter(|it| it.seq == s).count()];
-                let keys = sk.range(s);
-                assert_eq!(call.head_by_head(its, keys.len()), want, "seq {s} token-major {token}");
-                let mut copy = KvCopy::default();
-                for kh in 0..hkv {
-                    assert!(copy.fill(&k, &v, kh, keys.clone(), [dk, dv]));
-                    let (ck, cv) = (copy.keys(keys.clone()), copy.values(keys.clone()));
-                    for t in keys.clone() {
-                        let i = t - keys.start;
+                assert_eq!(call.head_by_head(its), want, "seq {s} token-major {token}");
+            }
+            // A threaded call copies the flash items' sequences, all of them at once.
+            let copied = call.copied(&items);
+            let want: Vec<bool> =
+                items.iter().map(|it| token && [0, 3].contains(&it.seq)).collect();
+            assert_eq!(copied.flags, want, "token-major {token}");
+            let ranges = if token { vec![sk.range(0), sk.range(3)] } else { vec![] };
+            assert_eq!(copied.ranges, ranges);
+            // Sequences are copied while one head of them fits in `HEAD_COPY_MAX`: at 20 000
+            // bytes a key, the 700 keys of sequence 0 fit, not the 300 more of sequence 3.
+            let wide = Call { d: [2500, 2500], ..call }.copied(&items);
+            assert_eq!(wide.ranges, ranges.iter().take(1).cloned().collect::<Vec<_>>());
+            let first: Vec<bool> =
+                want.iter().zip(&items).map(|(w, it)| *w && it.seq == 0).collect();
+            assert_eq!(wide.flags, first);
+            let mut copy = KvCopy::default();
+            for kh in 0..hkv {
+                assert!(copy.fill(&k, &v, kh, &ranges, [dk, dv], kh == 1));
+                for (i, it) in items.iter().enumerate() {
+                    let Some((ck, cv)) = copy.kv(it.k.clone()) else {
+                        assert!(!copied.flags[i], "item {i} not in the copy");
+                        continue;
+                    };
+                    assert!(token && [0, 3].contains(&it.seq), "item {i} in the copy");
+                    for (j, t) in it.k.clone().enumerate() {
                         for e in 0..dk {
-                            assert_eq!(ck.at(0, 0, i, e), k.at(0, kh, t, e));
+                            assert_eq!(ck.at(0, 0, j, e), k.at(0, kh, t, e));
                         }
                         for e in 0..dv {
-                            assert_eq!(cv.at(0, 0, i, e), v.at(0, kh, t, e));
+                            assert_eq!(cv.at(0, 0, j, e), v.at(0, kh, t, e));
                         }
                     }
                 }
+                // Keys past a copied range are not in the copy.
+                assert!(copy.kv(0..701).is_none() && copy.kv(700..717).is_none());
             }
         }
     }
