@@ -68,7 +68,8 @@ const MAX_QR: usize = 32;
 
 /// Most bytes of one `(batch, K/V head)`'s f32 keys and values that a thread copies into
 /// consecutive rows ([`HeadCopy`]): a head of 16 384 keys at d 128. Longer heads are read in
-/// place. Varlen's copy of one head of one sequence has the same limit.
+/// place. Varlen's copies of one K/V head (of one sequence, or of a group of sequences) have
+/// the same limit.
 pub(crate) const HEAD_COPY_MAX: usize = 16 << 20;
 
 /// Fewest tasks reading one `(batch, K/V head)` (query tile groups times query heads per K/V

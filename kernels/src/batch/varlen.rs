@@ -51,12 +51,12 @@ pub const VARLEN_Q_CHUNK: usize = 256;
 /// several threads, when the output stores each token's rows apart from other tokens' (its
 /// token stride exceeds the extent of one token's heads and values, as in `[total, heads, d]`
 /// and `[batch·seq, heads, d]` storage), the output splits into one contiguous piece per item
-/// and the items run in rounds, one K/V head a round: the round copies that head of every
-/// sequence that runs head by head (those that fit together in 16 MiB, in token order), then
-/// the threads take its items largest first (the other items, on all heads, in the first
-/// round). Otherwise (e.g. head-major `[heads, total, d]`
-/// output) the items run one after another, each using the threads itself. The result is the
-/// reference's
+/// and the items run in rounds, one K/V head a round: the round copies that head of the
+/// sequences that run head by head (in groups of consecutive ones that fit together in
+/// 16 MiB, a round per head and group), then the threads take their items largest first
+/// (the other items, on all heads, in the first round). Otherwise (e.g. head-major
+/// `[heads, total, d]` output) the items run one after another, each using the threads
+/// itself. The result is the reference's
 /// `attn_reference::batch::attention_varlen` within the attention bounds, and bitwise the same
 /// for every thread count.
 ///
@@ -247,34 +247,35 @@ impl<'a> VarlenAttention<'a> {
         let (mut rest, mut at) = (o.data, 0usize);
         let copied = call.copied(&items);
         let mut tasks = Vec::with_capacity(items.len());
-        for ((it, lse), copied) in items.iter().zip(lse_rows).zip(copied.flags) {
+        for ((it, lse), group) in items.iter().zip(lse_rows).zip(copied.group) {
             let lo = layout.offset + it.q.start * st;
             let hi = (layout.offset + it.q.end * st).min(len);
             let (_, tail) = std::mem::take(&mut rest).split_at_mut(lo - at);
             let (mine, tail) = tail.split_at_mut(hi - lo);
             (rest, at) = (tail, hi);
             let piece = Tensor4Layout { dims: [1, hq, it.q.len(), dv], offset: 0, ..layout };
-            tasks.push(Task { it, out: TensorMut::new(mine, piece), lse, copied });
+            tasks.push(Task { it, out: TensorMut::new(mine, piece), lse, group });
         }
-        self.par.install(|| call.rounds(&mut tasks, &copied.ranges))
+        self.par.install(|| call.rounds(&mut tasks, &copied.groups))
     }
 }
 
-/// One item of the threaded split: its piece of the output, its logsumexp rows, and whether
-/// it runs head by head on the round's copy ([`Call::rounds`]).
+/// One item of the threaded split: its piece of the output, its logsumexp rows, and the
+/// group of copies it runs on, head by head ([`Call::rounds`]), if any.
 struct Task<'i, 'o> {
     it: &'i Item,
     out: TensorMut<'o>,
     lse: Option<Vec<&'o mut [f32]>>,
-    copied: bool,
+    group: Option<usize>,
 }
 
 /// Which items of a threaded call read copies ([`Call::copied`]).
 struct Copied {
-    /// Per item.
-    flags: Vec<bool>,
-    /// The keys of the copied sequences, in token order.
-    ranges: Vec<Range<usize>>,
+    /// Per item: the group whose copies it reads, if any.
+    group: Vec<Option<usize>>,
+    /// Per group: the keys of its sequences, in token order, one head of them within
+    /// [`HEAD_COPY_MAX`] bytes.
+    groups: Vec<Vec<Range<usize>>>,
 }
 
 /// One work item: packed queries `q` against packed keys `k` (already cut at the causal
@@ -497,53 +498,67 @@ impl<'a> Call<'a> {
     }
 
     /// The items that a threaded call runs on copies: the flash items of the sequences that
-    /// run head by head ([`head_by_head`](Self::head_by_head)), in token order while one head
-    /// of all their keys and values fits in [`HEAD_COPY_MAX`] bytes.
+    /// run head by head ([`head_by_head`](Self::head_by_head)), in groups of consecutive such
+    /// sequences whose one head of keys and values fits in [`HEAD_COPY_MAX`] bytes together.
     fn copied(&self, items: &[Item]) -> Copied {
-        let (mut flags, mut ranges, mut bytes) = (vec![false; items.len()], Vec::new(), 0usize);
+        let (mut group, mut groups) = (vec![None; items.len()], Vec::<Vec<Range<usize>>>::new());
+        let mut bytes = 0usize;
         let mut at = 0;
         while at < items.len() {
             let seq = items[at].seq;
             let end = at + items[at..].iter().take_while(|it| it.seq == seq).count();
             let (its, keys) = (&items[at..end], keys(&items[at..end]));
-            // Within `HEAD_COPY_MAX` when the sequence runs head by head.
-            let more = (self.d[0] + self.d[1]) * 4 * keys.len();
-            if self.head_by_head(its) && bytes + more <= HEAD_COPY_MAX {
-                bytes += more;
-                ranges.push(keys);
-                for (flag, it) in flags[at..end].iter_mut().zip(its) {
-                    *flag = self.on_copy(it);
-                }
-            }
             at = end;
+            if !self.head_by_head(its) {
+                continue;
+            }
+            // At most `HEAD_COPY_MAX` (`head_by_head`), so no overflow.
+            let more = (self.d[0] + self.d[1]) * 4 * keys.len();
+            if groups.is_empty() || bytes + more > HEAD_COPY_MAX {
+                (groups, bytes) = ([groups, vec![Vec::new()]].concat(), 0);
+            }
+            bytes += more;
+            let g = groups.len() - 1;
+            groups[g].push(keys);
+            for (slot, it) in group[end - its.len()..end].iter_mut().zip(its) {
+                *slot = self.on_copy(it).then_some(g);
+            }
         }
-        Copied { flags, ranges }
+        Copied { group, groups }
     }
 
     /// Runs a threaded call's items (`tasks`, one output piece each) on the threads of the
-    /// current pool, in rounds, one K/V head a round: the round copies that head's keys and
-    /// values of the sequences `ranges` (keys and values by two tasks), then its tasks run,
-    /// largest first, each taken by whichever thread is free: the copied items on that head
-    /// and its query heads, and in the first round the other items on all heads, in place.
-    /// Without copies there is one round. Every item then reads what it would on one thread.
-    fn rounds(&self, tasks: &mut [Task<'_, '_>], ranges: &[Range<usize>]) -> Result<()> {
+    /// current pool, in rounds: for each group of copied sequences (`groups`, see
+    /// [`copied`](Self::copied)) one round a K/V head, which copies that head's keys and
+    /// values of the group's sequences (keys and values by two tasks), then runs the group's
+    /// items on that head and its query heads. The first round also runs the other items, on
+    /// all heads, in place; without copies it is the only round. A round's tasks run largest
+    /// first, each taken by whichever thread is free.
+    fn rounds(&self, tasks: &mut [Task<'_, '_>], groups: &[Vec<Range<usize>>]) -> Result<()> {
         let ([hq, hkv], group, seq) = (self.heads, self.group(), Parallelism::Sequential);
         // A copied item's work a round, against another item's on all heads in the first.
-        let weight = |t: &Task<'_, '_>| t.it.work().saturating_mul(if t.copied { 1 } else { hkv });
+        let weight =
+            |t: &Task<'_, '_>| t.it.work().saturating_mul(if t.group.is_some() { 1 } else { hkv });
         tasks.sort_by_key(|t| std::cmp::Reverse(weight(t)));
         let mut copy = KvCopy::default();
-        let rounds = if ranges.is_empty() { 1 } else { hkv };
-        for kh in 0..rounds {
+        let rounds: Vec<(Option<usize>, usize)> = match groups.len() {
+            0 => vec![(None, 0)],
+            n => (0..n).flat_map(|g| (0..hkv).map(move |kh| (Some(g), kh))).collect(),
+        };
+        for (round, &(g, kh)) in rounds.iter().enumerate() {
             let filled =
-                !ranges.is_empty() && copy.fill(&self.k, &self.v, kh, ranges, self.d, true);
+                g.is_some_and(|g| copy.fill(&self.k, &self.v, kh, &groups[g], self.d, true));
             let (heads, c) = (kh * group..(kh + 1) * group, filled.then_some(&copy));
-            let next = std::sync::Mutex::new(tasks.iter_mut().filter(|t| t.copied || kh == 0));
+            let mine = |t: &&mut Task<'_, '_>| {
+                t.group.is_some_and(|_| t.group == g) || (round == 0 && t.group.is_none())
+            };
+            let next = std::sync::Mutex::new(tasks.iter_mut().filter(mine));
             let workers = rayon::current_num_threads();
             (0..workers).into_par_iter().with_max_len(1).try_for_each(|_| loop {
                 let task = next.lock().unwrap_or_else(|e| e.into_inner()).next();
                 let Some(t) = task else { return Ok(()) };
                 let o = TensorMut { data: &mut *t.out.data, layout: t.out.layout };
-                if t.copied {
+                if t.group.is_some() {
                     self.item(
                         t.it,
                         heads.clone(),
@@ -754,24 +769,30 @@ mod tests {
             }
             // A threaded call copies the flash items' sequences, all of them at once.
             let copied = call.copied(&items);
-            let want: Vec<bool> =
-                items.iter().map(|it| token && [0, 3].contains(&it.seq)).collect();
-            assert_eq!(copied.flags, want, "token-major {token}");
+            let want: Vec<Option<usize>> =
+                items.iter().map(|it| (token && [0, 3].contains(&it.seq)).then_some(0)).collect();
+            assert_eq!(copied.group, want, "token-major {token}");
             let ranges = if token { vec![sk.range(0), sk.range(3)] } else { vec![] };
-            assert_eq!(copied.ranges, ranges);
-            // Sequences are copied while one head of them fits in `HEAD_COPY_MAX`: at 20 000
-            // bytes a key, the 700 keys of sequence 0 fit, not the 300 more of sequence 3.
+            let groups = if token { vec![ranges.clone()] } else { vec![] };
+            assert_eq!(copied.groups, groups);
+            // A group's copy holds one head of its sequences within `HEAD_COPY_MAX`: at
+            // 20 000 bytes a key, the 700 keys of sequence 0 fit, not the 300 more of
+            // sequence 3, which starts a second group.
             let wide = Call { d: [2500, 2500], ..call }.copied(&items);
-            assert_eq!(wide.ranges, ranges.iter().take(1).cloned().collect::<Vec<_>>());
-            let first: Vec<bool> =
-                want.iter().zip(&items).map(|(w, it)| *w && it.seq == 0).collect();
-            assert_eq!(wide.flags, first);
+            let groups: Vec<Vec<_>> = ranges.iter().map(|r| vec![r.clone()]).collect();
+            assert_eq!(wide.groups, groups);
+            let second: Vec<Option<usize>> = want
+                .iter()
+                .zip(&items)
+                .map(|(w, it)| w.map(|_| usize::from(it.seq == 3)))
+                .collect();
+            assert_eq!(wide.group, second);
             let mut copy = KvCopy::default();
             for kh in 0..hkv {
                 assert!(copy.fill(&k, &v, kh, &ranges, [dk, dv], kh == 1));
                 for (i, it) in items.iter().enumerate() {
                     let Some((ck, cv)) = copy.kv(it.k.clone()) else {
-                        assert!(!copied.flags[i], "item {i} not in the copy");
+                        assert!(copied.group[i].is_none(), "item {i} not in the copy");
                         continue;
                     };
                     assert!(token && [0, 3].contains(&it.seq), "item {i} in the copy");

@@ -564,3 +564,27 @@ fn huge_broadcast_head_dimension_is_an_error_not_an_abort() {
     }
     assert!(start.elapsed().as_secs() < 10, "took {:?}", start.elapsed());
 }
+
+/// The same broadcast head dimension in a packed varlen batch of two one-token sequences
+/// with a token-major output, which two threads split item by item: `d_k = 2⁶²` overflowed
+/// the byte count of a head's copy (`(d_k + d_v)·4·keys`) in the threaded split before the
+/// checks that bound it ran, a panic under overflow checks. Every thread count returns the
+/// one-thread answer, `InvalidParameter`.
+#[test]
+fn huge_broadcast_head_dimension_in_a_varlen_batch_is_an_error() {
+    let dk = 1usize << 62;
+    let one = [0.5f32];
+    let v = [1.0f32, 2.0, 3.0, 4.0];
+    let mut o = [0.0f32; 4];
+    let bcast = Tensor4Layout { dims: [1, 1, 2, dk], strides: [0; 4], offset: 0 };
+    let packed = Tensor4Layout { dims: [1, 1, 2, 2], strides: [0, 2, 2, 1], offset: 0 };
+    let cu = [0usize, 1, 2];
+    for par in [Parallelism::Sequential, Parallelism::threads(2)] {
+        let (q, k) = (TensorRef::new(&one, bcast), TensorRef::new(&one, bcast));
+        let call =
+            attn_kernels::batch::VarlenAttention::new(q, k, TensorRef::new(&v, packed), &cu, &cu);
+        let err = call.scale(0.5).parallelism(par).run(TensorMut::new(&mut o, packed)).unwrap_err();
+        assert!(matches!(err, attn_reference::Error::InvalidParameter { .. }), "{par:?}: {err:?}");
+        assert_eq!(o, [0.0; 4], "{par:?}: written");
+    }
+}
