@@ -386,10 +386,10 @@ fn token_major_kv_is_bitwise_head_major() {
 
 /// A long token-major sequence with a decode tail (516 queries: chunks of 256, 256 and 4) at
 /// 64 K/V heads of d 128. One thread runs its flash chunks head by head on copies of the
-/// heads' rows, and the tail as it would alone; two threads run each chunk alone, in place
-/// (on AVX-512, where a chunk is 2 tasks a head). Both give the same bits. The decode path's
-/// block size depends on the rows' stride (64 KiB a token here), so a tail read from a copy
-/// would round differently.
+/// heads' rows, and the tail as it would alone; two threads run the chunks in rounds, a head
+/// a round on one copy, and the tail in place in the first round. Both give the same bits.
+/// The decode path's block size depends on the rows' stride (64 KiB a token here), so a tail
+/// read from a copy would round differently.
 #[test]
 fn decode_tail_of_a_copied_sequence_is_read_in_place() {
     let spec = attn_tests::fuzz_decode::VariantSpec::default();
