@@ -515,7 +515,8 @@ impl<'a> Call<'a> {
             // At most `HEAD_COPY_MAX` (`head_by_head`), so no overflow.
             let more = (self.d[0] + self.d[1]) * 4 * keys.len();
             if groups.is_empty() || bytes + more > HEAD_COPY_MAX {
-                (groups, bytes) = ([groups, vec![Vec::new()]].concat(), 0);
+                groups.push(Vec::new());
+                bytes = 0;
             }
             bytes += more;
             let g = groups.len() - 1;
@@ -549,8 +550,9 @@ impl<'a> Call<'a> {
             let filled =
                 g.is_some_and(|g| copy.fill(&self.k, &self.v, kh, &groups[g], self.d, true));
             let (heads, c) = (kh * group..(kh + 1) * group, filled.then_some(&copy));
-            let mine = |t: &&mut Task<'_, '_>| {
-                t.group.is_some_and(|_| t.group == g) || (round == 0 && t.group.is_none())
+            let mine = |t: &&mut Task<'_, '_>| match t.group {
+                Some(_) => t.group == g,
+                None => round == 0,
             };
             let next = std::sync::Mutex::new(tasks.iter_mut().filter(mine));
             let workers = rayon::current_num_threads();
@@ -559,14 +561,8 @@ impl<'a> Call<'a> {
                 let Some(t) = task else { return Ok(()) };
                 let o = TensorMut { data: &mut *t.out.data, layout: t.out.layout };
                 if t.group.is_some() {
-                    self.item(
-                        t.it,
-                        heads.clone(),
-                        c,
-                        o,
-                        head_rows(&mut t.lse, heads.clone()),
-                        seq,
-                    )?;
+                    let lse = head_rows(&mut t.lse, heads.clone());
+                    self.item(t.it, heads.clone(), c, o, lse, seq)?;
                 } else {
                     self.item(t.it, 0..hq, None, o, t.lse.take(), seq)?;
                 }
@@ -659,7 +655,6 @@ impl KvCopy {
     /// Copies keys `ranges` (in token order, disjoint) of K/V head `kh` of the packed views
     /// `k` and `v` (`[dk, dv]` wide), the keys and the values by two tasks of the current pool
     /// when `par`; false when the room cannot be allocated (then the copy holds no keys).
-    #[allow(clippy::too_many_arguments)]
     fn fill(
         &mut self,
         k: &TensorRef<'_>,
