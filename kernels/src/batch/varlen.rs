@@ -449,12 +449,10 @@ impl<'a> Call<'a> {
         mut lse: Vec<Option<Vec<&mut [f32]>>>,
         mut o: TensorMut<'_>,
     ) -> Result<()> {
-        let mut copy = KvCopy::default();
-        let mut at = 0;
-        while at < items.len() {
-            let seq = items[at].seq;
-            let end = at + items[at..].iter().take_while(|it| it.seq == seq).count();
-            self.run_seq(&items[at..end], &mut lse[at..end], &mut o, 0, &mut copy)?;
+        let (mut copy, mut at) = (KvCopy::default(), 0);
+        for its in sequences(items) {
+            let end = at + its.len();
+            self.run_seq(its, &mut lse[at..end], &mut o, 0, &mut copy)?;
             at = end;
         }
         Ok(())
@@ -502,25 +500,20 @@ impl<'a> Call<'a> {
     /// sequences whose one head of keys and values fits in [`HEAD_COPY_MAX`] bytes together.
     fn copied(&self, items: &[Item]) -> Copied {
         let (mut group, mut groups) = (vec![None; items.len()], Vec::<Vec<Range<usize>>>::new());
-        let mut bytes = 0usize;
-        let mut at = 0;
-        while at < items.len() {
-            let seq = items[at].seq;
-            let end = at + items[at..].iter().take_while(|it| it.seq == seq).count();
-            let (its, keys) = (&items[at..end], keys(&items[at..end]));
-            at = end;
-            if !self.head_by_head(its) {
+        let (mut bytes, mut end) = (0usize, 0);
+        for its in sequences(items) {
+            end += its.len();
+            let (Some(more), true) = (self.head_bytes(its), self.head_by_head(its)) else {
                 continue;
-            }
-            // At most `HEAD_COPY_MAX` (`head_by_head`), so no overflow.
-            let more = (self.d[0] + self.d[1]) * 4 * keys.len();
+            };
+            // Both at most `HEAD_COPY_MAX` (`head_by_head`), so no overflow.
             if groups.is_empty() || bytes + more > HEAD_COPY_MAX {
                 groups.push(Vec::new());
                 bytes = 0;
             }
             bytes += more;
             let g = groups.len() - 1;
-            groups[g].push(keys);
+            groups[g].push(keys(its));
             for (slot, it) in group[end - its.len()..end].iter_mut().zip(its) {
                 *slot = self.on_copy(it).then_some(g);
             }
@@ -571,6 +564,13 @@ impl<'a> Call<'a> {
         Ok(())
     }
 
+    /// The bytes of one K/V head's keys and values that consecutive items `its` of one
+    /// sequence read ([`keys`]), `None` past `usize`.
+    fn head_bytes(&self, its: &[Item]) -> Option<usize> {
+        let nk = keys(its).len();
+        self.d[0].checked_add(self.d[1]).and_then(|d| d.checked_mul(nk)?.checked_mul(4))
+    }
+
     /// Whether item `it` runs on flash, so on a head's copy when its sequence runs head by
     /// head (the items on another path, a decode tail, run as they would alone).
     fn on_copy(&self, it: &Item) -> bool {
@@ -582,10 +582,8 @@ impl<'a> Call<'a> {
     /// fit in [`HEAD_COPY_MAX`] bytes, and the flash items read each K/V head often enough
     /// ([`Path::flash_reads`], [`worth_copying`]).
     fn head_by_head(&self, its: &[Item]) -> bool {
-        let nk = keys(its).len();
         let consecutive = |t: &TensorRef<'_>| t.layout.matrix(0, 0).rows_consecutive();
-        let bytes =
-            self.d[0].checked_add(self.d[1]).and_then(|d| d.checked_mul(nk)?.checked_mul(4));
+        let bytes = self.head_bytes(its);
         if self.heads[1] == 0 || (consecutive(&self.k) && consecutive(&self.v)) {
             return false;
         }
@@ -606,6 +604,11 @@ fn head_range(layout: Tensor4Layout, heads: Range<usize>) -> Tensor4Layout {
         offset: if empty { layout.offset } else { layout.offset + heads.start * layout.strides[1] },
         ..layout
     }
+}
+
+/// The items of each sequence, in token order (a sequence's items are consecutive, `plan`).
+fn sequences(items: &[Item]) -> impl Iterator<Item = &[Item]> {
+    items.chunk_by(|a, b| a.seq == b.seq)
 }
 
 /// The keys that consecutive items `its` of one sequence read: every item starts at its
