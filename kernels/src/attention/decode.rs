@@ -49,7 +49,7 @@ use rayon::prelude::*;
 
 use attn_core::batch::{packed_seq, PagePool, PagedKv};
 use attn_core::quant::q8_blocks;
-use attn_core::{AnyMut, AnyRef, Element, Mask, Result, TensorMut, Variants};
+use attn_core::{AnyMut, AnyRef, Mask, Result, TensorMut, Variants};
 
 use super::blocking::{
     decode_block_keys, DECODE_BC, DECODE_BC_MIN, DECODE_MAX_CHUNKS, DECODE_MAX_Q, DECODE_MIN_CHUNK,
@@ -61,7 +61,8 @@ use super::blocks::{
 use super::sink::Sink;
 use super::variants::softcap;
 use super::{flash, zeros, Problem};
-use crate::arch::{cache, vectorize, vectorize_dot, Isa, Kernel, Simd};
+use crate::arch::convert::{store_elems, store_elems_tail, SimdElement};
+use crate::arch::{cache, load, load_tail, vectorize, vectorize_dot, Isa, Kernel, Simd};
 use crate::gemm::ukernel::Kernel as GemmKernel;
 use crate::math::exp::exp_rr2_p7_scalar;
 use crate::par::Parallelism;
@@ -445,12 +446,12 @@ struct Merge<'r, 'a, 'o, T> {
     acc: Vec<f32>,
 }
 
-impl<T: Element> Kernel for Merge<'_, '_, '_, T> {
+impl<T: SimdElement> Kernel for Merge<'_, '_, '_, T> {
     type Output = ();
 
     #[inline(always)]
     fn run<S: Simd>(self, s: S) {
-        let Merge { p, partials, heads, o, mut lse, mut acc } = self;
+        let Merge { p, partials, heads, mut o, mut lse, mut acc } = self;
         let rows = p.group * p.nq;
         for bk in 0..heads {
             // The head's chunks, in key order.
@@ -481,15 +482,48 @@ impl<T: Element> Kernel for Merge<'_, '_, '_, T> {
                     total = f32::NAN;
                 }
                 let (inv, row_lse) = p.finish(h, mx, total, lse.is_some());
-                for (d, a) in acc.iter().enumerate() {
-                    let idx = o.layout.index(b, h, i, d);
-                    o.data[idx] = T::from_f32(a * inv);
-                }
+                put_row(s, &mut o, (b, h, i), &acc, inv);
                 if let Some(l) = lse.as_mut() {
                     l.out[l.base + (b * p.hq + h) * l.head_stride + i] = row_lse;
                 }
             }
         }
+    }
+}
+
+/// Output row `(b, h, i)` of `o` ← `acc[d] · inv` for `d < acc.len()`, each rounded once to
+/// `T`: by vectors where the row is contiguous (the same bits: [`store_elems`] rounds as
+/// [`attn_core::Element::from_f32`] does), element by element otherwise. The element loop, with the
+/// layout's index per element, was 10–15 % of an 8-K/V-head decode call at 64 keys (perf
+/// journal, 2026-12-07 07:38).
+#[inline(always)]
+fn put_row<S: Simd, T: SimdElement>(
+    s: S,
+    o: &mut TensorMut<'_, T>,
+    (b, h, i): (usize, usize, usize),
+    acc: &[f32],
+    inv: f32,
+) {
+    if acc.is_empty() {
+        return; // dv = 0: no element, and the row's first index may lie past the data
+    }
+    if o.layout.strides[3] != 1 {
+        for (d, a) in acc.iter().enumerate() {
+            let idx = o.layout.index(b, h, i, d);
+            o.data[idx] = T::from_f32(a * inv);
+        }
+        return;
+    }
+    let base = o.layout.index(b, h, i, 0);
+    let row = &mut o.data[base..base + acc.len()];
+    let (l, iv) = (S::LANES, s.splat(inv));
+    let mut d = 0;
+    while d + l <= acc.len() {
+        store_elems(s, &mut row[d..], s.mul(load(s, &acc[d..]), iv));
+        d += l;
+    }
+    if d < acc.len() {
+        store_elems_tail(s, &mut row[d..], s.mul(load_tail(s, &acc[d..]), iv));
     }
 }
 

@@ -215,6 +215,33 @@ fn no_keys_give_minus_infinity_lse() {
     }
 }
 
+/// dv = 0 with a logsumexp output, through an output view whose rows start past its (empty)
+/// data: only the logsumexps are written. The decode merge sliced each such row out of the
+/// data and panicked (found by `fuzz_paged`, 2026-12-07). Oracle-checked by `run`.
+#[test]
+fn empty_value_rows_in_a_strided_output_write_only_the_lse() {
+    let (nq, nk) = (3, 5);
+    let keys: Vec<f32> = (0..2 * nk).map(|j| j as f32 * 0.25).collect();
+    let o = Tensor4Layout::strided([1, 2, nq, 0], [64, 16, 4, 1], 0);
+    for par in [Parallelism::Sequential, Parallelism::threads(2)] {
+        let c = AttentionCase {
+            q: t(vec![0.5; 2 * nq], [1, 2, nq, 1]),
+            k: t(keys.clone(), [1, 2, nk, 1]),
+            v: t(vec![], [1, 2, nk, 0]),
+            scale: 1.0,
+            mask: MaskSpec::None,
+            o: TensorOperand { layout: o, data: vec![] },
+            lse: Some(2 * nq),
+            par,
+            variants: Default::default(),
+        };
+        for path in ["decode", "flash", "attention"] {
+            let (o, lse) = run(&c, path);
+            assert!(o.is_empty() && lse.iter().all(|l| l.is_finite()), "{path}: {lse:?}");
+        }
+    }
+}
+
 /// A non-finite value at a masked key (e.g. an unwritten KV-cache slot) must not reach the
 /// output: the reference skips zero-weight keys, and a fully masked row is all zeros. The flash
 /// path computed `0·∞ = NaN` (found with causal offset −17, nq = 23, nk = 6, V[5][1] = ∞).
