@@ -493,9 +493,10 @@ impl<T: SimdElement> Kernel for Merge<'_, '_, '_, T> {
 
 /// Output row `(b, h, i)` of `o` ← `acc[d] · inv` for `d < acc.len()`, each rounded once to
 /// `T`: by vectors where the row is contiguous (the same bits: [`store_elems`] rounds as
-/// [`attn_core::Element::from_f32`] does), element by element otherwise. The element loop, with the
-/// layout's index per element, was 10–15 % of an 8-K/V-head decode call at 64 keys (perf
-/// journal, 2026-12-07 07:38).
+/// [`attn_core::Element::from_f32`] does), element by element otherwise. The element loop,
+/// with the layout's index per element, was 10–15 % of an 8-K/V-head decode call at 64 keys
+/// (perf journal, 2026-12-07 07:38). The flash sink's `put` is the same write through its
+/// raw pointer.
 #[inline(always)]
 fn put_row<S: Simd, T: SimdElement>(
     s: S,
