@@ -171,13 +171,25 @@ impl Problem {
         o: &mut [f32],
         threads: usize,
     ) -> Result<()> {
+        self.run_masked(&self.mask, variants, path, o, threads)
+    }
+
+    /// [`run_variants`](Self::run_variants) with `mask` in place of the problem's own.
+    pub fn run_masked(
+        &self,
+        mask: &Mask<'_>,
+        variants: &Variants<'_>,
+        path: Path,
+        o: &mut [f32],
+        threads: usize,
+    ) -> Result<()> {
         Attention::new(
             TensorRef::new(&self.q, self.lq),
             TensorRef::new(&self.k, self.lk),
             TensorRef::new(&self.v, self.lv),
         )
         .scale(self.scale)
-        .mask(self.mask)
+        .mask(*mask)
         .variants(*variants)
         .path(path)
         .parallelism(Parallelism::threads(threads))

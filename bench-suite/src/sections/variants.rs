@@ -7,17 +7,19 @@
 //!   ≥ 0.85× of full causal);
 //! - softcap 50 at N = 2048, sinks and ALiBi at N = 2048 causal, each timed in alternating
 //!   calls with the plain kernel on the same operands (`plain` in the ratios);
+//! - masks given as data at N = 2048, alternating with the plain kernel the same way: a
+//!   key-padding bias, a full per-head bias and a keep-mask over every (query, key) pair;
 //! - decode with a window of 1024 over a 32768-key cache (32 heads, d = 128), beside decode
 //!   over a cache of just those 1024 keys (`dense-w` in the ratios: the target is that a
 //!   window costs what its keys cost), in GB/s of the K/V bytes the window reads.
 
 use attn_kernels::attention::Path;
 use attn_kernels::{alibi_slopes, Variants};
-use attn_reference::{Mask, TensorMut, TensorRef};
+use attn_reference::{Mask, Tensor4Layout, TensorMut, TensorRef};
 
 use super::attention::Problem;
 use super::{Call, Ctx, Work};
-use crate::check::{attention_bound, compare};
+use crate::check::{attention_bound, compare, Rng};
 use crate::record::Shape;
 
 const OP: &str = "variants";
@@ -159,6 +161,36 @@ pub fn run(ctx: &mut Ctx) {
             let mut plain = || {
                 p.run_variants(&Variants::NONE, Path::Flash, &mut o2, t).map_err(|e| e.to_string())
             };
+            let imps: &mut [(&'static str, Call<'_>)] =
+                &mut [("attn-kernels", &mut ours), ("plain", &mut plain)];
+            ctx.bench_alternating(OP, p.shape.clone(), t, work, None, imps);
+        }
+    }
+
+    // Masks given as data, each alternating with the unmasked kernel on the same operands: a
+    // key-padding bias (one value per key, 0 or −∞ for the last eighth), a full per-head bias
+    // (`[1, h, N, N]`, as a relative-position bias is), and a keep-mask over every (query,
+    // key) pair shared by the heads (`[1, 1, N, N]`, about one pair in ten hidden).
+    let lk = |strides| Tensor4Layout::strided([1, heads, n, n], strides, 0);
+    let pad: Vec<f32> =
+        (0..n).map(|j| if j < n - n / 8 { 0.0 } else { f32::NEG_INFINITY }).collect();
+    let full = Rng::new(0xb1a5).vec(heads * n * n);
+    let keep: Vec<bool> = (0..n * n).map(|x| (x / n * 7 + x % n * 13) % 10 != 0).collect();
+    let masks: [(&'static str, Mask<'_>); 3] = [
+        ("keypad-bias", Mask::Bias { bias: &pad, layout: lk([0, 0, 0, 1]) }),
+        ("bias", Mask::Bias { bias: &full, layout: lk([heads * n * n, n * n, n, 1]) }),
+        ("keep", Mask::Keep { keep: &keep, layout: lk([0, 0, n, 1]) }),
+    ];
+    for (label, mask) in masks {
+        let p = Problem::new(shape(heads, n, n, d, label), 0x50f7);
+        let work = Work::Flops(p.flops());
+        let (mut o1, mut o2) = (vec![0.0f32; p.out_len()], vec![0.0f32; p.out_len()]);
+        let none = Variants::NONE;
+        for &t in &threads {
+            let mut ours = || p.run_masked(&mask, &none, Path::Flash, &mut o1, t);
+            let mut ours = || ours().map_err(|e| e.to_string());
+            let mut plain =
+                || p.run_variants(&none, Path::Flash, &mut o2, t).map_err(|e| e.to_string());
             let imps: &mut [(&'static str, Call<'_>)] =
                 &mut [("attn-kernels", &mut ours), ("plain", &mut plain)];
             ctx.bench_alternating(OP, p.shape.clone(), t, work, None, imps);
