@@ -36,8 +36,8 @@ pub use simd::RECIP_MAX_REL;
 pub(crate) use simd::{
     addr, bf16_pair_dot, keep, keep_tail, lanes_to_boundary, load, load_cells, load_tail,
     load_tail_cells, prefetch_line, store, store_cells, store_fence, store_tail, store_tail_cells,
-    stream_cells, transpose_matrix, vectorize, vectorize_dot, Floats, Kernel, Simd, MAX_LANES,
-    ROUND_MAGIC, TWO_POW_M64,
+    stream_cells, transpose, transpose_matrix, vectorize, vectorize_dot, Floats, Kernel, Simd,
+    MAX_LANES, ROUND_MAGIC, TWO_POW_M64,
 };
 
 /// An instruction set a kernel family has a micro-kernel for, ordered from lowest to highest.

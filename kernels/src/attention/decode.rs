@@ -904,7 +904,7 @@ impl Chunk<'_, '_> {
             for r in 0..rows {
                 let h = kh * p.group + r / nq;
                 let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
-                p.apply_mask(b, h, r % nq, 1, j0, nb, 1, srow);
+                p.apply_mask(s, b, h, r % nq, 1, j0, nb, 1, srow);
                 p.apply_variants(h, r % nq, 1, j0, nb, 1, srow);
             }
         }

@@ -403,7 +403,7 @@ impl Kernel for Task<'_, '_, '_> {
                 if let Some(c) = p.variants.softcap {
                     softcap(s, sb, c);
                 }
-                p.apply_mask(b, h, i0, rows, js, nb, qr, sb);
+                p.apply_mask(s, b, h, i0, rows, js, nb, qr, sb);
                 p.apply_variants(h, i0, rows, js, nb, qr, sb);
                 let (m, lsum) =
                     (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);

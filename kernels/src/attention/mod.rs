@@ -60,6 +60,7 @@ pub(crate) use blocking::DECODE_MAX_Q;
 mod blocks;
 mod decode;
 mod flash;
+mod mask;
 mod sink;
 mod unfused;
 mod variants;
@@ -596,8 +597,10 @@ impl<'a> Problem<'a> {
     /// reference drops it), a bias is added. Rows `rows..stride` are padding and
     /// may be touched.
     #[allow(clippy::too_many_arguments)]
-    fn apply_mask(
+    #[inline(always)] // into the ISA's kernel body, so that the mask walk uses its vectors
+    fn apply_mask<S: Simd>(
         &self,
+        simd: S,
         b: usize,
         h: usize,
         i0: usize,
@@ -623,41 +626,13 @@ impl<'a> Problem<'a> {
                     }
                 }
             }
-            // Key by key: the key's scores of the rows are `s[j·stride..][..rows]`, its mask
-            // elements `m[at + r·s2]` (`at = a0 + j·s3`, the element of row `i0`). A mask that
-            // does not vary with the query (`s2 = 0`, a key-padding mask) is one value per key,
-            // so the row takes a vector fill or add. Indexing every element (four products
-            // each) cost a d 64 flash call 1.5–1.7× its time (perf journal, 2026-12-07 07:38).
             Mask::Keep { keep, layout } => {
                 let ([.., s2, s3], a0) = (layout.strides, layout.index(b, h, i0, j0));
-                for (j, row) in s.chunks_mut(stride).take(nb).enumerate() {
-                    let (at, row) = (a0 + j * s3, &mut row[..rows]);
-                    if s2 == 0 {
-                        if !keep[at] {
-                            row.fill(f32::NEG_INFINITY);
-                        }
-                        continue;
-                    }
-                    for (r, x) in row.iter_mut().enumerate() {
-                        if !keep[at + r * s2] {
-                            *x = f32::NEG_INFINITY;
-                        }
-                    }
-                }
+                mask::apply(simd, *keep, (a0, s2, s3), rows, nb, stride, s);
             }
             Mask::Bias { bias, layout } => {
                 let ([.., s2, s3], a0) = (layout.strides, layout.index(b, h, i0, j0));
-                for (j, row) in s.chunks_mut(stride).take(nb).enumerate() {
-                    let (at, row) = (a0 + j * s3, &mut row[..rows]);
-                    if s2 == 0 {
-                        let v = bias[at];
-                        row.iter_mut().for_each(|x| *x += v);
-                        continue;
-                    }
-                    for (r, x) in row.iter_mut().enumerate() {
-                        *x += bias[at + r * s2];
-                    }
-                }
+                mask::apply(simd, *bias, (a0, s2, s3), rows, nb, stride, s);
             }
         }
     }

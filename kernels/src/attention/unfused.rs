@@ -133,7 +133,7 @@ impl Kernel for SoftmaxRows<'_, '_> {
             if let Some(c) = p.variants.softcap {
                 softcap(s, row, c);
             }
-            p.apply_mask(b, h, i, 1, 0, nk, 1, row);
+            p.apply_mask(s, b, h, i, 1, 0, nk, 1, row);
             p.apply_variants(h, i, 1, 0, nk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
             // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.

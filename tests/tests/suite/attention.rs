@@ -681,3 +681,84 @@ fn masked_nonfinite_values_do_not_leak() {
         }
     }
 }
+
+/// A mask over every (query, key) pair gives the same bits whichever way it is laid out: with
+/// its keys contiguous (`[.., nq, nk]`, which the flash path applies by transposed blocks of
+/// `LANES × LANES`) and with its queries contiguous (which it applies element by element).
+/// Every path, ISA and thread count, sizes around the block edges, biases with −∞ and special
+/// scores (a keep-mask must overwrite a NaN score; a bias adds to it).
+#[test]
+fn full_masks_give_the_same_bits_in_either_layout() {
+    let (hq, dk, dv) = (2, 8, 8);
+    let mut rng = Rng::new(0x3a5c);
+    for (nq, nk) in [(16, 16), (33, 47), (8, 64), (64, 17), (40, 100)] {
+        let q: Vec<f32> = (0..hq * nq * dk)
+            .map(|x| if x == 3 * dk { f32::NAN } else { rng.uniform(-1.0, 1.0) })
+            .collect();
+        let k: Vec<f32> = (0..nk * dk).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        let v: Vec<f32> = (0..nk * dv).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        // Element (h, i, j) at h·nq·nk + i·nk + j (keys contiguous) or h·nq·nk + j·nq + i.
+        let by_key = Tensor4Layout::bhsd(1, hq, nq, nk);
+        let by_query = Tensor4Layout::strided([1, hq, nq, nk], [hq * nq * nk, nq * nk, 1, nq], 0);
+        let hide = |h: usize, i: usize, j: usize| (h + 3 * i + 7 * j) % 5 == 0 && j != i % nk;
+        let values: Vec<(usize, usize, usize, f32)> = (0..hq)
+            .flat_map(|h| (0..nq).flat_map(move |i| (0..nk).map(move |j| (h, i, j))))
+            .map(|(h, i, j)| {
+                let b = if hide(h, i, j) { f32::NEG_INFINITY } else { rng.uniform(-2.0, 2.0) };
+                (h, i, j, b)
+            })
+            .collect();
+        let (mut bias_k, mut bias_q) = (vec![0.0f32; hq * nq * nk], vec![0.0f32; hq * nq * nk]);
+        let (mut keep_k, mut keep_q) = (vec![true; hq * nq * nk], vec![true; hq * nq * nk]);
+        for &(h, i, j, b) in &values {
+            bias_k[by_key.index(0, h, i, j)] = b;
+            bias_q[by_query.index(0, h, i, j)] = b;
+            keep_k[by_key.index(0, h, i, j)] = !hide(h, i, j);
+            keep_q[by_query.index(0, h, i, j)] = !hide(h, i, j);
+        }
+        let pairs = [
+            (
+                "bias",
+                Mask::Bias { bias: &bias_k, layout: by_key },
+                Mask::Bias { bias: &bias_q, layout: by_query },
+            ),
+            (
+                "keep",
+                Mask::Keep { keep: &keep_k, layout: by_key },
+                Mask::Keep { keep: &keep_q, layout: by_query },
+            ),
+        ];
+        let (lq, lk, lv) = (
+            Tensor4Layout::bhsd(1, hq, nq, dk),
+            Tensor4Layout::bhsd(1, 1, nk, dk),
+            Tensor4Layout::bhsd(1, 1, nk, dv),
+        );
+        let lo = Tensor4Layout::bhsd(1, hq, nq, dv);
+        for (kind, a, b) in &pairs {
+            for (name, path) in PATHS {
+                for isa in Isa::supported() {
+                    for threads in [1, 2] {
+                        let run = |mask: &Mask<'_>| {
+                            let mut o = vec![0.0f32; hq * nq * dv];
+                            Attention::new(
+                                TensorRef::new(&q, lq),
+                                TensorRef::new(&k, lk),
+                                TensorRef::new(&v, lv),
+                            )
+                            .mask(*mask)
+                            .path(path)
+                            .isa(isa)
+                            .parallelism(par(threads))
+                            .run(TensorMut::new(&mut o, lo))
+                            .unwrap();
+                            o
+                        };
+                        let (x, y) = (run(a), run(b));
+                        let same = x.iter().zip(&y).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "{name}/{isa}/{threads}t {nq}×{nk} {kind}: {x:?} vs {y:?}");
+                    }
+                }
+            }
+        }
+    }
+}
