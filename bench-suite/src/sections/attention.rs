@@ -86,7 +86,7 @@ impl Problem {
     /// Random operands in [−1, 1) for a shape (which must be [`Shape::Attn`]); the mask is
     /// causal with the default (bottom-right) offset when the shape's mask starts with
     /// "causal" (the variants section names its variants after it). A shape whose mask is
-    /// "bshd" (no mask) stores K and V sequence-major ([`Problem::kv_seq_major`]); its values
+    /// "bshd" (no mask) stores K and V sequence-major (`Problem::kv_seq_major`); its values
     /// are those of the same shape with mask "none" and the same seed.
     pub fn new(shape: Shape, seed: u64) -> Problem {
         let Shape::Attn { batch, heads, kv_heads, nq, nk, dk, dv, mask } = shape else {

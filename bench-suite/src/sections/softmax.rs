@@ -6,7 +6,7 @@
 //! the rows leave cache, on buffers placed as the copy's are (`run`).
 //!
 //! Last, the typed calls (bf16 logits, bf16 or f32 output) beside f32 on the same values
-//! ([`typed`]), each with the bytes it moves.
+//! (`typed`), each with the bytes it moves.
 
 use attn_kernels::softmax::scale_mask_softmax;
 use attn_kernels::{bf16, Parallelism};
