@@ -8,8 +8,9 @@
 //!   key, applied to the key's row of scores;
 //! - a mask over every pair with its keys contiguous (`s3 = 1`, a `[.., nq, nk]` tensor) goes
 //!   `LANES × LANES` at a time through a register transpose, so that its values, too, run
-//!   along the queries: reading it element by element (one strided read per score) cost a
-//!   d 64 flash call 1.6–1.7× its unmasked time (perf journal, 2026-12-07);
+//!   along the queries: read element by element (one strided read per score), a full bias
+//!   cost a d 64 flash call 1.6–1.7× its unmasked time and a keep-mask 1.47× (1.30× and
+//!   1.25× by blocks; perf journal, 2026-12-07 10:48);
 //! - anything else, and the edges of the blocks, element by element.
 //!
 //! Each score takes the same one operation in every case, so the result is bitwise the same.
