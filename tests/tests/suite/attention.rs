@@ -706,7 +706,7 @@ fn full_masks_give_the_same_bits_in_either_layout() {
         let by_key = Tensor4Layout::bhsd(1, hq, nq, nk);
         let by_query = Tensor4Layout::strided([1, hq, nq, nk], [hq * nq * nk, nq * nk, 1, nq], 0);
         let hide = |h: usize, i: usize, j: usize| {
-            j == inf_key || j == nan_key || ((h + 3 * i + 7 * j) % 5 == 0 && j != i % nk)
+            j == inf_key || j == nan_key || ((h + 3 * i + 7 * j).is_multiple_of(5) && j != i % nk)
         };
         let (mut bias_k, mut bias_q) = (vec![0.0f32; hq * nq * nk], vec![0.0f32; hq * nq * nk]);
         let (mut keep_k, mut keep_q) = (vec![true; hq * nq * nk], vec![true; hq * nq * nk]);
