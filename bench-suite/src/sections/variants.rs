@@ -7,8 +7,9 @@
 //!   ≥ 0.85× of full causal);
 //! - softcap 50 at N = 2048, sinks and ALiBi at N = 2048 causal, each timed in alternating
 //!   calls with the plain kernel on the same operands (`plain` in the ratios);
-//! - masks given as data at N = 2048, alternating with the plain kernel the same way: a
-//!   key-padding bias, a full per-head bias and a keep-mask over every (query, key) pair;
+//! - masks given as data at N = 2048, alternating with the plain kernel the same way: key
+//!   padding as a bias and as a keep-mask, a full per-head bias and a keep-mask over every
+//!   (query, key) pair;
 //! - decode with a window of 1024 over a 32768-key cache (32 heads, d = 128), beside decode
 //!   over a cache of just those 1024 keys (`dense-w` in the ratios: the target is that a
 //!   window costs what its keys cost), in GB/s of the K/V bytes the window reads.
@@ -168,7 +169,8 @@ pub fn run(ctx: &mut Ctx) {
     }
 
     // Masks given as data, each alternating with the unmasked kernel on the same operands: a
-    // key-padding bias (one value per key, 0 or −∞ for the last eighth), a full per-head bias
+    // key-padding bias (one value per key, 0 or −∞ for the last eighth) and the same padding
+    // as a keep-mask (whose hidden blocks the kernel skips), a full per-head bias
     // (`[1, h, N, N]`, as a relative-position bias is), and a keep-mask over every (query,
     // key) pair shared by the heads (`[1, 1, N, N]`, about one pair in ten hidden).
     let lk = |strides| Tensor4Layout::strided([1, heads, n, n], strides, 0);
@@ -176,8 +178,10 @@ pub fn run(ctx: &mut Ctx) {
         (0..n).map(|j| if j < n - n / 8 { 0.0 } else { f32::NEG_INFINITY }).collect();
     let full = Rng::new(0xb1a5).vec(heads * n * n);
     let keep: Vec<bool> = (0..n * n).map(|x| (x / n * 7 + x % n * 13) % 10 != 0).collect();
-    let masks: [(&'static str, Mask<'_>); 3] = [
+    let pad_keep: Vec<bool> = pad.iter().map(|&b| b == 0.0).collect();
+    let masks: [(&'static str, Mask<'_>); 4] = [
         ("keypad-bias", Mask::Bias { bias: &pad, layout: lk([0, 0, 0, 1]) }),
+        ("keypad", Mask::key_padding(&pad_keep, 1, heads, n, n)),
         ("bias", Mask::Bias { bias: &full, layout: lk([heads * n * n, n * n, n, 1]) }),
         ("keep", Mask::Keep { keep: &keep, layout: lk([0, 0, n, 1]) }),
     ];
