@@ -881,6 +881,11 @@ impl Chunk<'_, '_> {
         let (dk, dv, nq) = (p.dk, p.dv, p.nq);
         let rows = p.group * nq;
         let dq = if KB::PAIRS { dk / 2 } else { dk };
+        // Keys that a keep-mask hides from every row (a padded batch's key padding) change
+        // nothing: skipped, scores and all.
+        if (0..p.group).all(|g| p.hides_block(b, kh * p.group + g, 0, nq, j0, nb)) {
+            return;
+        }
         // Scores of every row against the block's keys: each key row is read once.
         // Value rows read in place are prefetched by the score pass, and so are the
         // key rows the task reads next, wherever they live.

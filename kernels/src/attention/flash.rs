@@ -385,7 +385,7 @@ impl Kernel for Task<'_, '_, '_> {
                     js -= (js - j0) % 2;
                 }
                 let je = (j0 + nb_task).min(p.key_end(i0 + rows - 1));
-                if js >= je {
+                if js >= je || p.hides_block(b, h, i0, rows, js, je - js) {
                     continue;
                 }
                 let nb = je - js;

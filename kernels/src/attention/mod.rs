@@ -698,6 +698,31 @@ impl<'a> Problem<'a> {
         }
     }
 
+    /// Whether a keep-mask hides every key `j0..j0 + nb` from every query `i0..i0 + rows` of
+    /// head `(b, h)`: then the block contributes nothing (its weights are all 0, whatever its
+    /// scores, and masked keys' values are never weighed), and the paths skip it before its
+    /// scores, as they skip keys past a causal diagonal (a padded batch's key padding). Only a
+    /// keep-mask says so ahead of the scores: a −∞ bias added to a NaN or `+∞` score gives
+    /// NaN, as in the reference. Stops at the first visible pair, so a block that is not
+    /// hidden costs a read or a few.
+    fn hides_block(
+        &self,
+        b: usize,
+        h: usize,
+        i0: usize,
+        rows: usize,
+        j0: usize,
+        nb: usize,
+    ) -> bool {
+        let Mask::Keep { keep, layout } = self.mask else {
+            return false;
+        };
+        let ([.., s2, s3], a0) = (layout.strides, layout.index(b, h, i0, j0));
+        // A key-padding mask (`s2 = 0`) has one element per key for all the rows.
+        let rows = if s2 == 0 { rows.min(1) } else { rows };
+        (0..nb).all(|j| (0..rows).all(|r| !keep[a0 + r * s2 + j * s3]))
+    }
+
     /// True when a block of scores needs [`apply_mask`](Self::apply_mask) or
     /// [`apply_variants`](Self::apply_variants) at all.
     fn masks_scores(&self) -> bool {

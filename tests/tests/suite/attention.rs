@@ -771,3 +771,70 @@ fn full_masks_give_the_same_bits_in_either_layout() {
         }
     }
 }
+
+/// Blocks that a keep-mask hides from every query of a tile are skipped before their scores
+/// (`Problem::hides_block`): key padding (`[b, 1, 1, nk]`, each batch padded from its own
+/// length, one batch with every key hidden) and a block-diagonal mask over every pair (query
+/// `i` sees keys `j` with `j / 70 = i / 70`, so whole tiles see whole blocks of nothing).
+/// The hidden keys' K and V hold ±∞ and NaN, which a block that is not skipped overwrites or
+/// weighs 0. Every path, ISA and thread count, against the reference within the derived
+/// bounds; decode with 1 and 3 queries, GQA.
+#[test]
+fn blocks_hidden_by_a_keep_mask_are_skipped_exactly() {
+    for (nq, nk, diagonal) in
+        [(1, 700, false), (3, 700, false), (200, 333, false), (150, 420, true)]
+    {
+        let (batch, hkv, group) = (3, 2, 2);
+        let mut case = Case::new(
+            0x5c1b + nq as u64,
+            batch,
+            hkv,
+            group,
+            nq,
+            nk,
+            32,
+            24,
+            false,
+            0,
+            MaskKind::Keep { density: 2, broadcast: false },
+            1.0,
+        );
+        let lens = [nk / 3, 0, nk - 5];
+        let hidden = |b: usize, i: usize, j: usize| {
+            if diagonal {
+                j / 70 != i / 70
+            } else {
+                j >= lens[b]
+            }
+        };
+        if diagonal {
+            case.mask_layout =
+                Tensor4Layout::strided([batch, case.hq, nq, nk], [nq * nk, 0, nk, 1], 0);
+            case.keep = (0..batch * nq * nk).map(|x| !hidden(0, x / nk % nq, x % nk)).collect();
+        } else {
+            case.mask_layout = Tensor4Layout::strided([batch, case.hq, nq, nk], [nk, 0, 0, 1], 0);
+            case.keep = (0..batch * nk).map(|x| !hidden(x / nk, 0, x % nk)).collect();
+        }
+        // The bounds of the finite values: hidden keys add nothing to them (the ±∞ and NaN
+        // put there next would make the magnitudes they sum non-finite).
+        let bounds = case.bounds();
+        // Non-finite K and V at keys no query of their batch sees (every K/V head).
+        let specials = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+        for b in 0..batch {
+            for h in 0..hkv {
+                for j in (0..nk).filter(|&j| (0..nq).all(|i| hidden(b, i, j))) {
+                    let (kl, vl) = (case.k.1, case.v.1);
+                    case.k.0[kl.index(b, h, j, j % 32)] = specials[j % 3];
+                    case.v.0[vl.index(b, h, j, (j + 1) % 24)] = specials[(j + 1) % 3];
+                }
+            }
+        }
+        let want = case.reference();
+        all_paths(&case, |what, o, l| {
+            let got = (o.to_vec(), l.to_vec());
+            if let Err(e) = compare(&case, what, &got, &want, &bounds, 1.0) {
+                panic!("nq {nq} nk {nk} diagonal {diagonal}: {e}");
+            }
+        });
+    }
+}
