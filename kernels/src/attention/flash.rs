@@ -14,7 +14,8 @@
 //!    `P` as the B micro-panel of the next product), `l ← α·l + Σ_j P_j`, and
 //!    `Oᵀ ← α·Oᵀ + Vᵀ·P` on the micro-kernels (V read in place);
 //!    With variants, a softcap maps the block's scores before the mask, ALiBi and the window
-//!    after it, and blocks outside a tile's window are skipped like those past the diagonal;
+//!    after it, and blocks outside a tile's window are skipped like those past the diagonal,
+//!    as are blocks a keep-mask hides from every row of the tile (`Problem::hides_block`);
 //! 3. write `O/l` (zeros where `l = 0`: fully masked rows) and `lse = m + ln l`, with a sink
 //!    in the denominator when there is one (`Problem::finish`).
 //!

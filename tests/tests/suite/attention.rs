@@ -321,6 +321,27 @@ fn bits(x: &[f32]) -> Vec<u32> {
 const PATHS: [(&str, Path); 3] =
     [("flash", Path::Flash), ("decode", Path::Decode), ("unfused", Path::Unfused)];
 
+/// `Attention` on the views `[q, k, v]` (data, layout) with `scale` and `mask`, on `path`,
+/// `isa` and `threads`, into a NaN-filled output of layout `lo` (contiguous), returned.
+fn run_views(
+    [q, k, v]: [(&[f32], Tensor4Layout); 3],
+    lo: Tensor4Layout,
+    scale: f32,
+    mask: &Mask<'_>,
+    (path, isa, threads): (Path, Isa, usize),
+) -> Vec<f32> {
+    let mut o = vec![f32::NAN; lo.len()];
+    Attention::new(TensorRef::new(q.0, q.1), TensorRef::new(k.0, k.1), TensorRef::new(v.0, v.1))
+        .scale(scale)
+        .mask(*mask)
+        .path(path)
+        .isa(isa)
+        .parallelism(par(threads))
+        .run(TensorMut::new(&mut o, lo))
+        .unwrap();
+    o
+}
+
 /// Every path, ISA and thread count on one case, checked with `check(path, output, lse)`.
 fn all_paths(case: &Case, check: impl Fn(&str, &[f32], &[f32])) {
     for (name, path) in PATHS {
@@ -655,19 +676,8 @@ fn masked_nonfinite_values_do_not_leak() {
             for (name, path) in PATHS {
                 for isa in Isa::supported() {
                     for threads in [1, 2] {
-                        let mut o = vec![f32::NAN; hq * nq * dv];
-                        Attention::new(
-                            TensorRef::new(&q, lq),
-                            TensorRef::new(&k, lk),
-                            TensorRef::new(v, lv),
-                        )
-                        .scale(1.0)
-                        .mask(*mask)
-                        .path(path)
-                        .isa(isa)
-                        .parallelism(par(threads))
-                        .run(TensorMut::new(&mut o, lo))
-                        .unwrap();
+                        let views = [(&q[..], lq), (&k[..], lk), (&v[..], lv)];
+                        let o = run_views(views, lo, 1.0, mask, (path, isa, threads));
                         for (x, y) in o.iter().zip(&want) {
                             // |values| ≤ 8, ≤ 45 keys: far inside 64 ulp of 8.
                             assert!(
@@ -745,21 +755,9 @@ fn full_masks_give_the_same_bits_in_either_layout() {
             for (name, path) in PATHS {
                 for isa in Isa::supported() {
                     for threads in [1, 2] {
-                        let run = |mask: &Mask<'_>| {
-                            let mut o = vec![0.0f32; hq * nq * dv];
-                            Attention::new(
-                                TensorRef::new(&q, lq),
-                                TensorRef::new(k, lk),
-                                TensorRef::new(&v, lv),
-                            )
-                            .mask(*mask)
-                            .path(path)
-                            .isa(isa)
-                            .parallelism(par(threads))
-                            .run(TensorMut::new(&mut o, lo))
-                            .unwrap();
-                            o
-                        };
+                        let views = [(&q[..], lq), (&k[..], lk), (&v[..], lv)];
+                        let scale = attn_reference::attention::default_scale(dk);
+                        let run = |mask| run_views(views, lo, scale, mask, (path, isa, threads));
                         let (x, y) = (run(a), run(b));
                         let what = format!("{name}/{isa}/{threads}t {nq}×{nk} {kind}");
                         assert!(x.iter().all(|x| x.is_finite()), "{what}: {x:?}");
