@@ -703,8 +703,9 @@ impl<'a> Problem<'a> {
     /// scores, and masked keys' values are never weighed), and the paths skip it before its
     /// scores, as they skip keys past a causal diagonal (a padded batch's key padding). Only a
     /// keep-mask says so ahead of the scores: a −∞ bias added to a NaN or `+∞` score gives
-    /// NaN, as in the reference. Stops at the first visible pair, so a block that is not
-    /// hidden costs a read or a few.
+    /// NaN, as in the reference. Stops at the first visible pair: a block whose first key is
+    /// visible costs one read, one whose leading keys are hidden at most what `apply_mask`
+    /// reads.
     fn hides_block(
         &self,
         b: usize,
