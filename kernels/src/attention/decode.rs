@@ -60,7 +60,7 @@ use super::blocks::{
 };
 use super::sink::Sink;
 use super::variants::softcap;
-use super::{flash, zeros, Problem};
+use super::{flash, zeros, Problem, ScoreBlock};
 use crate::arch::convert::{store_elems, store_elems_tail, SimdElement};
 use crate::arch::{cache, load, load_tail, vectorize, vectorize_dot, Isa, Kernel, Simd};
 use crate::gemm::ukernel::Kernel as GemmKernel;
@@ -883,7 +883,9 @@ impl Chunk<'_, '_> {
         let dq = if KB::PAIRS { dk / 2 } else { dk };
         // Keys that a keep-mask hides from every row (a padded batch's key padding) change
         // nothing: skipped, scores and all.
-        if (0..p.group).all(|g| p.hides_block(b, kh * p.group + g, 0, nq, j0, nb)) {
+        let hidden =
+            |g| p.hides_block(ScoreBlock { b, h: kh * p.group + g, i0: 0, rows: nq, j0, nb });
+        if (0..p.group).all(hidden) {
             return;
         }
         // Scores of every row against the block's keys: each key row is read once.
@@ -909,8 +911,9 @@ impl Chunk<'_, '_> {
             for r in 0..rows {
                 let h = kh * p.group + r / nq;
                 let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
-                p.apply_mask(s, b, h, r % nq, 1, j0, nb, 1, srow);
-                p.apply_variants(h, r % nq, 1, j0, nb, 1, srow);
+                let blk = ScoreBlock { b, h, i0: r % nq, rows: 1, j0, nb };
+                p.apply_mask(s, blk, 1, srow);
+                p.apply_variants(blk, 1, srow);
             }
         }
         // Online softmax per row; the output rows are rescaled before accumulating.

@@ -56,7 +56,7 @@ use super::blocks::{
 use super::decode::{paged_head, RowMap};
 use super::sink::Sink;
 use super::variants::softcap;
-use super::{matrix, scale_row, zeros, Problem, FLUSH_WEIGHTS_BELOW};
+use super::{matrix, scale_row, zeros, Problem, ScoreBlock, FLUSH_WEIGHTS_BELOW};
 use crate::arch::convert::SimdElement;
 use crate::arch::{load, store, transpose_matrix, vectorize, Isa, Kernel, Simd};
 use crate::gemm::pack::AlignedBuf;
@@ -386,10 +386,13 @@ impl Kernel for Task<'_, '_, '_> {
                     js -= (js - j0) % 2;
                 }
                 let je = (j0 + nb_task).min(p.key_end(i0 + rows - 1));
-                if js >= je || p.hides_block(b, h, i0, rows, js, je - js) {
+                if js >= je {
                     continue;
                 }
-                let nb = je - js;
+                let (nb, sblk) = (je - js, ScoreBlock { b, h, i0, rows, j0: js, nb: je - js });
+                if p.hides_block(sblk) {
+                    continue;
+                }
                 let sb = scr.s.get(nb * qr);
                 let qpu = &qps[u * dk * qr..(u + 1) * dk * qr];
                 match blk {
@@ -404,8 +407,8 @@ impl Kernel for Task<'_, '_, '_> {
                 if let Some(c) = p.variants.softcap {
                     softcap(s, sb, c);
                 }
-                p.apply_mask(s, b, h, i0, rows, js, nb, qr, sb);
-                p.apply_variants(h, i0, rows, js, nb, qr, sb);
+                p.apply_mask(s, sblk, qr, sb);
+                p.apply_variants(sblk, qr, sb);
                 let (m, lsum) =
                     (&mut scr.m[u * qr..(u + 1) * qr], &mut scr.l[u * qr..(u + 1) * qr]);
                 let guard = softmax_step(s, sb, nb, m, lsum, &mut scr.alpha[..qr]);

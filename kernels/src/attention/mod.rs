@@ -414,6 +414,28 @@ pub(crate) fn dot_kernel(
     }
 }
 
+/// A block of scores: queries `i0..i0 + rows` of head `(b, h)` against keys `j0..j0 + nb`,
+/// as the paths hand it to [`Problem::apply_mask`], [`Problem::apply_variants`] and
+/// [`Problem::hides_block`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScoreBlock {
+    pub b: usize,
+    pub h: usize,
+    pub i0: usize,
+    pub rows: usize,
+    pub j0: usize,
+    pub nb: usize,
+}
+
+impl ScoreBlock {
+    /// Where the block starts in a mask of this layout, and the mask's query and key strides:
+    /// `(index of (b, h, i0, j0), s2, s3)`.
+    fn origin(&self, layout: &Tensor4Layout) -> (usize, usize, usize) {
+        let [.., s2, s3] = layout.strides;
+        (layout.index(self.b, self.h, self.i0, self.j0), s2, s3)
+    }
+}
+
 /// A checked attention problem: operands, sizes and mask.
 pub(crate) struct Problem<'a> {
     q: AnyRef<'a>,
@@ -592,24 +614,13 @@ impl<'a> Problem<'a> {
     }
 
     /// Applies the mask to a block of scaled scores: `s[j·stride + r]` holds the score
-    /// of query `i0 + r` (`r < rows`) and key `j0 + j` (`j < nb`) of head `(b, h)`. Masked
+    /// of query `i0 + r` (`r < rows`) and key `j0 + j` (`j < nb`) of the block's head. Masked
     /// scores become −∞ (overwritten, so a NaN score at a masked position is dropped as the
     /// reference drops it), a bias is added. Rows `rows..stride` are padding and
     /// may be touched.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)] // into the ISA's kernel body, so that the mask walk uses its vectors
-    fn apply_mask<S: Simd>(
-        &self,
-        simd: S,
-        b: usize,
-        h: usize,
-        i0: usize,
-        rows: usize,
-        j0: usize,
-        nb: usize,
-        stride: usize,
-        s: &mut [f32],
-    ) {
+    fn apply_mask<S: Simd>(&self, simd: S, blk: ScoreBlock, stride: usize, s: &mut [f32]) {
+        let ScoreBlock { i0, rows, j0, nb, .. } = blk;
         match self.mask {
             Mask::None => {}
             Mask::Causal { offset } => {
@@ -627,12 +638,10 @@ impl<'a> Problem<'a> {
                 }
             }
             Mask::Keep { keep, layout } => {
-                let ([.., s2, s3], a0) = (layout.strides, layout.index(b, h, i0, j0));
-                mask::apply(simd, *keep, (a0, s2, s3), rows, nb, stride, s);
+                mask::apply(simd, *keep, blk.origin(layout), rows, nb, stride, s)
             }
             Mask::Bias { bias, layout } => {
-                let ([.., s2, s3], a0) = (layout.strides, layout.index(b, h, i0, j0));
-                mask::apply(simd, *bias, (a0, s2, s3), rows, nb, stride, s);
+                mask::apply(simd, *bias, blk.origin(layout), rows, nb, stride, s)
             }
         }
     }
@@ -644,18 +653,9 @@ impl<'a> Problem<'a> {
     /// reference gives such a key no logit, or `−∞ + finite` in f64, while `−∞ + slope·d` is
     /// NaN in f32 once the product overflows to `+∞`.
     /// Nothing to do (and nothing read) without those variants.
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)] // into the ISA's kernel body, so that the row loops use its vectors
-    fn apply_variants(
-        &self,
-        h: usize,
-        i0: usize,
-        rows: usize,
-        j0: usize,
-        nb: usize,
-        stride: usize,
-        s: &mut [f32],
-    ) {
+    fn apply_variants(&self, blk: ScoreBlock, stride: usize, s: &mut [f32]) {
+        let ScoreBlock { h, i0, rows, j0, nb, .. } = blk;
         if let Some(slopes) = self.variants.alibi {
             let slope = slopes[h];
             // Distances of the block: d(j, r) = base + j − r, base = j0 − i0 − off.
@@ -706,22 +706,14 @@ impl<'a> Problem<'a> {
     /// NaN, as in the reference. Stops at the first visible pair: a block whose first key is
     /// visible costs one read, one whose leading keys are hidden at most what `apply_mask`
     /// reads.
-    fn hides_block(
-        &self,
-        b: usize,
-        h: usize,
-        i0: usize,
-        rows: usize,
-        j0: usize,
-        nb: usize,
-    ) -> bool {
+    fn hides_block(&self, blk: ScoreBlock) -> bool {
         let Mask::Keep { keep, layout } = self.mask else {
             return false;
         };
-        let ([.., s2, s3], a0) = (layout.strides, layout.index(b, h, i0, j0));
+        let (a0, s2, s3) = blk.origin(layout);
         // A key-padding mask (`s2 = 0`) has one element per key for all the rows.
-        let rows = if s2 == 0 { rows.min(1) } else { rows };
-        (0..nb).all(|j| (0..rows).all(|r| !keep[a0 + r * s2 + j * s3]))
+        let rows = if s2 == 0 { blk.rows.min(1) } else { blk.rows };
+        (0..blk.nb).all(|j| (0..rows).all(|r| !keep[a0 + r * s2 + j * s3]))
     }
 
     /// True when a block of scores needs [`apply_mask`](Self::apply_mask) or

@@ -12,7 +12,7 @@ use attn_core::{AnyRef, MatLayout, MatMut, MatRef, Result};
 use super::blocks::{axpy, exp_row, pos_inf_weights, KvAny, Strided};
 use super::sink::Sink;
 use super::variants::softcap;
-use super::{matrix, row_of, zeros, Problem};
+use super::{matrix, row_of, zeros, Problem, ScoreBlock};
 use crate::arch::{vectorize, Isa, Kernel, Portable, Simd};
 use crate::gemm::sgemm_with_isa;
 use crate::par::Parallelism;
@@ -133,8 +133,9 @@ impl Kernel for SoftmaxRows<'_, '_> {
             if let Some(c) = p.variants.softcap {
                 softcap(s, row, c);
             }
-            p.apply_mask(s, b, h, i, 1, 0, nk, 1, row);
-            p.apply_variants(h, i, 1, 0, nk, 1, row);
+            let blk = ScoreBlock { b, h, i0: i, rows: 1, j0: 0, nb: nk };
+            p.apply_mask(s, blk, 1, row);
+            p.apply_variants(blk, 1, row);
             let m = row.iter().fold(f32::MIN, |a, &x| if x > a { x } else { a });
             // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
             sums[i] = if m == f32::INFINITY {
