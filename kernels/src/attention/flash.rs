@@ -389,7 +389,8 @@ impl Kernel for Task<'_, '_, '_> {
                 if js >= je {
                     continue;
                 }
-                let (nb, sblk) = (je - js, ScoreBlock { b, h, i0, rows, j0: js, nb: je - js });
+                let nb = je - js;
+                let sblk = ScoreBlock { b, h, i0, rows, j0: js, nb };
                 if p.hides_block(sblk) {
                     continue;
                 }
