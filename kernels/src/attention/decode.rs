@@ -67,13 +67,41 @@ use crate::gemm::ukernel::Kernel as GemmKernel;
 use crate::math::exp::exp_rr2_p7_scalar;
 use crate::par::Parallelism;
 
-/// Unnormalised online-softmax state of one chunk: per row the running maximum of the
-/// scores (`f32::MIN` when nothing was visible), the sum of `e^(s − m)` and the weighted sum
-/// of values (`rows × dv`).
+/// Unnormalised online-softmax state of one chunk of one head: per row the running maximum
+/// of the scores (`m`, `f32::MIN` when nothing was visible), the sum of `e^(s − m)` (`l`) and
+/// the weighted sum of values (`o`, `rows × dv`), in one allocation `[m | l | o]` (a short
+/// decode call makes one per task and head).
 struct Partial {
-    m: Vec<f32>,
-    l: Vec<f32>,
-    o: Vec<f32>,
+    rows: usize,
+    buf: Vec<f32>,
+}
+
+impl Partial {
+    /// The state before any key, allocated fallibly (`dv` can be huge, see [`Chunk`]).
+    fn new(rows: usize, dv: usize) -> Result<Self> {
+        let len = rows.checked_mul(dv).and_then(|o| o.checked_add(rows.checked_mul(2)?));
+        let mut buf = zeros("v", len)?;
+        buf[..rows].fill(f32::MIN);
+        Ok(Partial { rows, buf })
+    }
+    /// The rows' running maxima.
+    fn m(&self) -> &[f32] {
+        &self.buf[..self.rows]
+    }
+    /// The rows' sums of `e^(s − m)`.
+    fn l(&self) -> &[f32] {
+        &self.buf[self.rows..2 * self.rows]
+    }
+    /// The rows' weighted sums of values, `dv` floats a row.
+    fn o(&self) -> &[f32] {
+        &self.buf[2 * self.rows..]
+    }
+    /// `(m, l, o)`, mutable.
+    fn parts_mut(&mut self) -> (&mut [f32], &mut [f32], &mut [f32]) {
+        let (m, rest) = self.buf.split_at_mut(self.rows);
+        let (l, o) = rest.split_at_mut(self.rows);
+        (m, l, o)
+    }
 }
 
 /// Runs the decode path and writes `o` and `lse`. Fails only when a task's scratch cannot be
@@ -459,26 +487,26 @@ impl<T: SimdElement> Kernel for Merge<'_, '_, '_, T> {
             let (b, kh) = (bk / p.hkv, bk % p.hkv);
             for r in 0..rows {
                 let (h, i) = (kh * p.group + r / p.nq, r % p.nq);
-                let mx = parts().map(|c| c.m[r]).fold(f32::MIN, f32::max);
+                let mx = parts().map(|c| c.m()[r]).fold(f32::MIN, f32::max);
                 let mut total = 0.0f32;
                 acc.fill(0.0);
                 for c in parts() {
                     // e^(m_c − M) in f64: two scalars per chunk, no need for the vector exp.
                     // Equal maxima weigh 1, also when both are +∞ (the +∞ keys share the
                     // weight).
-                    let w = if c.m[r] == mx {
+                    let w = if c.m()[r] == mx {
                         1.0
                     } else {
-                        (f64::from(c.m[r]) - f64::from(mx)).exp() as f32
+                        (f64::from(c.m()[r]) - f64::from(mx)).exp() as f32
                     };
                     if w == 0.0 {
                         continue; // weight 0: contributes nothing, even an ∞ partial (0·∞)
                     }
-                    total = w.mul_add(c.l[r], total);
-                    axpy(s, w, &c.o[r * p.dv..(r + 1) * p.dv], &mut acc);
+                    total = w.mul_add(c.l()[r], total);
+                    axpy(s, w, &c.o()[r * p.dv..(r + 1) * p.dv], &mut acc);
                 }
                 // NaN in any chunk must survive the merge (f32::max above skips NaN maxima).
-                if parts().any(|c| c.l[r].is_nan()) {
+                if parts().any(|c| c.l()[r].is_nan()) {
                     total = f32::NAN;
                 }
                 let (inv, row_lse) = p.finish(h, mx, total, lse.is_some());
@@ -810,17 +838,20 @@ impl Chunk<'_, '_> {
         let (dk, dv, nq) = (p.dk, p.dv, p.nq);
         let rows = p.group * nq;
         // Per head: its partial, and its rows (head in group, query), every row pre-scaled by
-        // scale, or, for key pairs, `dk/2` unscaled bf16 pairs (`dq` floats a row).
+        // scale, or, for key pairs, `dk/2` unscaled bf16 pairs (`dq` floats a row). The rows
+        // of every head and the scores' scratch share one allocation.
         let dq = if KB::PAIRS { dk / 2 } else { dk };
-        let mut state = Vec::with_capacity(heads.len());
-        for kh in heads.clone() {
-            let part = Partial {
-                m: vec![f32::MIN; rows],
-                l: vec![0.0; rows],
-                o: zeros("v", rows.checked_mul(dv))?,
-            };
-            let mut qs = zeros("q", rows.checked_mul(dq))?;
-            for (r, row) in qs.chunks_exact_mut(dq.max(1)).enumerate() {
+        let q_len = rows.checked_mul(dq).and_then(|n| n.checked_mul(heads.len()));
+        let len = q_len.and_then(|n| n.checked_add(rows.checked_mul(DECODE_BC)?));
+        let mut scratch = zeros("q", len)?;
+        // `len` is `Some` past the allocation, so `q_len` is too.
+        let (qs, sb) = scratch.split_at_mut(q_len.unwrap_or(0));
+        let head_q = rows * dq;
+        let mut parts = Vec::with_capacity(heads.len());
+        for (i, kh) in heads.clone().enumerate() {
+            parts.push(Partial::new(rows, dv)?);
+            let qh = &mut qs[i * head_q..(i + 1) * head_q];
+            for (r, row) in qh.chunks_exact_mut(dq.max(1)).enumerate() {
                 let h = kh * p.group + r / nq;
                 if KB::PAIRS {
                     p.query_pairs(b, h, r % nq, row);
@@ -828,9 +859,7 @@ impl Chunk<'_, '_> {
                     p.scaled_query(s, b, h, r % nq, row);
                 }
             }
-            state.push((part, qs));
         }
-        let mut sb = zeros("q", rows.checked_mul(DECODE_BC))?;
         let (c0, c1) = (self.c0, self.c1);
         // Blocks of `bc` keys (the tiles run over a block page by page, `head_block`).
         let key_bytes = kb.key_bytes().saturating_add(vb.key_bytes());
@@ -845,16 +874,17 @@ impl Chunk<'_, '_> {
         while j0 < c1 {
             let nb = (c1 - j0).min(bc);
             let next = (j0 + nb < c1).then(|| (j0 + nb, (c1 - j0 - nb).min(bc)));
-            for (i, (part, qs)) in state.iter_mut().enumerate() {
+            for (i, part) in parts.iter_mut().enumerate() {
                 if let Some((j, n)) = next.filter(|_| whole) {
                     kb.prefetch_block(j, n, i, p.hkv, rows);
                     vb.prefetch_block(j, n, i, p.hkv, rows);
                 }
-                self.head_block(s, &mut kb, &mut vb, &mut sb, part, qs, i, j0, nb);
+                let qh = &qs[i * head_q..(i + 1) * head_q];
+                self.head_block(s, &mut kb, &mut vb, sb, part, qh, i, j0, nb);
             }
             j0 += nb;
         }
-        Ok(state.into_iter().map(|(part, _)| part).collect())
+        Ok(parts)
     }
 
     /// Keys `j0..j0 + nb` of the task's head `i` (`part`, its query rows `qs`): the scores,
@@ -917,10 +947,11 @@ impl Chunk<'_, '_> {
             }
         }
         // Online softmax per row; the output rows are rescaled before accumulating.
+        let (pm, pl, po) = part.parts_mut();
         let mut guard = false;
         for r in 0..rows {
             let srow = &mut sb[r * DECODE_BC..r * DECODE_BC + nb];
-            let m_old = part.m[r];
+            let m_old = pm[r];
             let m_new = row_max(s, srow, m_old);
             // A +∞ maximum (overflowed score, +∞ bias): the +∞ keys share the weight.
             // A zero weight (masked or underflowed) needs the guarded P·V tile.
@@ -933,10 +964,10 @@ impl Chunk<'_, '_> {
             guard |= zero;
             // An unchanged maximum (the common case once it settles) needs no rescale.
             let alpha = if m_new == m_old { 1.0 } else { exp_rr2_p7_scalar(s, m_old - m_new) };
-            part.l[r] = alpha.mul_add(part.l[r], sum);
-            part.m[r] = m_new;
+            pl[r] = alpha.mul_add(pl[r], sum);
+            pm[r] = m_new;
             // alpha = 0: the earlier keys now weigh 0 and contribute nothing, not 0·∞.
-            let o_row = &mut part.o[r * dv..(r + 1) * dv];
+            let o_row = &mut po[r * dv..(r + 1) * dv];
             if alpha == 0.0 {
                 o_row.fill(0.0);
             } else if alpha != 1.0 {
@@ -948,7 +979,7 @@ impl Chunk<'_, '_> {
         while at < nb {
             let n = vb.run_len(j0 + at, nb - at);
             let Block { m: v, j: vj, .. } = vb.block(s, i, j0 + at, n, j0 + nb + at);
-            decode_pv_block(s, guard, &sb[at..], DECODE_BC, rows, n, v, vj, dv, &mut part.o);
+            decode_pv_block(s, guard, &sb[at..], DECODE_BC, rows, n, v, vj, dv, po);
             at += n;
         }
     }
