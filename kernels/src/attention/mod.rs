@@ -419,12 +419,12 @@ pub(crate) fn dot_kernel(
 /// [`Problem::hides_block`].
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ScoreBlock {
-    pub b: usize,
-    pub h: usize,
-    pub i0: usize,
-    pub rows: usize,
-    pub j0: usize,
-    pub nb: usize,
+    b: usize,
+    h: usize,
+    i0: usize,
+    rows: usize,
+    j0: usize,
+    nb: usize,
 }
 
 impl ScoreBlock {
