@@ -27,8 +27,18 @@ pub const NC_MAX: usize = 16384;
 /// magnitude above the cost of waking a rayon worker.
 pub const PAR_MIN_MNK: usize = 128 * 128 * 96;
 
-/// Widest C (n) for which A is read in place by the micro-kernels instead of being packed.
-pub const DIRECT_A_MAX_N: usize = 128;
+/// A (with a unit stride) is read in place by the micro-kernels instead of being packed when C
+/// is at most this many micro-panels wide (`n ≤ DIRECT_A_MAX_PANELS·NR`): 1024 columns for the
+/// AVX-512 6 × 64 tile, 256 for AVX2's 6 × 16.
+///
+/// Packing costs a pass over A (a read and a write) per NC block, about `2/n` of a memory
+/// access per multiply-add; reading A in place costs each of the `n/NR` passes of the
+/// micro-kernels over A its MR strided streams instead of one, about `1/NR` per multiply-add
+/// (MR broadcasts per MR·NR multiply-adds). So the crossover grows with NR. Measured on an
+/// Emerald-Rapids-class Xeon (perf journal, 2026-12-07 16:37): in place, the AVX-512 tile ran
+/// 1.05–1.1× faster at 256³, 1.03× at 512³, 1.01–1.04× at 1024³ and 1.00–1.02× at 2048³;
+/// AVX2's ran 0.97–0.98× at 512³ and the same at 256³.
+pub const DIRECT_A_MAX_PANELS: usize = 16;
 
 /// Block sizes for one micro-kernel shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,10 +14,10 @@
 //! two vectors (on AVX-512 `sgemm_12x32_avx512`, the same body in a taller, narrower tile).
 //!
 //! A is packed into MR-row micro-panels, except when it has a unit stride and C is at most
-//! [`blocking::DIRECT_A_MAX_N`] wide: then packing (a full pass over A per NC block) would
-//! cost more than the micro-kernels save, and they read A in place (a bf16 / f16 A is first
-//! widened, block by block, into an f32 copy of the same orientation: vector runs, no
-//! transposition).
+//! [`blocking::DIRECT_A_MAX_PANELS`] micro-panels wide: then packing (a full pass over A per NC
+//! block) would cost more than the micro-kernels save, and they read A in place (a bf16 / f16
+//! A is first widened, block by block, into an f32 copy of the same orientation: vector runs,
+//! no transposition).
 //!
 //! # Public API
 //!
@@ -274,7 +274,7 @@ unsafe fn launch<TA: Convertible, TB: Convertible>(
         alpha,
         beta,
         // The pair kernel packs A into pairs; it never reads A in place.
-        a: if kern.pairs { ASrc::View(a) } else { a_source(a, cl.cols) },
+        a: if kern.pairs { ASrc::View(a) } else { a_source(a, cl.cols, kern.nr) },
         b: BSrc::View(b),
         c: CPtr { ptr, rs: cl.row_stride, cs: cl.col_stride },
     };
@@ -313,7 +313,7 @@ pub fn sgemm_packed_b(
         k,
         alpha,
         beta,
-        a: a_source(a, n),
+        a: a_source(a, n, b.p.kern.nr),
         b: BSrc::<f32>::Packed(&b.p),
         // SAFETY: as in `sgemm_with_isa`.
         c: CPtr {
@@ -459,13 +459,14 @@ impl PackedPanels {
 }
 
 /// Packs A unless reading it in place is cheaper: packing costs a pass over A per NC block,
-/// which a wide C amortises but a narrow one does not; reading in place needs a unit stride so
-/// each of the MR rows (or each step) is a contiguous stream.
+/// which a wide C amortises but a narrow one does not ([`blocking::DIRECT_A_MAX_PANELS`] of
+/// the kernel's `nr` columns); reading in place needs a unit stride so each of the MR rows (or
+/// each step) is a contiguous stream.
 /// A half-precision A in that case is widened block by block into an f32 copy of the same
 /// orientation (vector runs, no transposition), which the micro-kernels then read in place.
-fn a_source<T: Convertible>(a: MatRef<'_, T>, n: usize) -> ASrc<'_, T> {
+fn a_source<T: Convertible>(a: MatRef<'_, T>, n: usize, nr: usize) -> ASrc<'_, T> {
     let unit = a.layout.row_stride == 1 || a.layout.col_stride == 1;
-    if !unit || n > blocking::DIRECT_A_MAX_N {
+    if !unit || n.div_ceil(nr) > blocking::DIRECT_A_MAX_PANELS {
         return ASrc::View(a);
     }
     match T::as_f32(a.data) {

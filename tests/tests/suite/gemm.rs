@@ -6,7 +6,7 @@
 //! widens exactly, the micro-kernels are the same).
 
 use attn_kernels::arch::convert::Convertible;
-use attn_kernels::gemm::blocking::Blocking;
+use attn_kernels::gemm::blocking::{Blocking, DIRECT_A_MAX_PANELS};
 use attn_kernels::gemm::{gemm_with_isa, sgemm, sgemm_packed_b, sgemm_with_isa, PackedB};
 use attn_kernels::{bf16, f16, Isa, Parallelism};
 use attn_reference::matmul::matmul;
@@ -245,6 +245,47 @@ fn mixed_precision_large_and_threaded() {
         check_mixed::<bf16, f16>(&mut case, 1.5, 0.5, Parallelism::threads(2));
         let mut case = Case::new(m, n, k, lays, 0.0, 12, Rng::unit);
         check_mixed::<f16, bf16>(&mut case, -1.0, 0.0, Parallelism::Sequential);
+    }
+}
+
+/// A is read in place while C is at most `DIRECT_A_MAX_PANELS` micro-panels wide and packed
+/// past that (and always when neither of its strides is 1). Both feed the micro-kernel the same
+/// steps, so on the same values the results are bitwise equal, and within the reference's
+/// bound; past the width, half-precision A is widened while packed, bitwise as SGEMM on its
+/// values. Shapes on both sides of the width for every ISA's tile.
+#[test]
+fn a_in_place_and_packed_agree() {
+    let widest = GEMM_TILES.iter().map(|t| t.1).max().unwrap();
+    let wide = DIRECT_A_MAX_PANELS * widest + 1;
+    for n in [200, wide] {
+        for la in [Layout::RowMajor, Layout::ColMajor, Layout::PaddedRows(3), Layout::PaddedCols(5)]
+        {
+            let lays = [la, Layout::RowMajor, Layout::RowMajor];
+            let case = Case::new(7, n, 70, lays, 0.5, 21, Rng::unit);
+            let mut general =
+                Case::new(7, n, 70, [Layout::General, lays[1], lays[2]], 0.5, 21, Rng::unit);
+            for i in 0..7 {
+                for p in 0..70 {
+                    general.a[general.la.index(i, p)] = case.a[case.la.index(i, p)];
+                }
+            }
+            (general.b, general.c) = (case.b.clone(), case.c.clone());
+            let want = case.reference(1.5, 0.5);
+            for isa in isas() {
+                let got = case.run(isa, 1.5, 0.5, Parallelism::Sequential);
+                case.check(&format!("{isa} {la:?} n={n}"), &got, &want, 1.5, 0.5);
+                let packed = general.run(isa, 1.5, 0.5, Parallelism::Sequential);
+                let same = got.iter().zip(&packed).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{isa} {la:?} 7x{n}x70: A in this layout and packed differ");
+            }
+        }
+        for la in [Layout::RowMajor, Layout::ColMajor] {
+            let lays = [la, Layout::RowMajor, Layout::RowMajor];
+            let mut case = Case::new(7, n, 70, lays, 0.5, 22, Rng::unit);
+            check_mixed::<bf16, f32>(&mut case, 1.5, 0.5, Parallelism::Sequential);
+            let mut case = Case::new(7, n, 70, lays, 0.0, 23, Rng::unit);
+            check_mixed::<f16, f32>(&mut case, -1.0, 0.0, Parallelism::Sequential);
+        }
     }
 }
 
