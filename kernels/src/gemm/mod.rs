@@ -509,3 +509,38 @@ fn scale(beta: f32, c: MatMut<'_>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bf16;
+
+    /// The rule of [`a_source`] at its edge, `16·NR` columns, for every tile width: f32 A in
+    /// place (`Direct`), half-precision A widened in place (`Widen`), packed one column past
+    /// the edge and whenever neither stride is 1.
+    #[test]
+    fn a_is_read_in_place_up_to_the_panel_limit() {
+        fn kind<T>(a: ASrc<'_, T>) -> &'static str {
+            match a {
+                ASrc::View(_) => "packed",
+                ASrc::Direct(_) => "direct",
+                ASrc::Widen(_) => "widened",
+            }
+        }
+        let (f, h) = (vec![0.0f32; 12], vec![bf16::ZERO; 12]);
+        let rows = MatLayout::row_major(3, 4);
+        let cols = MatLayout { rows: 3, cols: 4, row_stride: 1, col_stride: 3, offset: 0 };
+        let general = MatLayout { rows: 2, cols: 2, row_stride: 6, col_stride: 2, offset: 0 };
+        for nr in [16, 32, 64] {
+            let edge = blocking::DIRECT_A_MAX_PANELS * nr;
+            for l in [rows, cols] {
+                assert_eq!(kind(a_source(MatRef::new(&f, l), edge, nr)), "direct", "{nr} {l:?}");
+                assert_eq!(kind(a_source(MatRef::new(&f, l), edge + 1, nr)), "packed");
+                assert_eq!(kind(a_source(MatRef::new(&h, l), edge, nr)), "widened", "{nr} {l:?}");
+                assert_eq!(kind(a_source(MatRef::new(&h, l), edge + 1, nr)), "packed");
+            }
+            assert_eq!(kind(a_source(MatRef::new(&f, general), 1, nr)), "packed");
+            assert_eq!(kind(a_source(MatRef::new(&h, general), 1, nr)), "packed");
+        }
+    }
+}

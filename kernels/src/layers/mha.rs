@@ -20,10 +20,11 @@
 //! them as `[batch, seq, heads, dim]` strided views, with no transpose or copy. When the caller's
 //! `wq`, `wk`, `wv` are adjacent column blocks of one buffer (a concatenated `[in, q_w+k_w+v_w]`
 //! weight, as engines usually store it), the three projections are one GEMM (see
-//! `project`): A is packed once instead of three times, which measured never slower and faster
-//! on large layers (`fused_qkv_timing` in tests/tests/suite/layers.rs; `docs/perf-journal.md`,
-//! 2026-11-29). Separate buffers give three GEMMs into the same workspace, same results up to
-//! the GEMM's blocking.
+//! `project`): A is packed (or read) once instead of three times, which measured never slower
+//! and faster on large layers (`fused_qkv_timing` in tests/tests/suite/layers.rs;
+//! `docs/perf-journal.md`, 2026-11-29, when A was packed at every width past 128 columns).
+//! Separate buffers give three GEMMs into the same workspace, same results up to the GEMM's
+//! blocking.
 
 use std::ptr;
 

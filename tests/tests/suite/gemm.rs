@@ -239,7 +239,16 @@ proptest! {
 /// C (the transposed problem, where A and B swap element types).
 #[test]
 fn mixed_precision_large_and_threaded() {
-    for (m, n, k, lc) in [(300, 200, 1100, Layout::RowMajor), (150, 301, 200, Layout::ColMajor)] {
+    // The last two pack A on every ISA (C past `DIRECT_A_MAX_PANELS` micro-panels; in the
+    // transposed problem of a column-major C, m is its width), past KC and MC; two threads
+    // split the first by rows, the second by columns.
+    let shapes = [
+        (300, 200, 1100, Layout::RowMajor),
+        (150, 301, 200, Layout::ColMajor),
+        (500, 1030, 530, Layout::RowMajor),
+        (1030, 40, 530, Layout::ColMajor),
+    ];
+    for (m, n, k, lc) in shapes {
         let lays = [Layout::RowMajor, Layout::PaddedCols(1), lc];
         let mut case = Case::new(m, n, k, lays, 0.5, 11, Rng::unit);
         check_mixed::<bf16, f16>(&mut case, 1.5, 0.5, Parallelism::threads(2));
@@ -255,9 +264,13 @@ fn mixed_precision_large_and_threaded() {
 /// values. Shapes on both sides of the width for every ISA's tile.
 #[test]
 fn a_in_place_and_packed_agree() {
-    let widest = GEMM_TILES.iter().map(|t| t.1).max().unwrap();
-    let wide = DIRECT_A_MAX_PANELS * widest + 1;
-    for n in [200, wide] {
+    // Each tile's edge and one past it, for the AVX2 / portable and the AVX-512 widths.
+    let mut widths: Vec<usize> = GEMM_TILES.iter().map(|t| DIRECT_A_MAX_PANELS * t.1).collect();
+    widths.extend(widths.clone().iter().map(|n| n + 1));
+    widths.push(200);
+    widths.sort_unstable();
+    widths.dedup();
+    for n in widths {
         for la in [Layout::RowMajor, Layout::ColMajor, Layout::PaddedRows(3), Layout::PaddedCols(5)]
         {
             let lays = [la, Layout::RowMajor, Layout::RowMajor];

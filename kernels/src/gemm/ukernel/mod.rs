@@ -16,9 +16,11 @@
 //! at `c[i·rs_c + j]`. The vectors run along N (`NR = NV · lanes`) and A is broadcast, so a
 //! row-major C is stored with plain vector stores; the loop nest transposes the whole problem
 //! when C is column-major. Each kernel shape has three instances of the one body
-//! ([`define_kernels`]): the packed-A kernel, a `_strided_a` kernel reading A in place through its strides (used
-//! when A has a unit stride and C is narrow, so packing A would not pay), and `R < MR`-row
-//! kernels for the last, partial row panel (no wasted FMAs, nothing read past A's last row).
+//! ([`define_kernels`]): the packed-A kernel, a `_strided_a` kernel reading A in place through
+//! its strides (used when A has a unit stride and C is at most
+//! [`DIRECT_A_MAX_PANELS`](crate::gemm::blocking::DIRECT_A_MAX_PANELS) micro-panels wide, so
+//! packing A would not pay), and `R < MR`-row kernels for the last, partial row panel (no
+//! wasted FMAs, nothing read past A's last row).
 //! Partial column panels and C views whose column stride is not 1 go through a bounce tile in
 //! [`macro_kernel`], never through special cases in the hot loop; packed B panels are
 //! zero-padded, so the padding lanes compute harmless zeros that are never stored.
