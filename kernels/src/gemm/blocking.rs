@@ -36,9 +36,9 @@ pub const PAR_MIN_MNK: usize = 128 * 128 * 96;
 /// micro-kernels over A its MR strided streams instead of one, about `1/NR` per multiply-add
 /// (MR broadcasts per MR·NR multiply-adds). So the crossover grows with NR. Measured on an
 /// Emerald-Rapids-class Xeon (perf journal, 2026-12-07 16:37): in place, the AVX-512 tile ran
-/// 1.05× (best times) to 1.11× (medians) faster at 256³, 1.03× at 512³ and 1.01–1.04× at 1024³
-/// (best times); AVX2's ran the same at 256³ and 0.95–0.99× at 512³ and 1024³, which this
-/// width keeps packed.
+/// 1.05× (best times) to 1.11× (medians) faster at 256³, 1.03× at 512³ and 1.02–1.04× at
+/// 1024³ (best times); AVX2's ran the same at 256³ and 0.95–0.99× at 512³ and 1024³, which
+/// this width keeps packed.
 pub const DIRECT_A_MAX_PANELS: usize = 16;
 
 /// Block sizes for one micro-kernel shape.

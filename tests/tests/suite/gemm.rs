@@ -239,14 +239,15 @@ proptest! {
 /// C (the transposed problem, where A and B swap element types).
 #[test]
 fn mixed_precision_large_and_threaded() {
-    // The last two pack A on every ISA (C past `DIRECT_A_MAX_PANELS` micro-panels; in the
-    // transposed problem of a column-major C, m is its width), past KC and MC; two threads
-    // split the first by rows, the second by columns.
+    // (m, n, k, C's layout). The last two pack A on every ISA (C past `DIRECT_A_MAX_PANELS`
+    // micro-panels; a column-major C transposes the problem, so the second is 260 × 1030 with
+    // the user's B as its A), past KC (512 at most) and MC (at most 256 rows on a 2 MiB L2):
+    // two threads split the first by rows (260 each), the second by columns.
     let shapes = [
         (300, 200, 1100, Layout::RowMajor),
         (150, 301, 200, Layout::ColMajor),
-        (500, 1030, 530, Layout::RowMajor),
-        (1030, 40, 530, Layout::ColMajor),
+        (520, 1030, 530, Layout::RowMajor),
+        (1030, 260, 530, Layout::ColMajor),
     ];
     for (m, n, k, lc) in shapes {
         let lays = [Layout::RowMajor, Layout::PaddedCols(1), lc];
