@@ -135,6 +135,8 @@ pub(crate) unsafe fn run<TA: SimdElement, TB: SimdElement>(
 /// columns per thread) packs at most 3/4 of that. Measured on two threads (perf journal,
 /// 2026-12-04 14:00): at 64 × 1024 × 1024 (columns pack 0.55 of rows) the call went from 0.74×
 /// to 0.96× of `gemm`'s speed; at 256 × 512 × 64 (0.8) the two splits were within the noise.
+/// The count keeps A's term when A is read in place (not packed): leaving it out split 512³
+/// by columns 1.03–1.05× faster but 256³ 0.96× slower (perf journal, 2026-12-07 16:37).
 fn split_rows(m: usize, n: usize, mr: usize, nr: usize, threads: usize) -> bool {
     let rows_ok = m.div_ceil(mr) >= threads.saturating_mul(2);
     let cols_ok = n.div_ceil(nr) >= threads.saturating_mul(2);
