@@ -266,9 +266,8 @@ fn mixed_precision_large_and_threaded() {
 #[test]
 fn a_in_place_and_packed_agree() {
     // Each tile's edge and one past it, for the AVX2 / portable and the AVX-512 widths.
-    let mut widths: Vec<usize> = GEMM_TILES.iter().map(|t| DIRECT_A_MAX_PANELS * t.1).collect();
-    widths.extend(widths.clone().iter().map(|n| n + 1));
-    widths.push(200);
+    let edges = GEMM_TILES.iter().map(|t| DIRECT_A_MAX_PANELS * t.1);
+    let mut widths: Vec<usize> = edges.flat_map(|e| [e, e + 1]).chain([200]).collect();
     widths.sort_unstable();
     widths.dedup();
     for n in widths {
