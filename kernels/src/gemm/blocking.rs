@@ -27,19 +27,19 @@ pub const NC_MAX: usize = 16384;
 /// magnitude above the cost of waking a rayon worker.
 pub const PAR_MIN_MNK: usize = 128 * 128 * 96;
 
-/// A (with a unit stride) is read in place by the micro-kernels instead of being packed when C
-/// is at most this many micro-panels wide (`n ≤ DIRECT_A_MAX_PANELS·NR`): 1024 columns for the
-/// AVX-512 6 × 64 tile, 256 for the 6 × 16 (AVX2) and 4 × 16 (portable) tiles.
+/// A column-major A (unit row stride) is read in place by the micro-kernels instead of being
+/// packed when C is at most this many micro-panels wide (`n ≤ DIRECT_A_COL_MAJOR_MAX_PANELS·NR`).
+/// A row-major A (unit column stride) is always read in place: each micro-panel of it is `MR`
+/// contiguous streams, read from memory once per B block and from L1 for the rest of the sweep
+/// over that block's micro-panels, which costs no more than packing it and saves the pass.
 ///
-/// Packing costs a pass over A (a read and a write) per NC block, about `2/n` of a memory
-/// access per multiply-add; reading A in place costs each of the `n/NR` passes of the
-/// micro-kernels over A its MR strided streams instead of one, about `1/NR` per multiply-add
-/// (MR broadcasts per MR·NR multiply-adds). So the crossover grows with NR. Measured on an
-/// Emerald-Rapids-class Xeon (perf journal, 2026-12-07 16:37): in place, the AVX-512 tile ran
-/// 1.05× (best times) to 1.11× (medians) faster at 256³, 1.03× at 512³ and 1.02–1.04× at
-/// 1024³ (best times); AVX2's ran the same at 256³ and 0.95–0.99× at 512³ and 1024³, which
-/// this width keeps packed.
-pub const DIRECT_A_MAX_PANELS: usize = 16;
+/// In a column-major A every step of a micro-panel is its own cache line, `KC` lines for `MR`
+/// values each; a column stride of a multiple of 4 KiB puts them all in one L1 set, and the
+/// panel no longer stays in L1 for its sweep. Measured on an Emerald-Rapids-class Xeon (perf
+/// journal, 2026-12-07 19:27), one thread, m = k = 1024 (stride 4 KiB) against m = k = 1000,
+/// in place against packed: one panel (64 columns) 1.2–1.3× faster in place at both, two
+/// panels 0.95× and 1.15×, four 0.83× and 1.08×, sixteen (1024³) 0.70× at 4 KiB.
+pub const DIRECT_A_COL_MAJOR_MAX_PANELS: usize = 2;
 
 /// Block sizes for one micro-kernel shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,31 +56,37 @@ impl Blocking {
     /// The blocking of an `mr × nr` micro-kernel on a machine with caches `c`; any sizes give
     /// valid blocks (zero or absurd ones are clamped).
     ///
-    /// - **KC** (L2): the macro-kernel rereads one B micro-panel (`KC·NR`) for every A
-    ///   micro-panel of the block. From L2 it feeds the micro-kernel easily (`NV` vector loads
-    ///   per `MR·NV` FMAs), so it is sized to an eighth of the L2 (beside the A block's
-    ///   quarter): `KC = L2 / (8 · 4·NR)`, rounded down to a multiple of 16, at most
-    ///   [`KC_MAX`]. Deeper is better up to there: the C tile is loaded and stored once per
-    ///   k-block, and a k-block shallower than `k` adds a pass over C. The A micro-panel
-    ///   (`MR·KC`, 12 KiB at 6 × 512) stays in L1. Sizing the B micro-panel to the L1 instead
-    ///   (KC = 128 for the 6 × 64 tile on Zen 4) measured 2–7 % slower there (perf journal,
-    ///   2026-12-05 08:43).
-    /// - **MC** (L2): the packed A block (`MC·KC`) is reread once per B micro-panel, so it
-    ///   stays in L2, in a quarter of it: the rest holds the B micro-panels and C tiles that
-    ///   stream through, and on AMD the L1's contents (the L2 is inclusive).
-    ///   `MC = L2 / (4 · 4·KC)`, rounded down to a multiple of MR.
-    /// - **NC** (L3): the packed B block (`KC·NC`) is reread once per A block; an eighth of the
-    ///   L3, which is shared by the cores and by other processes. `NC = L3 / (8 · 4·KC)`,
-    ///   rounded down to a multiple of NR.
+    /// The macro-kernel sweeps every B micro-panel of a block (`KC × NC`, in L2) past one A
+    /// micro-panel (`MR·KC`, in L1) before it moves to the next A micro-panel; the B micro-panels
+    /// (`KC·NR`, 128 KiB at 512 × 64) are too large for L1 whatever KC, so they stream from L2
+    /// with `NV` vector loads per `MR·NV` FMAs.
     ///
-    /// On Zen 4 and Zen 5 (1 MiB L2, 32 MiB L3) that is KC = 512, MC = 126, NC = 2048 for
-    /// `sgemm_6x64_avx512`; with AVX2's 6 × 16 tile and a 512 KiB L2, KC = 512, MC = 60.
+    /// - **KC**: as deep as the B block allows, for the C tile is loaded and stored once per
+    ///   k-block, and a k-block shallower than `k` adds a pass over C: `KC = L2 / (8 · 4·NR)`,
+    ///   rounded down to a multiple of 16, at most [`KC_MAX`], so that an NC block of at least
+    ///   four micro-panels fits in half the L2. The A micro-panel (`MR·KC`, 12 KiB at 6 × 512)
+    ///   stays in L1. Sizing the B micro-panel to the L1 instead (KC = 128 for the 6 × 64 tile
+    ///   on Zen 4) measured 2–7 % slower there (perf journal, 2026-12-05 08:43).
+    /// - **NC** (L2): the packed B block (`KC·NC`) is reread once per A micro-panel, so it
+    ///   stays in half the L2 (the rest holds the A micro-panels and C tiles that stream
+    ///   through, and on AMD the L1's contents, the L2 being inclusive):
+    ///   `NC = L2 / (2 · 4·KC)`, rounded down to a multiple of NR. A is packed (when it is)
+    ///   once per NC block.
+    /// - **MC**: the rows of A packed at a time (the packing buffer), a quarter of the L2 so
+    ///   that packing does not evict the B block: `MC = L2 / (4 · 4·KC)`, rounded down to a
+    ///   multiple of MR.
+    ///
+    /// On Zen 4 and Zen 5 (1 MiB L2) that is KC = 512, MC = 126, NC = 256 for
+    /// `sgemm_6x64_avx512`; with AVX2's 6 × 16 tile and a 512 KiB L2, KC = 512, MC = 60,
+    /// NC = 128. Before 2026-12-07 the loop order was the other way round (B micro-panels
+    /// outer) with NC from the L3; at 1024³ and 2048³ the present order ran 1.03–1.07×
+    /// faster (perf journal, 2026-12-07 19:27).
     pub const fn derive(c: &CacheSizes, mr: usize, nr: usize) -> Blocking {
         let mr = if mr == 0 { 1 } else { mr };
         let nr = if nr == 0 { 1 } else { nr };
         let kc = clamp(c.l2 / 8 / (F32 * nr) / KC_ALIGN * KC_ALIGN, KC_MIN, KC_MAX);
         let mc = clamp(c.l2 / 4 / (F32 * kc) / mr * mr, mr, MC_MAX / mr * mr);
-        let nc = clamp(c.l3 / 8 / (F32 * kc) / nr * nr, nr, NC_MAX / nr * nr);
+        let nc = clamp(c.l2 / 2 / (F32 * kc) / nr * nr, nr, NC_MAX / nr * nr);
         Blocking { kc, mc, nc }
     }
 }
@@ -135,10 +141,10 @@ mod tests {
                 assert!(F32 * b.kc * nr <= c.l2 / 8, "{c:?} {mr}x{nr}: {b:?}");
                 assert!(F32 * b.kc * mr <= c.l1d, "{c:?} {mr}x{nr}: {b:?}");
                 assert!(F32 * b.kc * b.mc <= c.l2 / 4, "{c:?} {mr}x{nr}: {b:?}");
-                assert!(F32 * b.kc * b.nc <= c.l3 / 8, "{c:?} {mr}x{nr}: {b:?}");
+                assert!(F32 * b.kc * b.nc <= c.l2 / 2, "{c:?} {mr}x{nr}: {b:?}");
                 // Deep enough that the C tile traffic is small, wide enough to amortise packing
                 // (an A block is packed once per B block of NC columns).
-                assert!(b.kc >= 128 && b.mc >= 8 * mr && b.nc >= 32 * nr, "{c:?}: {b:?}");
+                assert!(b.kc >= 128 && b.mc >= 8 * mr && b.nc >= 4 * nr, "{c:?}: {b:?}");
             }
         }
     }
@@ -146,13 +152,16 @@ mod tests {
     #[test]
     fn zen4_and_zen5_values() {
         let b = Blocking::derive(&CacheSizes::DEFAULT, 6, 64);
-        assert_eq!(b, Blocking { kc: 512, mc: 126, nc: 2048 });
+        assert_eq!(b, Blocking { kc: 512, mc: 126, nc: 256 });
         let zen5 = CacheSizes::new(48 << 10, 1 << 20, 32 << 20);
         assert_eq!(Blocking::derive(&zen5, 6, 64), b);
         assert_eq!(Blocking::derive(&CacheSizes::DEFAULT, 12, 32).kc, 512);
         // The AVX2 EPYC of 2026-11-30 (32 KiB L1d, 512 KiB L2): the same KC as under the old
         // L1 rule.
         let avx2 = CacheSizes::new(32 << 10, 512 << 10, 16 << 20);
-        assert_eq!(Blocking::derive(&avx2, 6, 16), Blocking { kc: 512, mc: 60, nc: 1024 });
+        assert_eq!(Blocking::derive(&avx2, 6, 16), Blocking { kc: 512, mc: 60, nc: 128 });
+        // This Emerald-Rapids-class Xeon (2 MiB L2): NC = 512.
+        let emr = CacheSizes::new(48 << 10, 2 << 20, 260 << 20);
+        assert_eq!(Blocking::derive(&emr, 6, 64), Blocking { kc: 512, mc: 252, nc: 512 });
     }
 }

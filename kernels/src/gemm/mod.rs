@@ -13,11 +13,11 @@
 //! micro-panel each), not through the entry points below, with the ISA's kernel whose `NR` is
 //! two vectors (on AVX-512 `sgemm_12x32_avx512`, the same body in a taller, narrower tile).
 //!
-//! A is packed into MR-row micro-panels, except when it has a unit stride and C is at most
-//! [`blocking::DIRECT_A_MAX_PANELS`] micro-panels wide: then packing (a full pass over A per NC
-//! block) would cost more than the micro-kernels save, and they read A in place (a bf16 / f16
-//! A is first widened, block by block, into an f32 copy of the same orientation: vector runs,
-//! no transposition).
+//! A is packed into MR-row micro-panels, except when it is row-major (unit column stride), or
+//! column-major and C is at most [`blocking::DIRECT_A_COL_MAJOR_MAX_PANELS`] micro-panels wide:
+//! then packing (a full pass over A per NC block) would cost more than the micro-kernels save,
+//! and they read A in place (a bf16 / f16 A is first widened, block by block, into an f32 copy
+//! of the same orientation: vector runs, no transposition).
 //!
 //! # Public API
 //!
@@ -458,15 +458,19 @@ impl PackedPanels {
     }
 }
 
-/// Packs A unless reading it in place is cheaper: packing costs a pass over A per NC block,
-/// which a wide C amortises but a narrow one does not ([`blocking::DIRECT_A_MAX_PANELS`] of
-/// the kernel's `nr` columns); reading in place needs a unit stride so each of the MR rows (or
-/// each step) is a contiguous stream.
-/// A half-precision A in that case is widened block by block into an f32 copy of the same
+/// Packs A unless reading it in place is cheaper. A row-major A (unit column stride) is read in
+/// place: each micro-panel is `MR` contiguous streams that stay in L1 while the macro-kernel
+/// sweeps a B block past them. A column-major A (unit row stride) is read in place only while
+/// C is at most [`blocking::DIRECT_A_COL_MAJOR_MAX_PANELS`] micro-panels wide: each of its
+/// steps is a cache line of its own, which need not stay in L1 for a longer sweep. Any other A
+/// is packed.
+/// A half-precision A read in place is widened block by block into an f32 copy of the same
 /// orientation (vector runs, no transposition), which the micro-kernels then read in place.
 fn a_source<T: Convertible>(a: MatRef<'_, T>, n: usize, nr: usize) -> ASrc<'_, T> {
-    let unit = a.layout.row_stride == 1 || a.layout.col_stride == 1;
-    if !unit || n.div_ceil(nr) > blocking::DIRECT_A_MAX_PANELS {
+    let rows = a.layout.col_stride == 1;
+    let narrow_cols =
+        a.layout.row_stride == 1 && n.div_ceil(nr) <= blocking::DIRECT_A_COL_MAJOR_MAX_PANELS;
+    if !rows && !narrow_cols {
         return ASrc::View(a);
     }
     match T::as_f32(a.data) {
@@ -515,11 +519,12 @@ mod tests {
     use super::*;
     use crate::bf16;
 
-    /// The rule of [`a_source`] at its edge, `16·NR` columns, for every tile width: f32 A in
-    /// place (`Direct`), half-precision A widened in place (`Widen`), packed one column past
-    /// the edge and whenever neither stride is 1.
+    /// The rule of [`a_source`] for every tile width: a row-major A in place at any width; a
+    /// column-major one in place up to its edge, `DIRECT_A_COL_MAJOR_MAX_PANELS·NR` columns,
+    /// and packed one column past it; an A with neither stride 1 always packed. f32 A is read
+    /// `Direct`, half-precision A `Widen`ed.
     #[test]
-    fn a_is_read_in_place_up_to_the_panel_limit() {
+    fn a_is_read_in_place_by_its_layout_and_width() {
         fn kind<T>(a: ASrc<'_, T>) -> &'static str {
             match a {
                 ASrc::View(_) => "packed",
@@ -532,15 +537,17 @@ mod tests {
         let cols = MatLayout { rows: 3, cols: 4, row_stride: 1, col_stride: 3, offset: 0 };
         let general = MatLayout { rows: 2, cols: 2, row_stride: 6, col_stride: 2, offset: 0 };
         for nr in [16, 32, 64] {
-            let edge = blocking::DIRECT_A_MAX_PANELS * nr;
-            for l in [rows, cols] {
-                assert_eq!(kind(a_source(MatRef::new(&f, l), edge, nr)), "direct", "{nr} {l:?}");
-                assert_eq!(kind(a_source(MatRef::new(&f, l), edge + 1, nr)), "packed");
-                assert_eq!(kind(a_source(MatRef::new(&h, l), edge, nr)), "widened", "{nr} {l:?}");
-                assert_eq!(kind(a_source(MatRef::new(&h, l), edge + 1, nr)), "packed");
+            let edge = blocking::DIRECT_A_COL_MAJOR_MAX_PANELS * nr;
+            for n in [1, edge, edge + 1, 64 * nr] {
+                assert_eq!(kind(a_source(MatRef::new(&f, rows), n, nr)), "direct", "{nr} {n}");
+                assert_eq!(kind(a_source(MatRef::new(&h, rows), n, nr)), "widened", "{nr} {n}");
+                assert_eq!(kind(a_source(MatRef::new(&f, general), n, nr)), "packed");
+                assert_eq!(kind(a_source(MatRef::new(&h, general), n, nr)), "packed");
             }
-            assert_eq!(kind(a_source(MatRef::new(&f, general), 1, nr)), "packed");
-            assert_eq!(kind(a_source(MatRef::new(&h, general), 1, nr)), "packed");
+            assert_eq!(kind(a_source(MatRef::new(&f, cols), edge, nr)), "direct", "{nr}");
+            assert_eq!(kind(a_source(MatRef::new(&f, cols), edge + 1, nr)), "packed");
+            assert_eq!(kind(a_source(MatRef::new(&h, cols), edge, nr)), "widened", "{nr}");
+            assert_eq!(kind(a_source(MatRef::new(&h, cols), edge + 1, nr)), "packed");
         }
     }
 }

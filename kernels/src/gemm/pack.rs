@@ -168,16 +168,6 @@ unsafe fn pack_a_body<S: Simd, T: SimdElement>(
             for (p, out) in panel.chunks_exact_mut(mr).enumerate() {
                 unsafe { widen_run(s, src.add(base + p * cs), out) };
             }
-        } else if cs == 1 && rows == mr && !is_f32::<T>() && matches!(mr, 4 | 6 | 12) {
-            // Row-major half A, full panel: each row widened LANES steps at a time as vectors,
-            // then transposed into the panel.
-            unsafe {
-                match mr {
-                    4 => widen_lines::<S, T, 4>(s, panel, src, base, rs),
-                    6 => widen_lines::<S, T, 6>(s, panel, src, base, rs),
-                    _ => widen_lines::<S, T, 12>(s, panel, src, base, rs),
-                }
-            }
         } else if rs == 1 && rows == mr {
             // Column-major A: each step is MR contiguous values.
             match mr {
@@ -194,7 +184,7 @@ unsafe fn pack_a_body<S: Simd, T: SimdElement>(
                 }
             }
         } else if rows == mr && matches!(mr, 4 | 6 | 12) {
-            // Row-major (or general) A, full panel: gather MR rows per step with the panel
+            // General (or row-major) A, full panel: gather MR rows per step with the panel
             // height known at compile time, so each step is MR loads and one fixed-size store.
             unsafe {
                 match mr {

@@ -6,7 +6,7 @@
 //! widens exactly, the micro-kernels are the same).
 
 use attn_kernels::arch::convert::Convertible;
-use attn_kernels::gemm::blocking::{Blocking, DIRECT_A_MAX_PANELS};
+use attn_kernels::gemm::blocking::{Blocking, DIRECT_A_COL_MAJOR_MAX_PANELS};
 use attn_kernels::gemm::{gemm_with_isa, sgemm, sgemm_packed_b, sgemm_with_isa, PackedB};
 use attn_kernels::{bf16, f16, Isa, Parallelism};
 use attn_reference::matmul::matmul;
@@ -239,18 +239,22 @@ proptest! {
 /// C (the transposed problem, where A and B swap element types).
 #[test]
 fn mixed_precision_large_and_threaded() {
-    // (m, n, k, C's layout). The last two pack A on every ISA (C past `DIRECT_A_MAX_PANELS`
-    // micro-panels; a column-major C transposes the problem, so the second is 260 × 1030 with
-    // the user's B as its A), past KC (512 at most) and MC (at most 256 rows on a 2 MiB L2):
-    // two threads split the first by rows (260 each), the second by columns.
+    // (m, n, k, the layouts of A, B and C). Past KC (512 at most) and MC (at most 256 rows on
+    // a 2 MiB L2); C at 1030 columns spans several NC blocks wherever the L2 is at most 2 MiB.
+    // The third reads its row-major A in place (widened block by block), the fourth packs its
+    // column-major A (C past `DIRECT_A_COL_MAJOR_MAX_PANELS` micro-panels); the fifth has a
+    // column-major C, which transposes the problem to 260 × 1030 with the user's B, as a
+    // column-major A, packed. Two threads split the third and fourth by rows (260 each), the
+    // fifth by columns.
+    let (r, c) = (Layout::RowMajor, Layout::ColMajor);
     let shapes = [
-        (300, 200, 1100, Layout::RowMajor),
-        (150, 301, 200, Layout::ColMajor),
-        (520, 1030, 530, Layout::RowMajor),
-        (1030, 260, 530, Layout::ColMajor),
+        (300, 200, 1100, [r, Layout::PaddedCols(1), r]),
+        (150, 301, 200, [r, Layout::PaddedCols(1), c]),
+        (520, 1030, 530, [r, Layout::PaddedCols(1), r]),
+        (520, 1030, 530, [c, Layout::PaddedCols(1), r]),
+        (1030, 260, 530, [r, r, c]),
     ];
-    for (m, n, k, lc) in shapes {
-        let lays = [Layout::RowMajor, Layout::PaddedCols(1), lc];
+    for (m, n, k, lays) in shapes {
         let mut case = Case::new(m, n, k, lays, 0.5, 11, Rng::unit);
         check_mixed::<bf16, f16>(&mut case, 1.5, 0.5, Parallelism::threads(2));
         let mut case = Case::new(m, n, k, lays, 0.0, 12, Rng::unit);
@@ -258,16 +262,17 @@ fn mixed_precision_large_and_threaded() {
     }
 }
 
-/// A is read in place while C is at most `DIRECT_A_MAX_PANELS` micro-panels wide and packed
-/// past that (and always when neither of its strides is 1). Both feed the micro-kernel the same
-/// steps, so on the same values the results are bitwise equal, and within the reference's
-/// bound; past the width, half-precision A is widened while packed, bitwise as SGEMM on its
-/// values. Shapes on both sides of the width for every ISA's tile.
+/// A row-major A is read in place at any width, a column-major one while C is at most
+/// `DIRECT_A_COL_MAJOR_MAX_PANELS` micro-panels wide, and packed past that (and always when
+/// neither of its strides is 1). Both feed the micro-kernel the same steps, so on the same
+/// values the results are bitwise equal, and within the reference's bound; half-precision A is
+/// widened in place or while packed, bitwise as SGEMM on its values. Shapes on both sides of the
+/// column-major width for every ISA's tile, and past several NC blocks.
 #[test]
 fn a_in_place_and_packed_agree() {
     // Each tile's edge and one past it, for the AVX2 / portable and the AVX-512 widths.
-    let edges = GEMM_TILES.iter().map(|t| DIRECT_A_MAX_PANELS * t.1);
-    let mut widths: Vec<usize> = edges.flat_map(|e| [e, e + 1]).chain([200]).collect();
+    let edges = GEMM_TILES.iter().map(|t| DIRECT_A_COL_MAJOR_MAX_PANELS * t.1);
+    let mut widths: Vec<usize> = edges.flat_map(|e| [e, e + 1]).chain([200, 1030]).collect();
     widths.sort_unstable();
     widths.dedup();
     for n in widths {

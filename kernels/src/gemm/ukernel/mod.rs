@@ -17,9 +17,9 @@
 //! row-major C is stored with plain vector stores; the loop nest transposes the whole problem
 //! when C is column-major. Each kernel shape has three instances of the one body
 //! ([`define_kernels`]): the packed-A kernel, a `_strided_a` kernel reading A in place through
-//! its strides (used when A has a unit stride and C is at most
-//! [`DIRECT_A_MAX_PANELS`](crate::gemm::blocking::DIRECT_A_MAX_PANELS) micro-panels wide, so
-//! packing A would not pay), and `R < MR`-row kernels for the last, partial row panel (no
+//! its strides (used for a row-major A, and for a column-major one while C is at most
+//! [`DIRECT_A_COL_MAJOR_MAX_PANELS`](crate::gemm::blocking::DIRECT_A_COL_MAJOR_MAX_PANELS)
+//! micro-panels wide), and `R < MR`-row kernels for the last, partial row panel (no
 //! wasted FMAs, nothing read past A's last row).
 //! Partial column panels and C views whose column stride is not 1 go through a bounce tile in
 //! [`macro_kernel`], never through special cases in the hot loop; packed B panels are
@@ -374,8 +374,9 @@ pub(crate) enum ABlock {
 /// see [`ABlock`]) and a packed B block (`nc` columns in `NR`-column micro-panels, panel `s`
 /// at `b + s·NR·kc`).
 ///
-/// Loop order: B micro-panels outer (each one stays in L1 while every A micro-panel of the
-/// L2-resident A block streams past it), A micro-panels inner. Full tiles of a C with unit
+/// Loop order: A micro-panels outer (each one stays in L1 while every B micro-panel of the
+/// L2-resident B block streams past it), B micro-panels inner; see
+/// [`Blocking::derive`](crate::gemm::blocking::Blocking::derive). Full tiles of a C with unit
 /// column stride go straight to the micro-kernel, and so do partial row panels, through a
 /// kernel instance with fewer rows (`ukr_rows`: no wasted FMAs, nothing read past A's last
 /// row); partial column panels and non-unit column strides go through a bounce tile that is
@@ -407,17 +408,14 @@ pub(crate) unsafe fn macro_kernel(
     // The bounce tile, zeroed on first use (its padding lanes are computed but never stored).
     // Calls without edges (the flash block products, interior blocks) never pay for zeroing it.
     let mut bounce: Option<[f32; MAX_TILE]> = None;
-    for jr in (0..nc).step_by(nr) {
-        let nr_eff = nr.min(nc - jr);
-        // SAFETY: panel jr/nr of the packed B block, inside the extent the caller guarantees.
-        let bp = unsafe { b.add(jr * kc) };
-        for ir in (0..mc).step_by(mr) {
-            let mr_eff = mr.min(mc - ir);
-            // SAFETY: the A panel offsets address rows ir.. of the block (or the local tail
-            // panel, fully written above); the C offset addresses element (ir, jr) of the view.
-            // SAFETY: the A offsets address rows ir.. of the block; the C offset addresses
+    for ir in (0..mc).step_by(mr) {
+        let mr_eff = mr.min(mc - ir);
+        for jr in (0..nc).step_by(nr) {
+            let nr_eff = nr.min(nc - jr);
+            // SAFETY: panel jr/nr of the packed B block, inside the extent the caller
+            // guarantees; the A offsets address rows ir.. of the block; the C offset addresses
             // element (ir, jr) of the view.
-            let (ukr, ap, a_rs, a_cs, cp) = unsafe {
+            let (bp, ukr, ap, a_rs, a_cs, cp) = unsafe {
                 let (ukr, ap, a_rs, a_cs) = match a {
                     ABlock::Packed(p) if mr_eff == mr => (kern.ukr, p.add(ir * kc), 1, mr),
                     ABlock::Packed(p) => (kern.ukr_rows[mr_eff - 1], p.add(ir * kc), 1, mr),
@@ -428,7 +426,7 @@ pub(crate) unsafe fn macro_kernel(
                         (kern.ukr_rows[mr_eff - 1], ptr.add(ir * rs), rs, cs)
                     }
                 };
-                (ukr, ap, a_rs, a_cs, c.add(ir * rs_c + jr * cs_c))
+                (b.add(jr * kc), ukr, ap, a_rs, a_cs, c.add(ir * rs_c + jr * cs_c))
             };
             if nr_eff == nr && cs_c == 1 {
                 // SAFETY: `mr_eff` full-width rows with unit column stride lie inside the
