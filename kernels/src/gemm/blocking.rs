@@ -37,8 +37,8 @@ pub const PAR_MIN_MNK: usize = 128 * 128 * 96;
 /// values each; a column stride of a multiple of 4 KiB puts them all in one L1 set, and the
 /// panel no longer stays in L1 for its sweep. Measured on an Emerald-Rapids-class Xeon (perf
 /// journal, 2026-12-07 19:27), one thread, m = k = 1024 (stride 4 KiB) against m = k = 1000,
-/// in place against packed: one panel (64 columns) 1.2–1.3× faster in place at both, two
-/// panels 0.95× and 1.15×, four 0.83× and 1.08×, sixteen (1024³) 0.70× at 4 KiB.
+/// in place against packed: one panel (64 columns, m = 1024) 1.2–1.4× faster in place, two
+/// panels 0.95× and 1.15×, four 0.83× and 1.08×, sixteen (1024³) 0.70–0.75× at 4 KiB.
 pub const DIRECT_A_COL_MAJOR_MAX_PANELS: usize = 2;
 
 /// Block sizes for one micro-kernel shape.
@@ -58,8 +58,8 @@ impl Blocking {
     ///
     /// The macro-kernel sweeps every B micro-panel of a block (`KC × NC`, in L2) past one A
     /// micro-panel (`MR·KC`, in L1) before it moves to the next A micro-panel; the B micro-panels
-    /// (`KC·NR`, 128 KiB at 512 × 64) are too large for L1 whatever KC, so they stream from L2
-    /// with `NV` vector loads per `MR·NV` FMAs.
+    /// (`KC·NR`, 128 KiB at 512 × 64) are too large for L1 at the KC below, so they stream
+    /// from L2 with `NV` vector loads per `MR·NV` FMAs.
     ///
     /// - **KC**: as deep as the B block allows, for the C tile is loaded and stored once per
     ///   k-block, and a k-block shallower than `k` adds a pass over C: `KC = L2 / (8 · 4·NR)`,
@@ -79,8 +79,9 @@ impl Blocking {
     /// On Zen 4 and Zen 5 (1 MiB L2) that is KC = 512, MC = 126, NC = 256 for
     /// `sgemm_6x64_avx512`; with AVX2's 6 × 16 tile and a 512 KiB L2, KC = 512, MC = 60,
     /// NC = 128. Before 2026-12-07 the loop order was the other way round (B micro-panels
-    /// outer) with NC from the L3; at 1024³ and 2048³ the present order ran 1.03–1.07×
-    /// faster (perf journal, 2026-12-07 19:27).
+    /// outer) with NC from the L3. The present order with a row-major A read in place ran
+    /// 1.03–1.07× faster at 1024³ and 2048³; with A packed it was no faster (perf journal,
+    /// 2026-12-07 19:27).
     pub const fn derive(c: &CacheSizes, mr: usize, nr: usize) -> Blocking {
         let mr = if mr == 0 { 1 } else { mr };
         let nr = if nr == 0 { 1 } else { nr };
@@ -142,8 +143,8 @@ mod tests {
                 assert!(F32 * b.kc * mr <= c.l1d, "{c:?} {mr}x{nr}: {b:?}");
                 assert!(F32 * b.kc * b.mc <= c.l2 / 4, "{c:?} {mr}x{nr}: {b:?}");
                 assert!(F32 * b.kc * b.nc <= c.l2 / 2, "{c:?} {mr}x{nr}: {b:?}");
-                // Deep enough that the C tile traffic is small, wide enough to amortise packing
-                // (an A block is packed once per B block of NC columns).
+                // Deep enough that the C tile traffic is small, and at least four B micro-panels
+                // per block: a packed A block is packed once per B block of NC columns.
                 assert!(b.kc >= 128 && b.mc >= 8 * mr && b.nc >= 4 * nr, "{c:?}: {b:?}");
             }
         }

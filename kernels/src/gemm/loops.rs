@@ -2,10 +2,11 @@
 //! rows between threads, and hand each MC × NC block to the macro-kernel.
 //!
 //! ```text
-//! LOOP 5  jc: n in NC-column blocks        B block (KC × NC) lives in L3
-//!  LOOP 4  pc: k in KC-deep blocks         pack B block once, shared by all threads
-//!   LOOP 3 ic: m in MC-row blocks          per thread; pack A block (MC × KC) → L2
-//!    LOOP 2/1 (macro-kernel): jr over NR-column micro-panels, ir over MR-row micro-panels
+//! LOOP 5  jc: n in NC-column blocks        B block (KC × NC) lives in half the L2
+//!  LOOP 4  pc: k in KC-deep blocks         pack B block once per thread
+//!   LOOP 3 ic: m in MC-row blocks          pack (or widen) A block (MC × KC), unless in place
+//!    LOOP 2 (macro-kernel): ir over MR-row A micro-panels, each held in L1
+//!     LOOP 1 (macro-kernel): jr over NR-column B micro-panels, streamed from L2
 //! ```
 //!
 //! β is applied by the first k-block only (later ones accumulate with β = 1), α by every one.

@@ -156,6 +156,7 @@ unsafe fn pack_a_body<S: Simd, T: SimdElement>(
 ) {
     let l = a.layout;
     debug_assert!(a.check("a").is_ok() && i0 + mc <= l.rows && p0 + kc <= l.cols);
+    debug_assert!(l.col_stride != 1, "a row-major A is read in place, never packed");
     debug_assert!(dst.len() >= mc.div_ceil(mr) * mr * kc);
     let src = a.data.as_ptr();
     let (rs, cs) = (l.row_stride, l.col_stride);
@@ -184,8 +185,8 @@ unsafe fn pack_a_body<S: Simd, T: SimdElement>(
                 }
             }
         } else if rows == mr && matches!(mr, 4 | 6 | 12) {
-            // General (or row-major) A, full panel: gather MR rows per step with the panel
-            // height known at compile time, so each step is MR loads and one fixed-size store.
+            // General A, full panel: gather MR rows per step with the panel height known at
+            // compile time, so each step is MR loads and one fixed-size store.
             unsafe {
                 match mr {
                     4 => gather_lines::<T, 4>(panel, src, base, rs, cs),
@@ -197,8 +198,8 @@ unsafe fn pack_a_body<S: Simd, T: SimdElement>(
             if rows < mr {
                 panel.fill(0.0);
             }
-            // Row-major or general A: walk each row contiguously (cs is usually 1) and scatter
-            // into the panel with stride MR.
+            // A partial panel, or a general A: walk each row and scatter into the panel with
+            // stride MR.
             for i in 0..rows {
                 let row = base + i * rs;
                 for p in 0..kc {
@@ -452,7 +453,8 @@ pub(crate) unsafe fn widen_run<S: Simd, T: SimdElement>(s: S, src: *const T, dst
 /// The widening transposing gather of `N` contiguous lines: `dst[p·N + i] = src[base + i·line +
 /// p]` for `p < dst.len() / N`, `i < N`. Each line is widened `LANES` steps at a time with
 /// vector loads into a stack tile, which is then transposed into the panel with f32 moves (the
-/// same moves an f32 gather makes), so the conversion costs vector instructions only.
+/// same moves an f32 gather makes), so the conversion costs vector instructions only. Packs the
+/// column-major half-precision B panels (`N = NR`).
 ///
 /// # Safety
 ///

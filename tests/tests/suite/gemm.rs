@@ -244,8 +244,8 @@ fn mixed_precision_large_and_threaded() {
     // The third reads its row-major A in place (widened block by block), the fourth packs its
     // column-major A (C past `DIRECT_A_COL_MAJOR_MAX_PANELS` micro-panels); the fifth has a
     // column-major C, which transposes the problem to 260 × 1030 with the user's B, as a
-    // column-major A, packed. Two threads split the third and fourth by rows (260 each), the
-    // fifth by columns.
+    // column-major A, packed. Two threads split the third and fourth by rows (264 and 256 on
+    // the 6-row tiles), the fifth by columns.
     let (r, c) = (Layout::RowMajor, Layout::ColMajor);
     let shapes = [
         (300, 200, 1100, [r, Layout::PaddedCols(1), r]),
@@ -270,9 +270,13 @@ fn mixed_precision_large_and_threaded() {
 /// column-major width for every ISA's tile, and past several NC blocks.
 #[test]
 fn a_in_place_and_packed_agree() {
-    // Each tile's edge and one past it, for the AVX2 / portable and the AVX-512 widths.
+    // Each tile's edge and one past it, for the AVX2 / portable and the AVX-512 widths, and
+    // C over two NC blocks and part of a third on this machine.
     let edges = GEMM_TILES.iter().map(|t| DIRECT_A_COL_MAJOR_MAX_PANELS * t.1);
-    let mut widths: Vec<usize> = edges.flat_map(|e| [e, e + 1]).chain([200, 1030]).collect();
+    let caches = attn_kernels::arch::cache::detected();
+    let nc = GEMM_TILES.iter().map(|t| Blocking::derive(&caches, t.0, t.1).nc).max();
+    let blocks = 2 * nc.unwrap_or(0) + 37;
+    let mut widths: Vec<usize> = edges.flat_map(|e| [e, e + 1]).chain([200, blocks]).collect();
     widths.sort_unstable();
     widths.dedup();
     for n in widths {
