@@ -38,7 +38,7 @@ pub const PAR_MIN_MNK: usize = 128 * 128 * 96;
 /// panel no longer stays in L1 for its sweep. Measured on an Emerald-Rapids-class Xeon (perf
 /// journal, 2026-12-07 19:27), one thread, m = k = 1024 (stride 4 KiB) against m = k = 1000,
 /// in place against packed: one panel (64 columns, m = 1024) 1.2–1.4× faster in place, two
-/// panels 0.95× and 1.15×, four 0.83× and 1.08×, sixteen (1024³) 0.70–0.75× at 4 KiB.
+/// panels 0.95× and 1.15×, four 0.83× and 1.08×, sixteen (1024³) 0.69–0.75× at 4 KiB.
 pub const DIRECT_A_COL_MAJOR_MAX_PANELS: usize = 2;
 
 /// Block sizes for one micro-kernel shape.
