@@ -219,10 +219,14 @@ pub(crate) fn pv_update<S: Simd>(
         al[vv] = load(s, &alpha[vv * l..]);
         live[vv] = s.nonzero(al[vv]);
     }
-    for col in o.chunks_exact_mut(qr) {
-        for vv in 0..QV {
-            let x = &mut col[vv * l..];
-            store(s, x, s.zero_unless(live[vv], s.mul(al[vv], load(s, x))));
+    // Once the running maxima settle, most blocks leave every one unchanged (`α = 1` in every
+    // lane, which would leave `o` as it is): the rescale is skipped then.
+    if alpha[..qr].iter().any(|&a| a != 1.0) {
+        for col in o.chunks_exact_mut(qr) {
+            for vv in 0..QV {
+                let x = &mut col[vv * l..];
+                store(s, x, s.zero_unless(live[vv], s.mul(al[vv], load(s, x))));
+            }
         }
     }
     if dv == 0 || nb == 0 {

@@ -547,26 +547,35 @@ fn softmax_step<S: Simd>(
     alpha: &mut [f32],
 ) -> bool {
     let (l, qr) = (S::LANES, QV * S::LANES);
+    let sb = &mut sb[..nb * qr];
+    // The block's maximum and minimum of every query vector, in one pass over pairs of keys:
+    // two chains per vector for each, so that the `max` latency is covered (a pass per vector
+    // with the bounds checks of a strided index was 3.6 % of a d 64 call, perf journal
+    // 2026-12-07 22:19).
+    let mut hi = [[s.splat(0.0); 2]; QV];
+    let mut lo = [[s.splat(f32::INFINITY); 2]; QV];
+    for (v, h) in hi.iter_mut().enumerate() {
+        *h = [load(s, &m[v * l..]); 2];
+    }
+    let mut pairs = sb.chunks_exact(2 * qr);
+    for pr in &mut pairs {
+        for v in 0..QV {
+            let (x, y) = (load(s, &pr[v * l..]), load(s, &pr[qr + v * l..]));
+            (hi[v][0], lo[v][0]) = (s.max(hi[v][0], x), s.min(lo[v][0], x));
+            (hi[v][1], lo[v][1]) = (s.max(hi[v][1], y), s.min(lo[v][1], y));
+        }
+    }
+    for row in pairs.remainder().chunks_exact(qr) {
+        for v in 0..QV {
+            let x = load(s, &row[v * l..]);
+            (hi[v][0], lo[v][0]) = (s.max(hi[v][0], x), s.min(lo[v][0], x));
+        }
+    }
     let mut pmin = [s.splat(1.0); QV];
     for (v, pm) in pmin.iter_mut().enumerate() {
         let at = v * l;
         let m_old = load(s, &m[at..]);
-        // Two chains each for the maximum and the minimum: one chain is bound by the latency
-        // of `max` (the loop was 12 % of a windowed call's non-GEMM time).
-        let (mut m_new, mut lo) = (m_old, s.splat(f32::INFINITY));
-        let (mut m2, mut lo2) = (m_old, lo);
-        let mut j = 0;
-        while j + 2 <= nb {
-            let (v, w) = (load(s, &sb[j * qr + at..]), load(s, &sb[(j + 1) * qr + at..]));
-            (m_new, lo) = (s.max(m_new, v), s.min(lo, v));
-            (m2, lo2) = (s.max(m2, w), s.min(lo2, w));
-            j += 2;
-        }
-        if j < nb {
-            let v = load(s, &sb[j * qr + at..]);
-            (m_new, lo) = (s.max(m_new, v), s.min(lo, v));
-        }
-        (m_new, lo) = (s.max(m_new, m2), s.min(lo, lo2));
+        let (m_new, lo) = (s.max(hi[v][0], hi[v][1]), s.min(lo[v][0], lo[v][1]));
         // A lane whose maximum reaches +∞ (an overflowed score or a +∞ bias) gives its weight
         // to its +∞ keys: those lanes take the scalar step below (rows off the supported range;
         // one store and a few compares per vector on the hot path).
@@ -591,14 +600,13 @@ fn softmax_step<S: Simd>(
         // Four independent exps per step: one exp is a long chain of dependent operations,
         // and the scheduler overlaps only about two of them on its own.
         let (mut s0, mut s1) = (s.splat(0.0), s.splat(0.0));
-        let mut j = 0;
-        while j + 4 <= nb {
-            let x = &mut sb[j * qr + at..(j + 3) * qr + at + l];
+        let mut quads = sb.chunks_exact_mut(4 * qr);
+        for x in &mut quads {
             let d = [
-                s.sub(load(s, x), m_new),
-                s.sub(load(s, &x[qr..]), m_new),
-                s.sub(load(s, &x[2 * qr..]), m_new),
-                s.sub(load(s, &x[3 * qr..]), m_new),
+                s.sub(load(s, &x[at..]), m_new),
+                s.sub(load(s, &x[qr + at..]), m_new),
+                s.sub(load(s, &x[2 * qr + at..]), m_new),
+                s.sub(load(s, &x[3 * qr + at..]), m_new),
             ];
             // Without the flush every weight is at least about e^(−64): none is 0, and the
             // minimum is only tracked with it.
@@ -609,19 +617,17 @@ fn softmax_step<S: Simd>(
             } else {
                 exp_neg_lut8_p3(s, d)
             };
-            store(s, x, e0);
-            store(s, &mut x[qr..], e1);
-            store(s, &mut x[2 * qr..], e2);
-            store(s, &mut x[3 * qr..], e3);
+            store(s, &mut x[at..], e0);
+            store(s, &mut x[qr + at..], e1);
+            store(s, &mut x[2 * qr + at..], e2);
+            store(s, &mut x[3 * qr + at..], e3);
             s0 = s.add(s0, s.add(e0, e1));
             s1 = s.add(s1, s.add(e2, e3));
-            j += 4;
         }
         let mut sum = s.add(s0, s1);
-        for j in j..nb {
-            let x = &mut sb[j * qr + at..];
-            let [e] = weights(s, [s.sub(load(s, x), m_new)]);
-            store(s, x, e);
+        for x in quads.into_remainder().chunks_exact_mut(qr) {
+            let [e] = weights(s, [s.sub(load(s, &x[at..]), m_new)]);
+            store(s, &mut x[at..], e);
             sum = s.add(sum, e);
             *pm = s.min(e, *pm);
         }
