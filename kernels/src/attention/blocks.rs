@@ -180,7 +180,8 @@ pub(crate) fn pv_block<S: Simd>(
     pv_update(s, guard, prod, p, nb, v_at, dv, alpha, o, save);
 }
 
-/// The update of [`pv_block`] with the product given: `o ← alpha·o` per lane, then
+/// The update of [`pv_block`] with the product given: `o ← alpha·o` per lane (skipped when
+/// every lane's `alpha` is exactly 1, which leaves `o` as it is), then
 /// `o += prod` (`dv` rows of A, the value columns; B the probabilities in the product's
 /// packing), where `p` (`nb` rows of `QR` f32 weights) and `v_at(j, c)` are the same weights
 /// and values, for the guard:
@@ -212,16 +213,16 @@ pub(crate) fn pv_update<S: Simd>(
     let (l, qr) = (S::LANES, prod.kern.nr);
     assert!(p.len() >= nb * qr && alpha.len() >= qr && qr == QV * l);
     let (o, save) = (&mut o[..dv * qr], &mut save[..dv * qr]);
-    // Plain loops, not `array::map`: through its closure the mask compare became an
-    // out-of-line call without the ISA's features.
-    let (mut al, mut live) = ([s.splat(0.0); QV], [s.nonzero(s.splat(0.0)); QV]);
-    for vv in 0..QV {
-        al[vv] = load(s, &alpha[vv * l..]);
-        live[vv] = s.nonzero(al[vv]);
-    }
-    // Once the running maxima settle, most blocks leave every one unchanged (`α = 1` in every
-    // lane, which would leave `o` as it is): the rescale is skipped then.
+    // Once the running maxima settle, most blocks leave every one of them unchanged: `α = 1`
+    // in every lane, and the rescale is skipped (a NaN or 0 `α` always takes it).
     if alpha[..qr].iter().any(|&a| a != 1.0) {
+        // Plain loops, not `array::map`: through its closure the mask compare became an
+        // out-of-line call without the ISA's features.
+        let (mut al, mut live) = ([s.splat(0.0); QV], [s.nonzero(s.splat(0.0)); QV]);
+        for vv in 0..QV {
+            al[vv] = load(s, &alpha[vv * l..]);
+            live[vv] = s.nonzero(al[vv]);
+        }
         for col in o.chunks_exact_mut(qr) {
             for vv in 0..QV {
                 let x = &mut col[vv * l..];

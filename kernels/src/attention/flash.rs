@@ -535,8 +535,11 @@ fn block_f32<'t, S: Simd>(
 /// per query lane: `m' = max(m, max_j S_j)`, `α = e^(m − m')`, `P_j = e^(S_j − m')` in place,
 /// `l ← α·l + Σ_j P_j`, `m ← m'`. Returns whether some probability is 0 (a masked key, or one
 /// that underflowed): [`pv_block`] must then guard against `0·∞` (see there). One `min` per
-/// probability vector finds out, against its exp. The exp is the softmax's table exp (1.5 ULP)
-/// with the flush, on every block ([`weights`]).
+/// probability vector finds out, beside its exp, in the blocks that can hold a 0 (a score more
+/// than 64 below the maximum, as a masked key's). The exp is the softmax's table exp (1.5
+/// ULP) with the flush ([`weights`]); blocks that nothing flushes skip the clamp and the
+/// flush, which change nothing there. `sb` holds at least `nb·QR` floats; only those are
+/// touched.
 #[inline(always)]
 fn softmax_step<S: Simd>(
     s: S,
@@ -552,30 +555,30 @@ fn softmax_step<S: Simd>(
     // two chains per vector for each, so that the `max` latency is covered (a pass per vector
     // with the bounds checks of a strided index was 3.6 % of a d 64 call, perf journal
     // 2026-12-07 22:19).
-    let mut hi = [[s.splat(0.0); 2]; QV];
-    let mut lo = [[s.splat(f32::INFINITY); 2]; QV];
-    for (v, h) in hi.iter_mut().enumerate() {
+    let mut his = [[s.splat(0.0); 2]; QV];
+    let mut los = [[s.splat(f32::INFINITY); 2]; QV];
+    for (v, h) in his.iter_mut().enumerate() {
         *h = [load(s, &m[v * l..]); 2];
     }
     let mut pairs = sb.chunks_exact(2 * qr);
     for pr in &mut pairs {
         for v in 0..QV {
             let (x, y) = (load(s, &pr[v * l..]), load(s, &pr[qr + v * l..]));
-            (hi[v][0], lo[v][0]) = (s.max(hi[v][0], x), s.min(lo[v][0], x));
-            (hi[v][1], lo[v][1]) = (s.max(hi[v][1], y), s.min(lo[v][1], y));
+            (his[v][0], los[v][0]) = (s.max(his[v][0], x), s.min(los[v][0], x));
+            (his[v][1], los[v][1]) = (s.max(his[v][1], y), s.min(los[v][1], y));
         }
     }
     for row in pairs.remainder().chunks_exact(qr) {
         for v in 0..QV {
             let x = load(s, &row[v * l..]);
-            (hi[v][0], lo[v][0]) = (s.max(hi[v][0], x), s.min(lo[v][0], x));
+            (his[v][0], los[v][0]) = (s.max(his[v][0], x), s.min(los[v][0], x));
         }
     }
     let mut pmin = [s.splat(1.0); QV];
     for (v, pm) in pmin.iter_mut().enumerate() {
         let at = v * l;
         let m_old = load(s, &m[at..]);
-        let (m_new, lo) = (s.max(hi[v][0], hi[v][1]), s.min(lo[v][0], lo[v][1]));
+        let (m_new, lo) = (s.max(his[v][0], his[v][1]), s.min(los[v][0], los[v][1]));
         // A lane whose maximum reaches +∞ (an overflowed score or a +∞ bias) gives its weight
         // to its +∞ keys: those lanes take the scalar step below (rows off the supported range;
         // one store and a few compares per vector on the hot path).
