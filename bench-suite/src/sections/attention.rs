@@ -9,7 +9,7 @@ use attn_kernels::{Parallelism, Variants};
 use attn_reference::attention::default_scale;
 use attn_reference::{Mask, Result, Tensor4Layout, TensorMut, TensorRef};
 
-use super::{Ctx, Work};
+use super::{Aligned, Ctx, Work};
 use crate::check::{attention_bound, compare, Rng};
 use crate::record::Shape;
 
@@ -69,9 +69,9 @@ pub const IMPLS: &[Impl] = &[
 pub struct Problem {
     /// Sizes and mask, as recorded.
     pub shape: Shape,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    q: Aligned,
+    k: Aligned,
+    v: Aligned,
     lq: Tensor4Layout,
     lk: Tensor4Layout,
     lv: Tensor4Layout,
@@ -99,9 +99,9 @@ impl Problem {
         let mut rng = Rng::new(seed);
         let seq_major = mask == "bshd";
         let p = Problem {
-            q: rng.vec(lq.len()),
-            k: rng.vec(lk.len()),
-            v: rng.vec(lv.len()),
+            q: Aligned::copy_of(&rng.vec(lq.len())),
+            k: Aligned::copy_of(&rng.vec(lk.len())),
+            v: Aligned::copy_of(&rng.vec(lv.len())),
             lq,
             lk,
             lv,
@@ -125,10 +125,10 @@ impl Problem {
     /// engine's cache: the heads of one token side by side), holding the same values at the
     /// same logical indexes, so every implementation computes the same result.
     fn kv_seq_major(mut self) -> Problem {
-        fn relay(x: &[f32], l: Tensor4Layout) -> (Vec<f32>, Tensor4Layout) {
+        fn relay(x: &[f32], l: Tensor4Layout) -> (Aligned, Tensor4Layout) {
             let [b, h, s, d] = l.dims;
             let to = Tensor4Layout::strided(l.dims, [s * h * d, d, h * d, 1], 0);
-            let mut y = vec![0.0; x.len()];
+            let mut y = Aligned::zeros(x.len());
             for bi in 0..b {
                 for hi in 0..h {
                     for si in 0..s {

@@ -34,7 +34,7 @@ use wide::bytemuck;
 
 use super::attention::flops;
 use super::decode::stream_sum;
-use super::{Ctx, Work};
+use super::{Aligned, Ctx, Work};
 use crate::check::{attention_bound, compare, Rng};
 use crate::record::Shape;
 use attn_tests::numerics::BF16_U;
@@ -46,7 +46,7 @@ const OP: &str = "dtypes";
 /// buffer); a Q8 tensor has its scales in a second buffer.
 struct Stored {
     ty: DType,
-    words: Vec<f32>,
+    words: Aligned,
     scales: Vec<f32>,
     layout: Tensor4Layout,
     /// The values the stored elements represent, as f32 (widened, or `fl(q·scale)`).
@@ -58,7 +58,7 @@ impl Stored {
     fn new(ty: DType, x: &[f32], layout: Tensor4Layout) -> Stored {
         let n = x.len();
         // Exactly the bytes of the values (rounded up to a whole f32 word).
-        let mut words = vec![0.0f32; (n * ty.value_size()).div_ceil(4)];
+        let mut words = Aligned::zeros((n * ty.value_size()).div_ceil(4));
         let mut scales = Vec::new();
         let exact: Vec<f32> = match ty {
             DType::F32 => {
@@ -66,14 +66,14 @@ impl Stored {
                 x.to_vec()
             }
             DType::BF16 => {
-                let u: &mut [u16] = bytemuck::cast_slice_mut(&mut words);
+                let u: &mut [u16] = bytemuck::cast_slice_mut(&mut words[..]);
                 for (w, &v) in u.iter_mut().zip(x) {
                     *w = bf16::from_f32(v).to_bits();
                 }
                 x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect()
             }
             DType::F16 => {
-                let u: &mut [u16] = bytemuck::cast_slice_mut(&mut words);
+                let u: &mut [u16] = bytemuck::cast_slice_mut(&mut words[..]);
                 for (w, &v) in u.iter_mut().zip(x) {
                     *w = f16::from_f32(v).to_bits();
                 }
@@ -82,10 +82,10 @@ impl Stored {
             DType::Q8 => {
                 let [b, h, s, d] = layout.dims;
                 scales = vec![0.0f32; b * h * s * d.div_ceil(32)];
-                let q: &mut [i8] = bytemuck::cast_slice_mut(&mut words);
+                let q: &mut [i8] = bytemuck::cast_slice_mut(&mut words[..]);
                 let dst = Q8Mut::bhsd(&mut q[..n], &mut scales, b, h, s, d);
                 quantize_q8(TensorRef::new(x, layout), dst).expect("finite inputs quantise");
-                let q: &[i8] = bytemuck::cast_slice(&words);
+                let q: &[i8] = bytemuck::cast_slice(&words[..]);
                 (0..n)
                     .map(|i| f32::from(q[i]) * scales[(i / d) * d.div_ceil(32) + (i % d) / 32])
                     .collect()
@@ -100,18 +100,18 @@ impl Stored {
         match self.ty {
             DType::F32 => TensorRef::new(&self.words[..n], self.layout).into(),
             DType::BF16 => {
-                let u: &[u16] = bytemuck::cast_slice(&self.words);
+                let u: &[u16] = bytemuck::cast_slice(&self.words[..]);
                 let b: &[bf16] = u.reinterpret_cast();
                 TensorRef::new(&b[..n], self.layout).into()
             }
             DType::F16 => {
-                let u: &[u16] = bytemuck::cast_slice(&self.words);
+                let u: &[u16] = bytemuck::cast_slice(&self.words[..]);
                 let h: &[f16] = u.reinterpret_cast();
                 TensorRef::new(&h[..n], self.layout).into()
             }
             DType::Q8 => {
                 let [b, h, s, d] = self.layout.dims;
-                let q: &[i8] = bytemuck::cast_slice(&self.words);
+                let q: &[i8] = bytemuck::cast_slice(&self.words[..]);
                 Q8Ref::bhsd(&q[..n], &self.scales, b, h, s, d).into()
             }
         }
@@ -321,7 +321,7 @@ pub fn run(ctx: &mut Ctx) {
                     call(&qb, &k, &v, Mask::None, (Path::Decode, HalfPath::Dot), &mut o)
                 });
             }
-            let bufs: [&[f32]; 4] = [&k.words, &v.words, &k.scales, &v.scales];
+            let bufs: [&[f32]; 4] = [&k.words[..], &v.words[..], &k.scales, &v.scales];
             ctx.bench(OP, imp_name("read", ty), shape.clone(), 1, work, None, || {
                 black_box(stream_sum(&bufs, 1));
                 Ok::<(), std::convert::Infallible>(())

@@ -27,6 +27,50 @@ use crate::record::{Check, Measurement, Shape, Unit};
 /// The function that runs a section.
 pub type Runner = fn(&mut Ctx);
 
+/// f32 elements that start on a 64-byte boundary, as an engine's tensors do (PyTorch's CPU
+/// allocator aligns to 64 bytes). A `Vec` starts wherever the allocator put it: 16 bytes past
+/// a boundary for glibc's large (mmap'd) blocks, anywhere 16-aligned for small ones. Rows off
+/// a cache line make each vector load of them a split load: decode over such K/V took
+/// 1.05–1.22× the time in a scratch harness, and up to 1.18× in the report's decode rows
+/// (perf journal, 2026-12-07 22:19), so figures would depend on where malloc put the
+/// buffers. The operands of the attention problems and the typed caches are
+/// kept in these.
+pub struct Aligned {
+    buf: Vec<f32>,
+    at: usize,
+    len: usize,
+}
+
+impl Aligned {
+    /// `n` zeros.
+    pub fn zeros(n: usize) -> Aligned {
+        let buf = vec![0.0f32; n + 15];
+        // Bytes to the next 64-byte boundary: a multiple of 4, as the buffer holds f32.
+        let at = (buf.as_ptr() as usize).wrapping_neg() % 64 / 4;
+        Aligned { buf, at, len: n }
+    }
+
+    /// A copy of `x`.
+    pub fn copy_of(x: &[f32]) -> Aligned {
+        let mut a = Aligned::zeros(x.len());
+        a.copy_from_slice(x);
+        a
+    }
+}
+
+impl std::ops::Deref for Aligned {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.buf[self.at..self.at + self.len]
+    }
+}
+
+impl std::ops::DerefMut for Aligned {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.buf[self.at..self.at + self.len]
+    }
+}
+
 /// The runner of a section, or `None` while its kernel does not exist yet.
 pub fn runner(id: SectionId) -> Option<Runner> {
     match id {
