@@ -33,8 +33,8 @@ pub type Runner = fn(&mut Ctx);
 /// a cache line make each vector load of them a split load: decode over such K/V took
 /// 1.05–1.22× the time in a scratch harness, and up to 1.18× in the report's decode rows
 /// (perf journal, 2026-12-07 22:19), so figures would depend on where malloc put the
-/// buffers. The operands of the attention problems and the typed caches are
-/// kept in these.
+/// buffers. The operands of the attention problems and the typed caches are kept in these.
+/// (The kernels' `AlignedBuf` is their growable packing scratch, private to them.)
 pub struct Aligned {
     buf: Vec<f32>,
     at: usize,
