@@ -247,6 +247,7 @@ unsafe fn row_range<TA: SimdElement, TB: SimdElement>(
                     c.ptr.add(ic * c.rs + (jc + j_lo) * c.cs),
                     c.rs,
                     c.cs,
+                    true,
                 )
             }
         };

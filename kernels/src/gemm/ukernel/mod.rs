@@ -61,6 +61,11 @@ pub(crate) const MAX_TILE: usize = 16 * 64;
 ///
 /// `a` valid for the `MR × k` reads just described, `b` for `k·NV·LANES` reads, `c` for reads
 /// (unless β = 0) and writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`.
+///
+/// `prefetch_c`: start fetching the C tile's lines before the `k` loop, so they are in L1 when
+/// it ends (GEMM, whose C comes from memory). The flash block products' C tiles (the score
+/// block, the output accumulator) are in cache already; there the 24 prefetches per tile only
+/// took load slots from the loop, 1.5–2 % of an h8 d 64 call (perf journal, 2026-12-08).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_body<
@@ -80,18 +85,20 @@ pub(crate) unsafe fn sgemm_body<
     beta: f32,
     c: *mut f32,
     rs_c: usize,
+    prefetch_c: bool,
 ) {
     let nr = NV * S::LANES;
     let (a_rs, a_cs) = if PACKED_A { (1, MR) } else { (a_rs, a_cs) };
     // SAFETY (whole body): the caller guarantees the panel and tile extents stated above; every
     // offset below stays inside them.
     unsafe {
-        // Start fetching the C tile now, so its lines are in L1 when the k loop ends: the first
-        // and last line of each row (all of a 32-column row; every line of a 64-column row
-        // measured the same, perf journal 2026-12-04 11:30).
-        for i in 0..MR {
-            s.prefetch(c.add(i * rs_c));
-            s.prefetch(c.add(i * rs_c + nr - 1));
+        // The first and last line of each row of C (all of a 32-column row; every line of a
+        // 64-column row measured the same, perf journal 2026-12-04 11:30).
+        if prefetch_c {
+            for i in 0..MR {
+                s.prefetch(c.add(i * rs_c));
+                s.prefetch(c.add(i * rs_c + nr - 1));
+            }
         }
         let mut acc = [[s.splat(0.0); NV]; MR];
         let mut a = a;
@@ -207,6 +214,7 @@ pub(crate) type UkrFn = unsafe fn(
     beta: f32,
     c: *mut f32,
     rs_c: usize,
+    prefetch_c: bool,
 );
 
 /// Defines one kernel shape of an ISA in the invoking module: its micro-kernels (packed A, A
@@ -231,13 +239,13 @@ macro_rules! define_kernels {
         #[allow(clippy::too_many_arguments)]
         unsafe fn partial_rows<const R: usize>(
             k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
-            b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
+            b: *const f32, beta: f32, c: *mut f32, rs_c: usize, prefetch_c: bool,
         ) {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
                 $crate::gemm::ukernel::sgemm_body::<$simd, $step, R, { $nv }, false>(
-                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c, prefetch_c,
                 )
             }
         }
@@ -252,13 +260,13 @@ macro_rules! define_kernels {
         #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $packed(
             k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
-            b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
+            b: *const f32, beta: f32, c: *mut f32, rs_c: usize, prefetch_c: bool,
         ) {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
                 $crate::gemm::ukernel::sgemm_body::<$simd, $step, { $mr }, { $nv }, true>(
-                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c, prefetch_c,
                 )
             }
         }
@@ -273,13 +281,13 @@ macro_rules! define_kernels {
         #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $strided(
             k: usize, alpha: f32, a: *const f32, a_rs: usize, a_cs: usize,
-            b: *const f32, beta: f32, c: *mut f32, rs_c: usize,
+            b: *const f32, beta: f32, c: *mut f32, rs_c: usize, prefetch_c: bool,
         ) {
             // SAFETY: forwarded contract (the CPU supports the ISA: the token may exist).
             unsafe {
                 let s = <$simd as crate::arch::Simd>::new_unchecked();
                 $crate::gemm::ukernel::sgemm_body::<$simd, $step, { $mr }, { $nv }, false>(
-                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c,
+                    s, k, alpha, a, a_rs, a_cs, b, beta, c, rs_c, prefetch_c,
                 )
             }
         }
@@ -383,7 +391,8 @@ pub(crate) enum ABlock {
 /// row; with A in place, a tail under `MR/2` rows and the panel before it become two
 /// near-equal panels, see `panel_rows`); partial column panels and non-unit column strides go
 /// through a bounce tile that is filled from C only when β ≠ 0, so nothing outside
-/// `C[0..mc, 0..nc]` is read or written.
+/// `C[0..mc, 0..nc]` is read or written. `prefetch_c` goes to the micro-kernels (see
+/// [`sgemm_body`]); the bounce tile, on the stack, is never prefetched.
 ///
 /// # Safety
 ///
@@ -404,6 +413,7 @@ pub(crate) unsafe fn macro_kernel(
     c: *mut f32,
     rs_c: usize,
     cs_c: usize,
+    prefetch_c: bool,
 ) {
     let (mr, nr) = (kern.mr, kern.nr);
     debug_assert!(mr * nr <= MAX_TILE && kern.ukr_rows.len() == mr - 1);
@@ -436,7 +446,7 @@ pub(crate) unsafe fn macro_kernel(
             if nr_eff == nr && cs_c == 1 {
                 // SAFETY: `mr_eff` full-width rows with unit column stride lie inside the
                 // caller's view, and the kernel chosen above writes exactly `mr_eff` rows.
-                unsafe { ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, cp, rs_c) };
+                unsafe { ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, cp, rs_c, prefetch_c) };
             } else {
                 let tile = bounce.get_or_insert([0.0; MAX_TILE]);
                 // SAFETY: only the `mr_eff × nr_eff` valid part of C is touched; the kernel
@@ -449,7 +459,7 @@ pub(crate) unsafe fn macro_kernel(
                             }
                         }
                     }
-                    ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, tile.as_mut_ptr(), nr);
+                    ukr(kc, alpha, ap, a_rs, a_cs, bp, beta, tile.as_mut_ptr(), nr, false);
                     for i in 0..mr_eff {
                         for j in 0..nr_eff {
                             *cp.add(i * rs_c + j * cs_c) = tile[i * nr + j];
@@ -522,7 +532,9 @@ pub(crate) fn panel_product<S: Simd>(
     // distinct elements), which nothing else touches during the call (`&mut`).
     unsafe {
         let a = ABlock::Strided { ptr: a.as_ptr().add(a0), rs: a_rs, cs: a_cs };
-        macro_kernel(kern, mc, nr, kc, alpha, a, b.as_ptr(), beta, c.as_mut_ptr(), nr, 1);
+        // C is the caller's block tile, already in cache: no C prefetch (see `sgemm_body`).
+        let c = c.as_mut_ptr();
+        macro_kernel(kern, mc, nr, kc, alpha, a, b.as_ptr(), beta, c, nr, 1, false);
     }
 }
 
