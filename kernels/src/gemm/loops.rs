@@ -5,7 +5,8 @@
 //! LOOP 5  jc: n in NC-column blocks        B block (KC × NC) lives in half the L2
 //!  LOOP 4  pc: k in KC-deep blocks         pack B block once per thread
 //!   LOOP 3 ic: m in MC-row blocks          pack (or widen) A block (MC × KC), unless in place
-//!    LOOP 2 (macro-kernel): ir over MR-row A micro-panels, each held in L1
+//!    LOOP 2 (macro-kernel): ir over MR-row A micro-panels, each held in L1 (with A in place,
+//!                           the last two may be shorter, see `macro_kernel`)
 //!     LOOP 1 (macro-kernel): jr over NR-column B micro-panels, streamed from L2
 //! ```
 //!
@@ -247,7 +248,7 @@ unsafe fn row_range<TA: SimdElement, TB: SimdElement>(
                     c.ptr.add(ic * c.rs + (jc + j_lo) * c.cs),
                     c.rs,
                     c.cs,
-                    true,
+                    true, // prefetch_c: GEMM's C comes from memory
                 )
             }
         };

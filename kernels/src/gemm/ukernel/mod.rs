@@ -19,9 +19,9 @@
 //! ([`define_kernels`]): the packed-A kernel, a `_strided_a` kernel reading A in place through
 //! its strides (used for a row-major A, and for a column-major one while C is at most
 //! [`DIRECT_A_COL_MAJOR_MAX_PANELS`](crate::gemm::blocking::DIRECT_A_COL_MAJOR_MAX_PANELS)
-//! micro-panels wide), and `R < MR`-row kernels for the last, partial row panel (no
-//! wasted FMAs, nothing read past A's last row; with A read in place, a short tail is shared
-//! with the panel before it, see [`macro_kernel`]).
+//! micro-panels wide), and `R < MR`-row kernels for the last one or two, partial row panels
+//! (no wasted FMAs, nothing read past A's last row; with A read in place, a short tail is
+//! shared with the panel before it, see [`macro_kernel`]).
 //! Partial column panels and C views whose column stride is not 1 go through a bounce tile in
 //! [`macro_kernel`], never through special cases in the hot loop; packed B panels are
 //! zero-padded, so the padding lanes compute harmless zeros that are never stored.
@@ -57,15 +57,16 @@ pub(crate) const MAX_TILE: usize = 16 * 64;
 /// `i` of step `p` at `a[i·a_rs + p·a_cs]` (used when A has a unit stride and packing would
 /// cost more than it saves).
 ///
+/// `prefetch_c`: start fetching the C tile's lines (2·MR of them) before the `k` loop, so they
+/// are in L1 when it ends (GEMM, whose C comes from memory). The flash block products' C tiles
+/// (the score block, the output accumulator) are in cache already; there the prefetches cost
+/// 1.5–2 % of an h8 d 64 call, likely the load slots they take from the loop (perf journal,
+/// 2026-12-08).
+///
 /// # Safety
 ///
 /// `a` valid for the `MR × k` reads just described, `b` for `k·NV·LANES` reads, `c` for reads
 /// (unless β = 0) and writes of `c[i·rs_c + j]`, `i < MR`, `j < NV·LANES`.
-///
-/// `prefetch_c`: start fetching the C tile's lines before the `k` loop, so they are in L1 when
-/// it ends (GEMM, whose C comes from memory). The flash block products' C tiles (the score
-/// block, the output accumulator) are in cache already; there the 24 prefetches per tile only
-/// took load slots from the loop, 1.5–2 % of an h8 d 64 call (perf journal, 2026-12-08).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_body<
@@ -421,6 +422,7 @@ pub(crate) unsafe fn macro_kernel(
     // The bounce tile, zeroed on first use (its padding lanes are computed but never stored).
     // Calls without edges (the flash block products, interior blocks) never pay for zeroing it.
     let mut bounce: Option<[f32; MAX_TILE]> = None;
+    debug_assert!(mr >= 1);
     let split_tail = matches!(a, ABlock::Strided { .. });
     let mut ir = 0;
     while ir < mc {
@@ -472,14 +474,15 @@ pub(crate) unsafe fn macro_kernel(
     }
 }
 
-/// Rows of the next row panel when `left` rows of the block remain: `mr`, or all that is left.
-/// With `split_tail` (A read in place, so a panel may start at any row), the last `mr + t`
-/// rows with a tail `t < mr/2` are split into two near-equal panels instead: a panel of few
-/// rows has too few accumulators to cover the FMA latency (the 4-row tail of `sgemm_12x32`
-/// ran at 75 % of peak, d 64's `P·V`; two 8-row panels do the same FMAs on 16 accumulators
-/// each). Every element of C sees the same operations either way.
+/// Rows of the next row panel when `left ≥ 1` rows of the block remain: `mr`, or all that is
+/// left. With `split_tail` (A read in place, so a panel may start at any row: the flash block
+/// products, and GEMM's in-place and widened A), the last `mr + t` rows with a tail
+/// `0 < t < mr/2` are split into two near-equal panels instead. A panel of few rows has few
+/// accumulators: the 4-row tail of `sgemm_12x32` (d 64's `P·V`) ran at 75 % of peak on its 8,
+/// where two 8-row panels have 16 each. The number of panels, so of sweeps over the B block,
+/// is the same, and every element of C sees the same operations either way.
 fn panel_rows(left: usize, mr: usize, split_tail: bool) -> usize {
-    if split_tail && left > mr && left - mr < mr / 2 {
+    if split_tail && left > mr && 2 * (left - mr) < mr {
         left.div_ceil(2)
     } else {
         mr.min(left)
@@ -554,21 +557,26 @@ mod tests {
         v
     }
 
-    /// The row panels cover every row once, are at most `mr` tall, and a split tail leaves no
-    /// panel under `mr/2` rows unless the whole block is that short.
+    /// The panels are `mr` rows each and then the tail `t = mc mod mr`; with `split`, a tail
+    /// `0 < t < mr/2` after at least one full panel turns the last `mr + t` rows into two
+    /// panels of `⌈(mr + t)/2⌉` and `⌊(mr + t)/2⌋`. Either way the panel count (the sweeps over
+    /// B) is `⌈mc/mr⌉`.
     #[test]
     fn row_panels_cover_the_block_and_split_short_tails() {
-        for mr in [1, 2, 4, 6, 12, 16] {
+        for mr in 1..=16 {
             for mc in 0..5 * mr {
                 for split in [false, true] {
-                    let p = panels(mc, mr, split);
-                    let what = format!("mr {mr} mc {mc} split {split}: {p:?}");
-                    assert_eq!(p.iter().sum::<usize>(), mc, "{what}");
-                    if !split {
-                        assert!(p.iter().rev().skip(1).all(|&r| r == mr), "{what}");
-                    } else if mc >= mr {
-                        assert!(p.iter().all(|&r| 2 * r >= mr), "{what}");
+                    let (q, t) = (mc / mr, mc % mr);
+                    let mut want = vec![mr; q];
+                    if split && q >= 1 && t > 0 && 2 * t < mr {
+                        want[q - 1] = (mr + t).div_ceil(2);
+                        want.push((mr + t) / 2);
+                    } else if t > 0 {
+                        want.push(t);
                     }
+                    let got = panels(mc, mr, split);
+                    assert_eq!(got, want, "mr {mr} mc {mc} split {split}");
+                    assert_eq!(got.len(), mc.div_ceil(mr), "mr {mr} mc {mc} split {split}");
                 }
             }
         }
